@@ -1,0 +1,148 @@
+"""One declaration per knob.
+
+Every tunable kernel declares its knobs exactly once: a frozen dataclass whose
+fields are created with :func:`knob`. The choices and the documentation live in
+the field metadata, and everything else (the Optuna search space, the JSON
+schema stored with results, the REST schema, the dashboard filters) is derived
+from that dataclass by the helpers below. Nothing else in the repository may
+list knob names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+_KNOB = "fa4_knob"
+
+
+@dataclass(frozen=True)
+class KnobSpec:
+    """What a knob is, read back from its field metadata."""
+
+    name: str
+    choices: tuple
+    default: Any
+    doc: str
+
+    @property
+    def kind(self) -> str:
+        """JSON type of the knob's values (all choices share one type)."""
+        sample = self.choices[0]
+        if isinstance(sample, bool):
+            return "boolean"
+        if isinstance(sample, int):
+            return "integer"
+        if isinstance(sample, float):
+            return "number"
+        return "string"
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "type": self.kind,
+            "choices": list(self.choices),
+            "default": self.default,
+            "doc": self.doc,
+        }
+
+
+def knob(choices: Sequence, default: Any, doc: str):
+    """A dataclass field that is a tunable knob with a finite set of choices."""
+    choices = tuple(choices)
+    if not choices:
+        raise ValueError("a knob needs at least one choice")
+    if default not in choices:
+        raise ValueError(f"default {default!r} is not one of the choices {choices!r}")
+    kinds = {type(c) for c in choices}
+    if len(kinds) != 1:
+        raise ValueError(f"all choices of a knob must share one type, got {kinds}")
+    return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc}})
+
+
+def is_knob_class(cls) -> bool:
+    return dataclasses.is_dataclass(cls) and all(_KNOB in f.metadata for f in dataclasses.fields(cls))
+
+
+def knob_specs(cls) -> list[KnobSpec]:
+    """The knobs of a config dataclass, in declaration order."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a knob dataclass")
+    specs = []
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get(_KNOB)
+        if meta is None:
+            raise TypeError(f"{cls.__name__}.{f.name} is not declared with knob()")
+        specs.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"]))
+    return specs
+
+
+def search_space(cls) -> dict[str, tuple]:
+    """name -> choices, the space the tuner samples from."""
+    return {s.name: s.choices for s in knob_specs(cls)}
+
+
+def space_size(cls) -> int:
+    n = 1
+    for s in knob_specs(cls):
+        n *= len(s.choices)
+    return n
+
+
+def iter_configs(cls) -> Iterator:
+    """Every point of the (unfiltered) search space."""
+    specs = knob_specs(cls)
+    for values in itertools.product(*(s.choices for s in specs)):
+        yield cls(**dict(zip((s.name for s in specs), values)))
+
+
+def config_to_dict(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def config_from_dict(cls, data: dict):
+    """Build a config from a mapping, rejecting unknown names and values off the menu.
+
+    Missing knobs take their declared default. Raises ValueError with a message
+    that names the offending knob.
+    """
+    specs = {s.name: s for s in knob_specs(cls)}
+    unknown = sorted(set(data) - set(specs))
+    if unknown:
+        raise ValueError(f"unknown knob(s) for {cls.__name__}: {', '.join(unknown)}")
+    values = {}
+    for name, spec in specs.items():
+        if name not in data:
+            values[name] = spec.default
+            continue
+        v = data[name]
+        # JSON round trips turn 0.25 into 0.25 but may turn 1.0 into 1; accept equal numbers.
+        match = [c for c in spec.choices if type(c) is type(v) and c == v]
+        if not match and spec.kind in ("number", "integer") and not isinstance(v, bool):
+            match = [c for c in spec.choices if isinstance(v, (int, float)) and c == v]
+        if not match:
+            raise ValueError(
+                f"{cls.__name__}.{name} = {v!r} is not one of {list(spec.choices)}"
+            )
+        values[name] = match[0]
+    return cls(**values)
+
+
+def json_schema(cls) -> dict:
+    """A JSON schema of the config, stored beside results so rows stay readable."""
+    props = {}
+    for s in knob_specs(cls):
+        props[s.name] = {
+            "type": s.kind,
+            "enum": list(s.choices),
+            "default": s.default,
+            "description": s.doc,
+        }
+    return {
+        "title": cls.__name__,
+        "type": "object",
+        "properties": props,
+        "additionalProperties": False,
+    }
