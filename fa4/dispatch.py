@@ -1,0 +1,47 @@
+"""One dispatch table by architecture.
+
+Each entry names the module that builds the forward kernel for an arch, its knob
+dataclass and feasibility function. sm_100 (Blackwell: tensor memory, 2-CTA MMA)
+has a slot here but no kernel: it cannot be built or tested on the H200 we have,
+and asking for it says so instead of silently running the Hopper code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from fa4.arch import Arch
+
+
+@dataclass(frozen=True)
+class FwdEntry:
+    config_cls: type
+    violations: Callable
+    default_config: Callable
+    compile_key: Callable
+    compile: Callable
+
+
+def _sm90() -> FwdEntry:
+    from fa4.sm90 import compile as c
+    from fa4.sm90 import fwd_config as f
+
+    return FwdEntry(f.FwdConfigSm90, f.violations, f.default_config, c.compile_key, c.compile_fwd)
+
+
+_FWD: dict[str, Callable[[], FwdEntry] | None] = {
+    "sm90": _sm90,
+    # Blackwell forward (TMEM accumulators, tcgen05 MMA, 2-CTA) is not built yet.
+    "sm100": None,
+}
+
+
+def fwd_entry(arch: Arch) -> FwdEntry:
+    make = _FWD.get(arch.name)
+    if make is None:
+        raise NotImplementedError(
+            f"fa4 has no forward kernel for {arch.name} yet (built: "
+            f"{', '.join(k for k, v in _FWD.items() if v is not None)})"
+        )
+    return make()

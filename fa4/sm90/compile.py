@@ -1,0 +1,68 @@
+"""Compiling the Hopper forward kernel: one compiled object per (problem class, config).
+
+The problem class is what the generated code depends on: dtype, head_dim, causal,
+whether LSE is written, and the compile-time knobs. Batch, sequence lengths and
+head counts stay dynamic, so one compilation serves every shape of the class.
+Compilation needs no GPU (CUTE_DSL_ARCH=sm_90a with fake tensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from fa4.sm90.fwd_config import FwdConfigSm90
+
+DTYPES = {"bf16": "BFloat16", "fp16": "Float16"}
+
+
+@dataclass(frozen=True)
+class FwdKernelKey:
+    dtype: str
+    head_dim: int
+    causal: bool
+    has_lse: bool
+    config: FwdConfigSm90  # runtime knobs normalised away, see compile_key()
+
+
+def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90) -> FwdKernelKey:
+    """Configs that differ only in runtime knobs share one compiled kernel."""
+    defaults = {f.name: f.default for f in dataclasses.fields(FwdConfigSm90)}
+    base = dataclasses.replace(config, **{k: defaults[k] for k in FwdConfigSm90.RUNTIME_KNOBS})
+    return FwdKernelKey(dtype, head_dim, causal, has_lse, base)
+
+
+def _fake_tensor(cutlass_dtype, rank: int, static_last: int | None = None):
+    import cutlass.cute as cute
+
+    # 16-byte alignment (8 elements of 16 bits) is what TMA needs of every stride but the last.
+    div = 128 // cutlass_dtype.width
+    shape = tuple(cute.sym_int() for _ in range(rank - 1)) + (
+        static_last if static_last is not None else cute.sym_int(),
+    )
+    stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
+    return cute.runtime.make_fake_tensor(cutlass_dtype, shape, stride=stride, assumed_align=16)
+
+
+def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
+    """Compile the kernel for ``key``; returns the callable CuTe DSL compiled object."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4.sm90.fwd import FlashFwdSm90
+
+    os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    dt = getattr(cutlass, DTYPES[key.dtype])
+    q = _fake_tensor(dt, 4, key.head_dim)
+    k = _fake_tensor(dt, 4, key.head_dim)
+    v = _fake_tensor(dt, 4, key.head_dim)
+    o = _fake_tensor(dt, 4, key.head_dim)
+    lse = _fake_tensor(cutlass.Float32, 3) if key.has_lse else None
+    kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        kernel, q, k, v, o, lse,
+        cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), stream,
+        options=options,
+    )

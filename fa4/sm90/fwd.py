@@ -1,0 +1,492 @@
+"""FlashAttention forward for Hopper (sm_90a) with the FA4 knobs.
+
+Warp roles (3 warpgroups, 384 threads):
+  * warpgroup 0, producer: one warp issues the TMA loads of Q (one 64-row tile per
+    consumer), then K and V tiles into ``kv_stages``-deep shared-memory rings guarded
+    by mbarrier pipelines. It gives most of its registers away (setmaxnreg).
+  * warpgroups 1 and 2, consumers: each owns one 64-row Q tile (the two Q tiles of
+    the FA4 ping-pong) and runs S = QK^T and O += PV on WGMMA, with the online
+    softmax in registers and P fed to the PV WGMMA straight from registers.
+
+Knobs (fa4.sm90.fwd_config.FwdConfigSm90) decide: tile_n, ring depth, ping-pong
+barriers between the two consumers (GEMM issue order, optionally exp phases),
+intra-warpgroup overlap of QK(j) with PV(j-1), the MUFU/FMA exp2 split, tau for
+conditional rescaling, and the tile order (LPT, head swizzle).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from fa4.common import masking, scheduling, softmax
+from fa4.common.exp2 import emulated_indices
+from fa4.common.layout import acc_as_rows_cols
+from fa4.sm90.fwd_config import (
+    NUM_CONSUMER_WG,
+    REGS_CONSUMER,
+    REGS_PRODUCER,
+    ROWS_PER_WG,
+    THREADS_PER_WG,
+    FwdConfigSm90,
+)
+
+# Named barrier ids (0 is __syncthreads). Two per purpose: one per consumer warpgroup.
+BAR_EPILOGUE = 1  # 1, 2: a consumer's own 128 threads around the O staging store
+BAR_MMA_TURN = 3  # 3, 4: ping-pong turn to issue WGMMAs
+BAR_EXP_TURN = 5  # 5, 6: ping-pong turn to run the exp phase
+
+
+class FlashFwdSm90:
+    def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.causal = causal
+        self.has_lse = has_lse
+        self.config = config
+        # Derived attributes.
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.kv_stages = config.kv_stages
+        self.q_stages = NUM_CONSUMER_WG
+        self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
+        self.pingpong_mma = config.pingpong in ("mma", "mma_exp")
+        self.pingpong_exp = config.pingpong == "mma_exp"
+        self.overlap = config.intra_wg_overlap
+        # Columns of a thread's S row evaluated on the FMA pipe: the row has tile_n / 4
+        # elements per thread (two per 8-column block).
+        self.emulated = frozenset(emulated_indices(self.tile_n // 4, config.exp2_emu_frac))
+        self.qk_tiler = (ROWS_PER_WG, self.tile_n, head_dim)
+        self.pv_tiler = (ROWS_PER_WG, head_dim, self.tile_n)
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
+        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
+        mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, or None
+        scale_log2: Float32,  # softmax_scale * log2(e)
+        tau: Float32,
+        head_swizzle: Int32,
+        lpt: Int32,
+        stream: cuda.CUstream,
+    ):
+        # Kernel-side views: sequence first, then head_dim, heads, batch, so a tile
+        # is a plain 2-D box for TMA. V is viewed (head_dim, seqlen) because it is the
+        # MN-major B operand of O += P V.
+        mQ = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[1, 3, 2, 0]))
+        mK = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
+        mV = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
+        mO = cute.make_tensor(mO.iterator, cute.select(mO.layout, mode=[1, 3, 2, 0]))
+        if cutlass.const_expr(self.has_lse):
+            mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
+
+        q_major = utils.LayoutEnum.from_tensor(mQ)
+        k_major = utils.LayoutEnum.from_tensor(mK)
+        v_major = utils.LayoutEnum.from_tensor(mV)
+        qk_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, q_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
+            Float32, (1, 1, 1), self.qk_tiler[:2],
+        )
+        pv_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
+            Float32, (1, 1, 1), self.pv_tiler[:2], warpgroup.OperandSource.RMEM,
+        )
+        sQ_layout = sm90_utils.make_smem_layout_a(q_major, self.qk_tiler, self.dtype, self.q_stages)
+        sK_layout = sm90_utils.make_smem_layout_b(k_major, self.qk_tiler, self.dtype, self.kv_stages)
+        sV_layout = sm90_utils.make_smem_layout_b(v_major, self.pv_tiler, self.dtype, self.kv_stages)
+        sQ_one = cute.slice_(sQ_layout, (None, None, 0))
+        sK_one = cute.slice_(sK_layout, (None, None, 0))
+        sV_one = cute.slice_(sV_layout, (None, None, 0))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_one, (ROWS_PER_WG, self.head_dim))
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK, sK_one, (self.tile_n, self.head_dim))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (self.head_dim, self.tile_n))
+        # O is staged in the consumer's own Q buffer (same shape and swizzle) once its
+        # last QK GEMM has retired, so the epilogue needs no extra shared memory.
+        tma_o, mO_tma = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_one, (ROWS_PER_WG, self.head_dim)
+        )
+        self.q_bytes = cute.size_in_bytes(self.dtype, sQ_one)
+        self.k_bytes = cute.size_in_bytes(self.dtype, sK_one)
+        self.v_bytes = cute.size_in_bytes(self.dtype, sV_one)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+
+        seqlen_q = mQ.shape[0]
+        num_heads = mQ.shape[2]
+        num_bh = num_heads * mQ.shape[3]
+        num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
+        grid = (num_m * num_bh, 1, 1)
+        self.kernel(
+            qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
+            sQ_layout, sK_layout, sV_layout, scale_log2, tau, head_swizzle, lpt,
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(
+        self,
+        qk_mma: cute.TiledMma,
+        pv_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,  # (seqlen_q, head_dim, heads_q, batch), TMA view
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,  # (seqlen_k, head_dim, heads_kv, batch), TMA view
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,  # (head_dim, seqlen_k, heads_kv, batch), TMA view
+        tma_o: cute.CopyAtom,
+        mO: cute.Tensor,  # (seqlen_q, head_dim, heads_q, batch), TMA view
+        mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch) fp32, or None
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        scale_log2: Float32,
+        tau: Float32,
+        head_swizzle: Int32,
+        lpt: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, 2)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, stages)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (d, n, stages)
+
+        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages,
+            producer_group=producer_group,
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WG // 32),
+            tx_count=self.q_bytes, defer_sync=True,
+        )
+        consumers_kv = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_WG * THREADS_PER_WG // 32)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages,
+            producer_group=producer_group, consumer_group=consumers_kv,
+            tx_count=self.k_bytes, defer_sync=True,
+        )
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.kv_stages,
+            producer_group=producer_group, consumer_group=consumers_kv,
+            tx_count=self.v_bytes, defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        num_heads = mQ.shape[2]
+        num_bh = num_heads * mQ.shape[3]
+        num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
+        qhead_per_kvhead = num_heads // mK.shape[2]
+        m_block, head, batch = scheduling.decode_tile(bidx, num_m, num_heads, num_bh, head_swizzle, lpt)
+        head_kv = head // qhead_per_kvhead
+        n_block_max, n_unmasked_end = scheduling.kv_block_range(
+            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
+        )
+
+        if wg_idx == 0:
+            # ---------------- producer ----------------
+            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+                cpasync.prefetch_descriptor(tma_o)
+                gQ = cute.flat_divide(mQ, (ROWS_PER_WG, self.head_dim))[None, None, None, 0, head, batch]
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+                )
+                gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))[None, None, None, 0, head_kv, batch]
+                tKsK, tKgK = cpasync.tma_partition(
+                    tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+                )
+                gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))[None, None, 0, None, head_kv, batch]
+                tVsV, tVgV = cpasync.tma_partition(
+                    tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+                )
+                q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+                k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+                v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+                n_first = n_block_max - 1
+                # Q of consumer 0, then the first K, so its first GEMM can start as
+                # early as possible; then Q of consumer 1.
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ[None, m_block * NUM_CONSUMER_WG], tQsQ[None, 0],
+                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                pipe_k.producer_acquire(k_state)
+                cute.copy(tma_k, tKgK[None, n_first], tKsK[None, k_state.index],
+                          tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                k_state.advance()
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ[None, m_block * NUM_CONSUMER_WG + 1], tQsQ[None, 1],
+                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                pipe_v.producer_acquire(v_state)
+                cute.copy(tma_v, tVgV[None, n_first], tVsV[None, v_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                v_state.advance()
+                for i in cutlass.range(1, n_block_max, unroll=1):
+                    n = n_first - i
+                    pipe_k.producer_acquire(k_state)
+                    cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+                    k_state.advance()
+                    pipe_v.producer_acquire(v_state)
+                    cute.copy(tma_v, tVgV[None, n], tVsV[None, v_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+                    v_state.advance()
+        else:
+            # ---------------- consumers ----------------
+            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            cwg = wg_idx - 1  # which Q tile / ping-pong side this warpgroup is
+            ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
+            self.consumer(
+                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                cwg, ctid, warp_idx, m_block, head, batch, n_block_max, n_unmasked_end,
+                seqlen_q, seqlen_k, scale_log2, tau,
+            )
+
+    @cute.jit
+    def consumer(
+        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+        cwg, ctid, warp_idx, m_block, head, batch, n_block_max, n_unmasked_end,
+        seqlen_q, seqlen_k, scale_log2, tau,
+    ):
+        qk_thr = qk_mma.get_slice(ctid)
+        pv_thr = pv_mma.get_slice(ctid)
+        tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, K/16, 2)
+        tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N/8.., K/16, stages)
+        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, d.., n/16, stages)
+        acc_S = qk_thr.make_fragment_C(qk_thr.partition_shape_C((ROWS_PER_WG, self.tile_n)))
+        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS_PER_WG, self.head_dim)))
+        tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((ROWS_PER_WG, self.tile_n)), self.dtype)
+        # The A-operand register order of a 16-bit WGMMA equals the accumulator order of
+        # two adjacent 8-column blocks, so P is S converted element by element.
+        tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
+        tScS = qk_thr.partition_C(cute.make_identity_tensor((ROWS_PER_WG, self.tile_n)))
+        s_mn = acc_as_rows_cols(acc_S)
+        o_mn = acc_as_rows_cols(acc_O)
+        nrow = cute.size(s_mn, mode=[0])
+        row_max = cute.make_rmem_tensor((nrow,), Float32)
+        row_sum = cute.make_rmem_tensor((nrow,), Float32)
+        row_scale = cute.make_rmem_tensor((nrow,), Float32)
+        row_off = m_block * self.tile_m + cwg * ROWS_PER_WG
+
+        if cutlass.const_expr(self.pingpong_mma):
+            if cwg == 1:
+                cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN, number_of_threads=2 * THREADS_PER_WG)
+        if cutlass.const_expr(self.pingpong_exp):
+            if cwg == 1:
+                cute.arch.barrier_arrive(barrier_id=BAR_EXP_TURN, number_of_threads=2 * THREADS_PER_WG)
+
+        # Q stage i belongs to consumer i (the producer fills them in that order).
+        q_state = pipeline.PipelineState(self.q_stages, Int32(cwg), Int32(cwg), Int32(0))
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        pipe_q.consumer_wait(q_state)
+        tSrQ_wg = tSrQ[None, None, None, cwg]
+
+        # ---- first KV tile (highest n): always masked (causal diagonal or seqlen_k residue)
+        n_first = n_block_max - 1
+        pipe_k.consumer_wait(k_state)
+        self.mma_turn_wait(cwg)
+        self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        warpgroup.commit_group()
+        self.mma_turn_pass(cwg)
+        warpgroup.wait_group(0)
+        pipe_k.consumer_release(k_state)
+        k_state.advance()
+        masking.apply_mask(acc_S, tScS, row_off, n_first * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        self.exp_turn_wait(cwg)
+        softmax.softmax_first(s_mn, row_max, row_sum, scale_log2, self.emulated)
+        self.exp_turn_pass(cwg)
+        tOrP_as_S.store(acc_S.load().to(self.dtype))
+        acc_O.fill(0.0)
+
+        if cutlass.const_expr(self.overlap):
+            # Masked tiles first (n descending reaches the diagonal first), then the rest.
+            for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
+                k_state, v_state = self.step_overlap(
+                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
+                )
+            n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
+            for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
+                k_state, v_state = self.step_overlap(
+                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
+                )
+            # The last PV.
+            pipe_v.consumer_wait(v_state)
+            self.mma_turn_wait(cwg)
+            self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+            warpgroup.commit_group()
+            self.mma_turn_pass(cwg)
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(v_state)
+        else:
+            for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
+                k_state, v_state = self.step_serial(
+                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
+                )
+            n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
+            for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
+                k_state, v_state = self.step_serial(
+                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
+                )
+            pipe_v.consumer_wait(v_state)
+            self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            pipe_v.consumer_release(v_state)
+
+        # ---- epilogue
+        lse = cute.make_rmem_tensor((nrow,), Float32)
+        softmax.finalize(o_mn, row_max, row_sum, lse, scale_log2)
+        if cutlass.const_expr(self.has_lse):
+            # Each row lives in the 4 threads of a quad; the first one writes it.
+            if ctid % 4 == 0:
+                tScS_mn = acc_as_rows_cols(tScS)
+                for r in cutlass.range_constexpr(nrow):
+                    row = row_off + tScS_mn[r, 0][0]
+                    if row < seqlen_q:
+                        mLSE[row, head, batch] = lse[r]
+        sO = sQ[None, None, cwg]  # this consumer's Q buffer, free now that its GEMMs retired
+        tOsO = pv_thr.partition_C(sO)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        cute.autovec_copy(rO, tOsO)
+        # Make the generic-proxy smem writes visible to the TMA (async proxy) engine.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BAR_EPILOGUE + cwg, number_of_threads=THREADS_PER_WG)
+        if ctid < 32:
+            gO = cute.flat_divide(mO, (ROWS_PER_WG, self.head_dim))[None, None, None, 0, head, batch]
+            tOsO_tma, tOgO = cpasync.tma_partition(
+                tma_o, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gO, 0, 2)
+            )
+            cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * NUM_CONSUMER_WG + cwg])
+            cute.arch.cp_async_bulk_commit_group()
+            # The CTA must not retire before the bulk store has read shared memory.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    # ---------------------------------------------------------------- steps
+    @cute.jit
+    def step_overlap(
+        self, qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+        row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+        n, row_off, seqlen_q, seqlen_k, scale_log2, tau, masked: cutlass.Constexpr,
+    ):
+        """Issue QK(n) and PV(previous) back to back; softmax of S(n) runs under PV."""
+        pipe_k.consumer_wait(k_state)
+        self.mma_turn_wait(cwg)
+        self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        pipe_v.consumer_wait(v_state)
+        self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        warpgroup.commit_group()
+        self.mma_turn_pass(cwg)
+        warpgroup.wait_group(1)
+        pipe_k.consumer_release(k_state)
+        k_state.advance()
+        if cutlass.const_expr(masked):
+            masking.apply_mask(acc_S, tScS, row_off, n * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        self.exp_turn_wait(cwg)
+        need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
+        self.exp_turn_pass(cwg)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+        v_state.advance()
+        if need:
+            softmax.rescale_rows(o_mn, row_scale)
+        tOrP_as_S.store(acc_S.load().to(self.dtype))
+        return k_state, v_state
+
+    @cute.jit
+    def step_serial(
+        self, qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+        row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+        n, row_off, seqlen_q, seqlen_k, scale_log2, tau, masked: cutlass.Constexpr,
+    ):
+        """PV(previous) to completion, then QK(n) to completion, then softmax(n)."""
+        pipe_v.consumer_wait(v_state)
+        self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        warpgroup.commit_group()
+        pipe_k.consumer_wait(k_state)
+        self.mma_turn_wait(cwg)
+        self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        warpgroup.commit_group()
+        self.mma_turn_pass(cwg)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
+        v_state.advance()
+        pipe_k.consumer_release(k_state)
+        k_state.advance()
+        if cutlass.const_expr(masked):
+            masking.apply_mask(acc_S, tScS, row_off, n * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
+        if need:
+            softmax.rescale_rows(o_mn, row_scale)
+        tOrP_as_S.store(acc_S.load().to(self.dtype))
+        return k_state, v_state
+
+    # ---------------------------------------------------------------- helpers
+    @cute.jit
+    def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
+        # wgmma.fence: the accumulator / A registers were written by ordinary instructions.
+        warpgroup.fence()
+        # A private atom per call: setting ACCUMULATE on the shared tiled MMA inside a
+        # dynamic loop would leak an SSA value out of the loop body.
+        atom = cute.make_mma_atom(tiled_mma.op)
+        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            atom.set(warpgroup.Field.ACCUMULATE, (not zero_init) or k != 0)
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+
+    @cute.jit
+    def mma_turn_wait(self, cwg):
+        if cutlass.const_expr(self.pingpong_mma):
+            cute.arch.barrier(barrier_id=BAR_MMA_TURN + cwg, number_of_threads=2 * THREADS_PER_WG)
+
+    @cute.jit
+    def mma_turn_pass(self, cwg):
+        if cutlass.const_expr(self.pingpong_mma):
+            cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN + 1 - cwg, number_of_threads=2 * THREADS_PER_WG)
+
+    @cute.jit
+    def exp_turn_wait(self, cwg):
+        if cutlass.const_expr(self.pingpong_exp):
+            cute.arch.barrier(barrier_id=BAR_EXP_TURN + cwg, number_of_threads=2 * THREADS_PER_WG)
+
+    @cute.jit
+    def exp_turn_pass(self, cwg):
+        if cutlass.const_expr(self.pingpong_exp):
+            cute.arch.barrier_arrive(barrier_id=BAR_EXP_TURN + 1 - cwg, number_of_threads=2 * THREADS_PER_WG)

@@ -1,0 +1,165 @@
+"""The knobs of our Hopper forward kernel: one declaration, one feasibility function.
+
+Everything that lists these knobs (the Optuna space, the DB schema, the REST
+schema, the dashboard filters, the compile-only tests) derives it from
+:class:`FwdConfigSm90` through :mod:`fa4.knobs`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from fa4.arch import SM90, Arch
+from fa4.knobs import knob
+from fa4.problem import Problem
+
+HEAD_DIMS = (64, 128)
+
+# Rows per consumer warpgroup: one WGMMA atom is 64 rows tall, and a warpgroup owns one
+# Q tile, so two consumer warpgroups cover 128 query rows per CTA.
+ROWS_PER_WG = 64
+NUM_CONSUMER_WG = 2
+THREADS_PER_WG = 128
+# setmaxnreg budget with one producer and two consumer warpgroups: 24 + 2 * 240 = 504
+# registers per thread-slot row, times 128 threads = 64512 <= 65536 per SM.
+REGS_CONSUMER = 240
+REGS_PRODUCER = 24
+# Registers a consumer thread needs beyond the fragments: addresses, loop state,
+# row statistics, mask coordinates. Measured from ptxas reports of this kernel.
+REG_OVERHEAD = 44
+# Shared memory the kernel keeps besides Q/K/V tiles: mbarriers and alignment padding.
+SMEM_RESERVED = 2048
+
+# bf16/fp16 overflow guard for conditional rescaling: P = 2^(s - m_used) <= 2^tau must stay
+# finite after conversion to the 16-bit type. fp16's largest finite value is 65504 < 2^16,
+# so tau + 1 (rounding headroom) must stay below 16; bf16 shares fp32's exponent range.
+LOG2_DTYPE_MAX = {"fp16": 15.0, "bf16": 127.0}
+
+
+@dataclass(frozen=True)
+class FwdConfigSm90:
+    tile_m: int = knob(
+        (128,), 128,
+        "Query rows per CTA: two 64-row Q tiles, one per consumer warpgroup (WGMMA M is 64).",
+    )
+    tile_n: int = knob(
+        (64, 96, 112, 128, 144, 160, 176, 192, 224), 128,
+        "Key/value rows per mainloop step (N of S = QK^T, K of O += PV; multiple of 16 for the PV WGMMA).",
+    )
+    kv_stages: int = knob(
+        (2, 3), 2,
+        "Depth of the K and V shared-memory rings (TMA runs this many tiles ahead of the WGMMAs).",
+    )
+    pingpong: str = knob(
+        ("off", "mma", "mma_exp"), "mma",
+        "Ping-pong of the two consumer warpgroups: 'mma' orders their WGMMA issue with named barriers so "
+        "one warpgroup's softmax overlaps the other's GEMMs; 'mma_exp' also keeps their exp phases apart "
+        "(MUFU contention); 'off' lets them run freely.",
+    )
+    intra_wg_overlap: bool = knob(
+        (True, False), True,
+        "Issue QK(j) and PV(j-1) back to back, then run the softmax of tile j while PV(j-1) is in flight.",
+    )
+    exp2_emu_frac: float = knob(
+        (0.0, 0.125, 0.25, 0.375), 0.0,
+        "Fraction of each thread's exp2 evaluated by the FMA-pipe polynomial (Cody-Waite + degree-3 "
+        "Horner) instead of MUFU.EX2; chosen per element index at compile time, in 1/8 steps.",
+    )
+    tau: float = knob(
+        (0.0, 4.0, 8.0), 0.0,
+        "Conditional rescaling threshold in log2 units of the scaled score: O and the row sum are rescaled "
+        "only when some row of the warp sees its max grow by more than tau (0 = rescale on every growth).",
+    )
+    sched_order: str = knob(
+        ("lpt", "natural"), "lpt",
+        "Order of (m_block, head, batch) tiles: 'lpt' launches the longest causal rows first "
+        "(reverse m_block), 'natural' ascending m_block.",
+    )
+    head_swizzle: int = knob(
+        (1, 2, 4, 8), 1,
+        "Heads per scheduling group: consecutive CTAs walk the m_blocks of this many heads together, so the "
+        "K/V of the heads in flight stay resident in L2.",
+    )
+    persistent: bool = knob(
+        (False,), False,
+        "One CTA per tile (False). A persistent scheduler is declared here but not built yet.",
+    )
+
+    # Knobs that only change runtime arguments, not the compiled kernel.
+    RUNTIME_KNOBS = ("tau", "sched_order", "head_swizzle")
+
+
+def smem_bytes(config: FwdConfigSm90, problem: Problem) -> int:
+    elt = 2
+    q = config.tile_m * problem.head_dim * elt
+    k = config.kv_stages * config.tile_n * problem.head_dim * elt
+    v = config.kv_stages * config.tile_n * problem.head_dim_v * elt
+    return q + k + v + SMEM_RESERVED
+
+
+def consumer_registers(config: FwdConfigSm90, problem: Problem) -> int:
+    """fp32 registers a consumer thread holds: O accumulator, S accumulator, P (16-bit, packed)."""
+    per_thread = ROWS_PER_WG / THREADS_PER_WG
+    o_acc = per_thread * problem.head_dim_v
+    s_acc = per_thread * config.tile_n
+    p_frag = s_acc / 2
+    # Without intra-warpgroup overlap S is converted in place into P before the next QK,
+    # so the two are not live at the same time.
+    live = o_acc + s_acc + (p_frag if config.intra_wg_overlap else 0)
+    return int(math.ceil(live)) + REG_OVERHEAD
+
+
+def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> list[str]:
+    """Why this config cannot run this problem on this arch (empty list = feasible)."""
+    out: list[str] = []
+    if arch.name != "sm90":
+        out.append(f"FwdConfigSm90 targets sm90, not {arch.name}")
+    if problem.head_dim not in HEAD_DIMS:
+        out.append(f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})")
+    if problem.head_dim_v != problem.head_dim:
+        out.append(f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}")
+    if problem.pass_ != "fwd":
+        out.append("FwdConfigSm90 tunes the forward pass only")
+    if config.tile_m != NUM_CONSUMER_WG * ROWS_PER_WG:
+        out.append(f"tile_m {config.tile_m} must be {NUM_CONSUMER_WG} x {ROWS_PER_WG}")
+    if config.tile_n % 16:
+        out.append(f"tile_n {config.tile_n} must be a multiple of 16 (K of the PV WGMMA)")
+    if config.tile_n > 256:
+        out.append(f"tile_n {config.tile_n} exceeds the WGMMA N limit and TMA box limit of 256")
+    need = smem_bytes(config, problem)
+    if need > arch.smem_per_cta:
+        out.append(
+            f"shared memory {need} B (Q {config.tile_m}x{problem.head_dim}, K/V {config.kv_stages} stages of "
+            f"{config.tile_n}x{problem.head_dim}) exceeds {arch.smem_per_cta} B per CTA"
+        )
+    regs = consumer_registers(config, problem)
+    if regs > REGS_CONSUMER:
+        out.append(
+            f"consumer warpgroup needs about {regs} registers per thread (O {problem.head_dim_v // 2}, "
+            f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if config.intra_wg_overlap else ''} + "
+            f"{REG_OVERHEAD}) > {REGS_CONSUMER} (setmaxnreg budget)"
+        )
+    if config.tau > 0 and config.tau + 1 > LOG2_DTYPE_MAX[problem.dtype]:
+        out.append(
+            f"tau {config.tau} lets unnormalized P reach 2^{config.tau}, beyond the {problem.dtype} range"
+        )
+    if config.pingpong == "mma_exp" and not config.intra_wg_overlap:
+        # Without overlap the exp phase of one warpgroup already sits between its own GEMMs,
+        # which the 'mma' barrier orders; the extra barrier would only serialize further.
+        out.append("pingpong 'mma_exp' needs intra_wg_overlap (the exp barrier brackets the overlapped softmax)")
+    return out
+
+
+def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
+    """Heuristic default: the largest tile_n that fits, exp on MUFU only, rescale on every growth."""
+    if problem.head_dim == 64:
+        base = FwdConfigSm90(tile_n=192, kv_stages=2)
+    else:
+        base = FwdConfigSm90(tile_n=128, kv_stages=2)
+    if violations(base, problem, arch):
+        for tn in (176, 160, 144, 128, 112, 96, 64):
+            cand = FwdConfigSm90(tile_n=tn)
+            if not violations(cand, problem, arch):
+                return cand
+    return base
