@@ -1,0 +1,168 @@
+"""ORM models of the results database.
+
+The schema is owned by the Alembic revisions in ``migrations/``; these classes
+describe the same tables for queries. ``tests/service/test_db.py`` checks that
+the two never drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.schema import conv
+
+STATUSES = ("ok", "infeasible", "compile_error", "runtime_error", "incorrect")
+
+# Deterministic constraint names: Alembic needs them to alter or drop constraints
+# later, and PostgreSQL and SQLite would otherwise name them differently.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# Optuna keeps its own Alembic history in "alembic_version"; the tuner may put its
+# study storage in the same file, so ours lives under another name.
+VERSION_TABLE = "fa4_alembic_version"
+
+# JSON columns: a Python None must become SQL NULL, not the JSON literal 'null'.
+JSONValue = JSON(none_as_null=True)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class Device(Base):
+    """One GPU together with the software stack it was measured under.
+
+    A driver or library upgrade can change timings, so it yields a new row; the
+    fingerprint covers every descriptive column.
+    """
+
+    __tablename__ = "devices"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(255), index=True)
+    compute_capability: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int] = mapped_column(Integer)
+    l2_bytes: Mapped[int] = mapped_column(BigInteger)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    driver: Mapped[str | None] = mapped_column(String(64))
+    cuda: Mapped[str | None] = mapped_column(String(64))
+    torch: Mapped[str | None] = mapped_column(String(64))
+    cutlass_dsl: Mapped[str | None] = mapped_column(String(64))
+    provider_versions: Mapped[dict] = mapped_column(JSONValue)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Problem(Base):
+    """An attention shape; mirrors ``fa4.problem.Problem`` field for field."""
+
+    __tablename__ = "problems"
+    __table_args__ = (
+        UniqueConstraint(
+            "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v",
+            "dtype", "causal", "deterministic", "pass",
+            # Spelled out: the conventional name would exceed PostgreSQL's 63 characters.
+            name=conv("uq_problems_shape"),
+        ),
+        # The service's nearest-shape lookup narrows on these before ranking by seqlen.
+        Index("ix_problems_family", "head_dim", "pass", "dtype", "causal", "deterministic"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    batch: Mapped[int] = mapped_column(Integer)
+    seqlen_q: Mapped[int] = mapped_column(Integer)
+    seqlen_k: Mapped[int] = mapped_column(Integer)
+    heads_q: Mapped[int] = mapped_column(Integer)
+    heads_kv: Mapped[int] = mapped_column(Integer)
+    head_dim: Mapped[int] = mapped_column(Integer)
+    head_dim_v: Mapped[int] = mapped_column(Integer)
+    dtype: Mapped[str] = mapped_column(String(8))
+    causal: Mapped[bool] = mapped_column(Boolean)
+    deterministic: Mapped[bool] = mapped_column(Boolean)
+    pass_: Mapped[str] = mapped_column("pass", String(8))
+
+
+class Config(Base):
+    """A knob setting of one provider, stored as canonical JSON (sorted keys).
+
+    Uniqueness is on a hash of the canonical text so the constraint stays a short
+    fixed-width key on every backend. ``config`` is NULL for providers without
+    knobs; ``knob_schema`` is the JSON schema of the knob dataclass at the time,
+    so old rows stay readable after the dataclass changes.
+    """
+
+    __tablename__ = "configs"
+    __table_args__ = (UniqueConstraint("provider", "config_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    provider: Mapped[str] = mapped_column(String(64), index=True)
+    config_hash: Mapped[str] = mapped_column(String(64))
+    config_json: Mapped[str] = mapped_column(Text)
+    config: Mapped[dict | None] = mapped_column(JSONValue, nullable=True)
+    knob_schema: Mapped[dict | None] = mapped_column(JSONValue, nullable=True)
+
+
+class Measurement(Base):
+    """One benchmarked (or rejected) candidate: a config of a provider on a problem and device."""
+
+    __tablename__ = "measurements"
+    __table_args__ = (
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{s}'" for s in STATUSES) + ")", name="status"
+        ),
+        # best()/default_result(): all rows of one (problem, device), filtered by status.
+        Index("ix_measurements_lookup", "problem_id", "device_id", "status", "tflops"),
+        Index("ix_measurements_study", "study_name", "trial_number"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
+    config_id: Mapped[int] = mapped_column(ForeignKey("configs.id", ondelete="CASCADE"), index=True)
+    status: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
+    samples_ms: Mapped[list] = mapped_column(JSONValue)
+    n_samples: Mapped[int] = mapped_column(Integer, default=0)
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    iqr_ms: Mapped[float | None] = mapped_column(Float)
+    tflops: Mapped[float | None] = mapped_column(Float)
+    # Relative error against the fp32 reference, and PyTorch's own same-dtype error
+    # on the same inputs (the correctness gate compares the two).
+    error: Mapped[float | None] = mapped_column(Float)
+    ref_error: Mapped[float | None] = mapped_column(Float)
+    source_fingerprint: Mapped[str] = mapped_column(String(128), default="")
+    study_name: Mapped[str | None] = mapped_column(String(255))
+    trial_number: Mapped[int | None] = mapped_column(Integer)
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    versions: Mapped[dict | None] = mapped_column(JSONValue, nullable=True)
+
+    device: Mapped[Device] = relationship(lazy="joined")
+    problem: Mapped[Problem] = relationship(lazy="joined")
+    config: Mapped[Config] = relationship(lazy="joined")
