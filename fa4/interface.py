@@ -112,12 +112,14 @@ def flash_attn_func(
     causal: bool = False,
     return_lse: bool = False,
     config=None,
+    out: torch.Tensor | None = None,
 ):
     """Exact attention softmax(q k^T * scale) v; q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D).
 
     Causal masking is aligned bottom-right when Sq != Sk. Returns ``out`` or
     ``(out, lse)`` with ``lse`` of shape (B, Hq, Sq) in fp32 (natural log).
-    ``config`` (a FwdConfigSm90 or a dict of its knobs) overrides the tuned choice.
+    ``config`` (a FwdConfigSm90 or a dict of its knobs) overrides the tuned choice;
+    ``out`` is an optional preallocated output shaped like ``q``.
     """
     validate(q, k, v)
     problem = problem_of(q, k, v, causal)
@@ -127,7 +129,10 @@ def flash_attn_func(
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, config)
     fn = get_compiled(entry, key)
-    out = torch.empty_like(q)
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride() != q.stride():
+        raise ValueError("out must match q in shape, dtype, device and strides")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
     with torch.cuda.device(q.device):
         fn(q, k, v, out, lse, softmax_scale * _LOG2E, config.tau, config.head_swizzle,
