@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
