@@ -1,0 +1,34 @@
+"""Markers: gpu tests need CUDA, ref tests need the reference FA4 importable; both skip otherwise."""
+
+import importlib
+
+import pytest
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _has_reference() -> bool:
+    try:
+        importlib.import_module("flash_attn.cute.interface")
+    except Exception:
+        return False
+    return True
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda = _has_cuda()
+    ref = None
+    for item in items:
+        if "gpu" in item.keywords and not cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "ref" in item.keywords:
+            if ref is None:
+                ref = _has_reference()
+            if not ref:
+                item.add_marker(pytest.mark.skip(reason="needs flash-attn-4 (pip install 'fa4-tune[ref]')"))

@@ -1,0 +1,207 @@
+"""fa4-tune: tune an attention kernel's knobs for one problem on this GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from fa4.problem import DTYPES, PASSES, Problem
+
+from .study import SAMPLERS, TuneError
+
+EXIT_USAGE = 2
+EXIT_ENV = 1
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="fa4-tune",
+        description="Tune an attention kernel's knobs for one problem; results go to the results DB.",
+    )
+    p.add_argument("--seqlen", type=int, required=True, help="query sequence length")
+    p.add_argument("--hdim", type=int, required=True, help="head dimension (q, k and v)")
+    p.add_argument("--batch", type=int, help="batch size (default: 16384 tokens / seqlen)")
+    p.add_argument("--heads", type=int, help="query heads (default: 2048 / hdim)")
+    p.add_argument("--heads-kv", type=int, help="key/value heads (default: --heads; fewer = GQA)")
+    p.add_argument("--seqlen-k", type=int, help="key/value sequence length (default: --seqlen)")
+    p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16")
+    p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd", help="fwd, or bwd (the backward timed)")
+    p.add_argument("--deterministic", action="store_true", help="require a deterministic backward")
+    p.add_argument("--provider", help="implementation to tune (default: fa4 when available, else flash-attn-4)")
+    p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
+    p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    p.add_argument("--db", help="results DB: SQLAlchemy URL or SQLite path (default: $FA4_DB, else user data dir)")
+    p.add_argument("--storage", help="Optuna storage: URL or journal file (default: a journal file beside the DB)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    return p
+
+
+def _die(msg: str, code: int = EXIT_USAGE):
+    print(f"fa4-tune: error: {msg}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def problem_from_args(a) -> Problem:
+    for flag, v in (("--seqlen", a.seqlen), ("--hdim", a.hdim), ("--batch", a.batch), ("--heads", a.heads),
+                    ("--heads-kv", a.heads_kv), ("--seqlen-k", a.seqlen_k), ("--trials", a.trials)):
+        if v is not None and v <= 0:
+            _die(f"{flag} must be a positive integer, got {v}")
+    if a.deterministic and a.pass_ != "bwd":
+        _die("--deterministic applies to the backward: add --pass bwd")
+    try:
+        return Problem.standard(
+            a.seqlen, a.hdim, batch=a.batch, heads_q=a.heads, heads_kv=a.heads_kv,
+            seqlen_k=a.seqlen_k, dtype=a.dtype, causal=a.causal, deterministic=a.deterministic,
+            pass_=a.pass_,
+        )
+    except ValueError as e:
+        _die(str(e))
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def print_no_gpu(report: dict, console) -> None:
+    from rich.markup import escape
+
+    console.print(f"[bold]fa4-tune[/]: {report['provider']} on {report['arch']} (no CUDA GPU here)")
+    console.print(f"problem: {Problem.from_dict(report['problem']).key()}")
+    console.print(
+        f"search space: {report['configs']} configs, {report['feasible']} feasible, "
+        f"{report['infeasible']} infeasible"
+    )
+    for kind, r in report["infeasible_reasons"].items():
+        console.print(escape(f"  rejected by {kind}: {r['count']} (e.g. {r['example']})"))
+    d = report["default"]
+    state = "feasible" if not d["violations"] else "INFEASIBLE: " + "; ".join(d["violations"])
+    console.print(escape(f"default config: {d['label']} ({state})"))
+    comp = report["compile"] or {}
+    if "skipped" in comp:
+        console.print(escape(f"compile-only: skipped ({comp['skipped']})"))
+    else:
+        console.print(f"compile-only: {comp['ok']} compiled, {len(comp['errors'])} failed")
+        for e in comp["errors"][:5]:
+            console.print(escape(f"  {e['config']}: {e['error']}"))
+    console.print(f"[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
+
+
+def print_result(res, console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"{res.provider} on {res.device}: {Problem.from_dict(res.problem).key()}")
+    for col in ("", "config", "TFLOP/s", "median ms", "IQR ms", "max abs error", "trial"):
+        t.add_column(col, justify="right" if col not in ("", "config") else "left")
+    for label, row in (("default", res.default), ("best", res.best)):
+        if row is None:
+            t.add_row(label, "(none measured ok)", "-", "-", "-", "-", "-")
+            continue
+        t.add_row(
+            label, row["label"], _fmt(row["tflops"], ".1f"), _fmt(row["median_ms"], ".4f"),
+            _fmt(row["iqr_ms"], ".4f"), _fmt(row["error"], ".2e"), str(row["trial"]),
+        )
+    console.print(t)
+    if res.default and res.default.get("status") not in (None, "ok"):
+        console.print(escape(f"default config failed: {res.default['status']}: {res.default['reason']}"))
+    speed = "-" if res.speedup is None else f"{res.speedup:.3f}x"
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.statuses.items()))
+    console.print(f"speedup best/default: {speed}")
+    console.print(
+        f"trials: {res.trials} in study ({res.measured} measured; {counts})"
+        + (f"; resumed with {res.resumed_with}" if res.resumed_with else "")
+    )
+    console.print(escape(f"results DB: {res.db_url}"))
+    console.print(escape(f"Optuna study: {res.study_name} in {res.storage}"))
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    problem = problem_from_args(args)
+    from rich.console import Console
+
+    from .device import has_cuda
+    from .study import Tuner, check_request, check_without_gpu, resolve_provider
+
+    # Reasons and paths contain brackets (e.g. "fa4-tune[ref]"): no markup from data, no wrapping.
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        provider = resolve_provider(args.provider)
+        check_request(provider, problem)
+    except TuneError as e:
+        _die(str(e))
+
+    if provider.needs_gpu and not has_cuda():
+        report = check_without_gpu(provider, problem)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        else:
+            print_no_gpu(report, out)
+        return 0
+
+    why = provider.available()
+    if why:
+        _die(f"{provider.name} is not available: {why}", EXIT_ENV)
+
+    from service.db import ResultsStore
+
+    store = ResultsStore.open(args.db)
+    tuner = Tuner(provider, problem, store=store, storage=args.storage, sampler=args.sampler,
+                  trials=args.trials, provider_spec=args.provider or provider.name)
+    res = _run_with_progress(tuner, err)
+    store.close()
+    if args.json:
+        print(json.dumps(res.to_dict(), indent=2, default=str))
+    else:
+        print_result(res, out)
+    return 0
+
+
+def _run_with_progress(tuner, console):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("[bold]{task.fields[what]}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}"), console=console, transient=False,
+    )
+    state = {"task": None, "best": None}
+
+    def on_start(t, todo, before):
+        if before:
+            console.print(f"resuming study {t.name} with {before} finished trials")
+        state["task"] = progress.add_task("starting", total=max(todo, 1) if todo else 1,
+                                          what=t.provider.name, completed=0 if todo else 1)
+
+    def on_trial(t, study, trial):
+        ua = trial.user_attrs
+        if trial.value is not None and (state["best"] is None or trial.value > state["best"][0]):
+            cfg = t.provider.config_from_dict(t.problem, trial.params) if trial.params else None
+            state["best"] = (trial.value, t.provider.describe(cfg))
+        best = f"best {state['best'][0]:.1f} TFLOP/s ({state['best'][1]})" if state["best"] else "best: none yet"
+        last = ua.get("status", "?")
+        progress.update(state["task"], advance=1, description=f"{best}; last: {last}")
+
+    with progress:
+        return tuner.run(on_trial=on_trial, on_start=on_start)
+
+
+def serve_placeholder(argv=None) -> int:
+    print(
+        "fa4-serve: the results service (REST API over the results DB) arrives with issue 5; "
+        "it is not implemented yet.",
+        file=sys.stderr,
+    )
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

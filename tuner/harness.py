@@ -1,0 +1,357 @@
+"""Benchmark harness shared by the tuner and the benchmark scripts.
+
+One measurement = fresh random inputs, a correctness gate against an fp32 reference, then
+timing with warm clocks and a flushed L2 between repetitions. The pure helpers (statistics,
+the error rule, exception classification) have no GPU dependency and are unit-tested on CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Sequence
+
+from fa4.problem import Problem
+
+OK = "ok"
+INFEASIBLE = "infeasible"
+COMPILE_ERROR = "compile_error"
+RUNTIME_ERROR = "runtime_error"
+INCORRECT = "incorrect"
+STATUSES = (OK, INFEASIBLE, COMPILE_ERROR, RUNTIME_ERROR, INCORRECT)
+
+
+@dataclass
+class Settings:
+    """How hard to measure. The defaults aim at ~0.3 s of timed work per candidate."""
+
+    target_ms: float = 300.0  # total timed work per candidate; reps derive from it
+    min_reps: int = 10
+    max_reps: int = 200
+    warmup_ms: float = 150.0  # run the kernel this long first so clocks settle at their boost
+    flush_l2: bool = True
+    check: bool = True
+    check_batches: int = 1  # sub-sample of the batch compared against the fp32 reference
+    check_heads: int = 2  # kv heads (with their query-head groups) compared
+    atol: float = 1e-4
+    seed: int = 0
+    timeout_s: float = 600.0  # per candidate in the worker, compile included
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Settings":
+        return cls(**(d or {}))
+
+
+@dataclass
+class Measurement:
+    status: str
+    reason: str | None = None
+    samples_ms: list[float] = field(default_factory=list)
+    median_ms: float | None = None
+    iqr_ms: float | None = None
+    tflops: float | None = None
+    error: float | None = None
+    ref_error: float | None = None
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Measurement":
+        return cls(**d)
+
+
+# ---- pure helpers ----------------------------------------------------------------------
+
+
+def sample_stats(samples: Sequence[float]) -> tuple[float, float]:
+    """(median, interquartile range) of timing samples."""
+    if not samples:
+        raise ValueError("no samples")
+    xs = sorted(float(x) for x in samples)
+
+    def q(p: float) -> float:  # linear interpolation between order statistics
+        pos = p * (len(xs) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return q(0.5), q(0.75) - q(0.25)
+
+
+def tflops(problem: Problem, ms: float) -> float:
+    return problem.flops / (ms * 1e-3) / 1e12
+
+
+def passes_error_rule(error: float, ref_error: float, atol: float) -> bool:
+    """The FlashAttention test rule: within 2x PyTorch's own same-dtype error plus atol.
+
+    NaN never passes (a comparison with NaN is False, and an infinite error fails too).
+    """
+    if not (math.isfinite(error) and math.isfinite(ref_error)):
+        return False
+    return error <= 2.0 * ref_error + atol
+
+
+def classify_exception(exc: BaseException, first_call: bool) -> str:
+    """compile_error or runtime_error for an exception raised while building or running.
+
+    CuTe DSL kernels compile on their first call, so an exception there that is not a CUDA
+    error is a compile failure; a CUDA error (sticky, poisoning the context) is always a
+    runtime error.
+    """
+    text = f"{type(exc).__name__} {exc}"
+    cuda_error = type(exc).__name__ in ("AcceleratorError", "OutOfMemoryError") or "CUDA error" in text
+    if cuda_error or not first_call:
+        return RUNTIME_ERROR
+    return COMPILE_ERROR
+
+
+def short_reason(exc: BaseException, limit: int = 300) -> str:
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    msg = lines[0] if lines else ""
+    # DSL errors put the useful line last; keep both ends when they differ.
+    if len(lines) > 1 and lines[-1] != msg:
+        msg = f"{msg} ... {lines[-1]}"
+    out = f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return out[:limit]
+
+
+def reps_for(estimate_ms: float, settings: Settings) -> int:
+    if estimate_ms <= 0:
+        return settings.max_reps
+    n = int(settings.target_ms / estimate_ms)
+    return max(settings.min_reps, min(settings.max_reps, n))
+
+
+def is_sticky_cuda_failure(m: Measurement) -> bool:
+    """A failure after which the CUDA context cannot be trusted (the worker must restart)."""
+    r = m.reason or ""
+    return m.status == RUNTIME_ERROR and ("CUDA" in r or "AcceleratorError" in r or "illegal" in r)
+
+
+# ---- GPU side --------------------------------------------------------------------------
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def make_inputs(problem: Problem, seed: int, device="cuda"):
+    """Fresh standard-normal q, k, v (and dO for bwd), layout (batch, seqlen, heads, dim)."""
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    dt = torch_dtype(problem.dtype)
+    b = problem.batch
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt)
+
+    q = randn(b, problem.seqlen_q, problem.heads_q, problem.head_dim)
+    k = randn(b, problem.seqlen_k, problem.heads_kv, problem.head_dim)
+    v = randn(b, problem.seqlen_k, problem.heads_kv, problem.head_dim_v)
+    do = randn(b, problem.seqlen_q, problem.heads_q, problem.head_dim_v) if problem.pass_ == "bwd" else None
+    return q, k, v, do
+
+
+def check_slices(problem: Problem, settings: Settings):
+    """(batch indices, query-head indices, kv-head indices) compared against the reference.
+
+    Whole query-head groups are kept with their kv head so GQA gradients of K and V are
+    complete within the slice.
+    """
+    nb = min(problem.batch, settings.check_batches)
+    batches = list(range(problem.batch - nb, problem.batch))  # the last ones catch stride bugs
+    hkv = problem.heads_kv
+    picks = sorted({0, hkv - 1} if settings.check_heads >= 2 else {0})[: max(1, settings.check_heads)]
+    group = problem.heads_q // hkv
+    qheads = [h * group + j for h in picks for j in range(group)]
+    return batches, qheads, picks
+
+
+def reference_attention(problem: Problem, q, k, v, upcast: bool):
+    """Attention on (b, s, h, d) tensors with k/v already expanded to q's heads.
+
+    upcast=True: fp32 everywhere (the reference). upcast=False: PyTorch's own computation in
+    the input dtype (matmuls in 16-bit, softmax in fp32 then rounded), whose error against
+    the reference sets the tolerance.
+    """
+    import torch
+
+    scale = 1.0 / math.sqrt(problem.head_dim)
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
+    s = torch.matmul(qt, kt.transpose(-1, -2)).float() * scale
+    if problem.causal:
+        sq, sk = s.shape[-2], s.shape[-1]
+        # Bottom-right aligned: query i sees keys j <= i + (sk - sq).
+        i = torch.arange(sq, device=s.device)[:, None]
+        j = torch.arange(sk, device=s.device)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    p = p.to(vt.dtype)
+    o = torch.matmul(p, vt)
+    return o.transpose(1, 2)
+
+
+def _expand_kv(t, group: int):
+    return t.repeat_interleave(group, dim=2) if group > 1 else t
+
+
+def _all_finite(t) -> bool:
+    # Checked on the whole output, not only the compared slice: NaN anywhere never passes.
+    return bool(t.isfinite().all().item())
+
+
+def _max_abs(a, b) -> float:
+    d = (a.float() - b.float()).abs().max().item()
+    return float(d)
+
+
+def fwd_errors(problem: Problem, out, q, k, v, settings: Settings) -> tuple[float, float]:
+    """(max |out - ref|, max |pytorch_same_dtype - ref|) on the checked slice, head by head."""
+    if not _all_finite(out):
+        return math.nan, math.nan
+    batches, qheads, kvheads = check_slices(problem, settings)
+    group = problem.heads_q // problem.heads_kv
+    err = ref_err = 0.0
+    for b in batches:
+        for kvh in kvheads:
+            hs = list(range(kvh * group, (kvh + 1) * group))
+            qs = q[b : b + 1, :, hs]
+            ks = _expand_kv(k[b : b + 1, :, kvh : kvh + 1], group)
+            vs = _expand_kv(v[b : b + 1, :, kvh : kvh + 1], group)
+            ref = reference_attention(problem, qs, ks, vs, upcast=True)
+            pt = reference_attention(problem, qs, ks, vs, upcast=False)
+            err = max(err, _max_abs(out[b : b + 1, :, hs], ref))
+            ref_err = max(ref_err, _max_abs(pt, ref))
+    return err, ref_err
+
+
+def bwd_errors(problem: Problem, grads, q, k, v, do, settings: Settings) -> tuple[float, float]:
+    """Worst of dq, dk, dv: (max |grad - ref|, max |pytorch_same_dtype - ref|) on the slice."""
+    import torch
+
+    dq, dk, dv = grads
+    if not all(_all_finite(g) for g in grads):
+        return math.nan, math.nan
+    batches, _, kvheads = check_slices(problem, settings)
+    group = problem.heads_q // problem.heads_kv
+    err = ref_err = 0.0
+    for b in batches:
+        for kvh in kvheads:
+            hs = list(range(kvh * group, (kvh + 1) * group))
+            results = {}
+            for upcast in (True, False):
+                qs = q[b : b + 1, :, hs].detach().clone().requires_grad_(True)
+                ks = k[b : b + 1, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
+                vs = v[b : b + 1, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
+                o = reference_attention(problem, qs, _expand_kv(ks, group), _expand_kv(vs, group), upcast)
+                dos = do[b : b + 1, :, hs]
+                results[upcast] = torch.autograd.grad(o, (qs, ks, vs), dos.to(o.dtype))
+            got = (dq[b : b + 1, :, hs], dk[b : b + 1, :, kvh : kvh + 1], dv[b : b + 1, :, kvh : kvh + 1])
+            for g, r, p in zip(got, results[True], results[False]):
+                err = max(err, _max_abs(g, r))
+                ref_err = max(ref_err, _max_abs(p, r))
+    return err, ref_err
+
+
+def l2_flush_buffer(device=None):
+    """A buffer twice the device's L2, written between reps so no rep starts with a warm L2."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    l2 = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+    return torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
+
+
+def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
+    """Per-rep milliseconds from CUDA events, clocks warmed first, L2 flushed before each rep."""
+    import torch
+
+    flush = l2_flush_buffer() if settings.flush_l2 else None
+    # Warm-up: run until warmup_ms of wall time has passed so the GPU leaves its idle clocks.
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n_warm = 0
+    while True:
+        fn()
+        n_warm += 1
+        if n_warm % 4 == 0:
+            torch.cuda.synchronize()
+            if (time.perf_counter() - t0) * 1e3 >= settings.warmup_ms:
+                break
+    torch.cuda.synchronize()
+    estimate = (time.perf_counter() - t0) * 1e3 / n_warm
+    reps = reps_for(estimate, settings)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+
+
+def measure(provider, problem: Problem, config, settings: Settings) -> Measurement:
+    """Build, check and time one config of a provider on the current GPU. Never raises."""
+    import torch
+
+    first_call = True
+    try:
+        q, k, v, do = make_inputs(problem, settings.seed)
+        if problem.pass_ == "fwd":
+            fn = provider.make_fwd(problem, config, q, k, v)
+        else:
+            fn = provider.make_fwd_bwd(problem, config, q, k, v, do)
+        out = fn()
+        torch.cuda.synchronize()
+        first_call = False
+        if settings.check:
+            if problem.pass_ == "fwd":
+                err, ref_err = fwd_errors(problem, out, q, k, v, settings)
+            else:
+                err, ref_err = bwd_errors(problem, out, q, k, v, do, settings)
+            if not passes_error_rule(err, ref_err, settings.atol):
+                return Measurement(
+                    INCORRECT,
+                    reason=f"max abs error {err:.3g} > 2 x PyTorch's {ref_err:.3g} + {settings.atol:g}",
+                    error=err,
+                    ref_error=ref_err,
+                )
+        else:
+            err = ref_err = None
+        del out
+        samples = time_callable(fn, settings)
+    except Exception as e:  # every failure is a result, never a crash of the study
+        return Measurement(classify_exception(e, first_call), reason=short_reason(e))
+    med, iqr = sample_stats(samples)
+    return Measurement(
+        OK,
+        samples_ms=samples,
+        median_ms=med,
+        iqr_ms=iqr,
+        tflops=tflops(problem, med),
+        error=err,
+        ref_error=ref_err,
+    )

@@ -1,0 +1,424 @@
+"""One Optuna study per (device, provider, problem), with results in the results DB.
+
+The search space is derived from the provider's knob dataclass (one categorical per knob).
+The provider's default config is enqueued first; infeasible configs are pruned with their
+reason (stored in the trial and as an "infeasible" measurement); configs that fail to
+compile, crash or compute wrong results are pruned with their status and reason too, so only
+correct, timed configs compete. A config already measured in the study is not measured
+again. Re-running the same command resumes the study until it holds ``trials`` trials.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fa4.arch import SM90, Arch, current_arch
+from fa4.knobs import iter_configs, knob_specs, search_space
+from fa4.problem import Problem
+
+from .harness import INFEASIBLE, Settings
+from .providers import Provider, ProviderError, get_provider
+
+SAMPLERS = ("tpe", "grid", "random")
+
+
+class TuneError(ValueError):
+    """A request the tuner cannot run (bad arguments for this provider): exit code 2."""
+
+
+# ---- naming and storage ---------------------------------------------------------------
+
+
+def study_name(device_name: str, provider: str, problem: Problem) -> str:
+    dev = re.sub(r"\s+", "_", device_name.strip())
+    return f"fa4-tune|{dev}|{provider}|{problem.key()}"
+
+
+def default_storage(db_url: str) -> str:
+    """A journal file beside a SQLite results DB, else in the user data dir.
+
+    Optuna's journal file storage is safe for several processes on one host (file locks),
+    unlike a SQLite RDB storage under concurrent writers.
+    """
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        p = Path(url.database)
+        return str(p.with_name(p.stem + ".optuna.journal"))
+    import platformdirs
+
+    return str(Path(platformdirs.user_data_dir("fa4-tune")) / "optuna.journal")
+
+
+def open_storage(spec: str):
+    """An Optuna storage from a URL (sqlite://, postgresql://, ...) or a journal file path."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    if "://" in spec:
+        return optuna.storages.RDBStorage(spec)
+    path = Path(spec).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def make_sampler(kind: str, knob_cls, seed: int):
+    import optuna
+
+    if kind == "grid":
+        space = {k: list(v) for k, v in search_space(knob_cls).items()} if knob_cls else {}
+        return optuna.samplers.GridSampler(space, seed=seed)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "tpe":
+        # Tile knobs interact (tile_m x tile_n decide registers), so model them jointly.
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
+    raise TuneError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
+
+
+def suggest_config(trial, knob_cls):
+    values = {s.name: trial.suggest_categorical(s.name, list(s.choices)) for s in knob_specs(knob_cls)}
+    return knob_cls(**values)
+
+
+# ---- request validation ---------------------------------------------------------------
+
+
+def resolve_provider(spec: str | None) -> Provider:
+    """The requested provider, or the default: our kernel "fa4" when usable, else the reference."""
+    from .providers import list_providers
+
+    if spec is None:
+        if "fa4" in list_providers():
+            p = get_provider("fa4")
+            if p.available() is None:
+                return p
+        spec = "flash-attn-4"
+    try:
+        return get_provider(spec)
+    except ProviderError as e:
+        raise TuneError(str(e)) from None
+
+
+def check_request(provider: Provider, problem: Problem) -> None:
+    errs = provider.problem_errors(problem)
+    if errs:
+        raise TuneError(f"{provider.name}: {'; '.join(errs)}")
+
+
+# ---- result ---------------------------------------------------------------------------
+
+
+@dataclass
+class TuneResult:
+    study_name: str
+    storage: str
+    db_url: str
+    provider: str
+    device: str
+    problem: dict
+    sampler: str
+    trials: int  # finished trials in the study
+    measured: int  # trials that ran a measurement (not pruned as infeasible, not duplicates)
+    statuses: dict
+    resumed_with: int  # finished trials found when this run started
+    default: dict | None
+    best: dict | None
+    speedup: float | None
+    stored_measurements: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _trial_summary(provider: Provider, problem: Problem, trial) -> dict:
+    cfg = provider.config_from_dict(problem, trial.params) if trial.params else None
+    ua = trial.user_attrs
+    return {
+        "trial": trial.number,
+        "config": dict(trial.params),
+        "label": provider.describe(cfg),
+        "status": ua.get("status"),
+        "reason": ua.get("reason"),
+        "tflops": ua.get("tflops"),
+        "median_ms": ua.get("median_ms"),
+        "iqr_ms": ua.get("iqr_ms"),
+        "error": ua.get("error"),
+    }
+
+
+# ---- the tuner ------------------------------------------------------------------------
+
+
+class Tuner:
+    def __init__(
+        self,
+        provider: Provider | str,
+        problem: Problem,
+        *,
+        store,
+        storage: str | None = None,
+        sampler: str = "tpe",
+        trials: int = 40,
+        settings: Settings | None = None,
+        runner=None,
+        seed: int = 0,
+        provider_spec: str | None = None,
+    ):
+        if isinstance(provider, str):
+            provider_spec, provider = provider, resolve_provider(provider)
+        self.provider = provider
+        # Workers rebuild the provider from this string.
+        self.spec = provider_spec or getattr(provider, "spec", None) or provider.name
+        self.problem = problem
+        self.store = store
+        self.storage_spec = storage or default_storage(store.url)
+        self.sampler_kind = sampler
+        self.trials = trials
+        self.settings = settings or Settings()
+        self.seed = seed
+        self._runner = runner
+        check_request(provider, problem)
+        why = provider.available()
+        if why:
+            raise TuneError(f"{provider.name} is not available: {why}")
+        if provider.needs_gpu:
+            arch = current_arch()
+            if arch is None:
+                raise TuneError("timing needs a CUDA GPU")
+            from .device import cuda_device_info
+
+            self.arch: Arch = arch
+            self.device_info = cuda_device_info(provider.versions())
+        else:
+            self.arch = provider.arch()
+            self.device_info = provider.device_info()
+            self.device_info["provider_versions"] = provider.versions()
+        self.knob_cls = provider.knob_cls_for(problem)
+        self.default_config = provider.default_config(problem, self.arch)
+        self.default_dict = provider.config_to_dict(self.default_config)
+        self.name = study_name(self.device_info["name"], provider.name, problem)
+        self.fingerprint = provider.source_fingerprint()
+        self.stored = 0
+
+    # -- helpers -------------------------------------------------------------------
+    def _runner_or_new(self):
+        if self._runner is None:
+            from .worker import IsolatedRunner
+
+            self._runner = IsolatedRunner()
+            self._own_runner = True
+        return self._runner
+
+    def _store_measurement(self, config_dict, trial_number, m_status, **kw) -> None:
+        config_id = self.store.upsert_config(self.provider.name, config_dict, self.knob_cls)
+        self.store.add_measurement(
+            self.device_id, self.problem_id, config_id,
+            status=m_status,
+            source_fingerprint=self.fingerprint,
+            study_name=self.name,
+            trial_number=trial_number,
+            is_default=(config_dict == self.default_dict),
+            versions=self.device_info.get("provider_versions"),
+            **kw,
+        )
+        self.stored += 1
+
+    def _previous(self, study, params: dict):
+        import optuna
+
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        for t in study.get_trials(deepcopy=False, states=states):
+            if t.params == params and "status" in t.user_attrs:
+                return t
+        return None
+
+    def _objective(self, study):
+        import optuna
+
+        def objective(trial):
+            config = suggest_config(trial, self.knob_cls) if self.knob_cls else None
+            cdict = self.provider.config_to_dict(config)
+            trial.set_user_attr("is_default", cdict == self.default_dict)
+            prev = self._previous(study, trial.params)
+            if prev is not None:
+                for k, v in prev.user_attrs.items():
+                    if k not in ("is_default", "measured", "enqueued_default"):
+                        trial.set_user_attr(k, v)
+                trial.set_user_attr("duplicate_of", prev.number)
+                if prev.state == optuna.trial.TrialState.COMPLETE:
+                    return prev.value
+                raise optuna.TrialPruned(prev.user_attrs.get("reason") or "")
+            reasons = self.provider.violations(config, self.problem, self.arch)
+            if reasons:
+                reason = "; ".join(reasons)
+                trial.set_user_attr("status", INFEASIBLE)
+                trial.set_user_attr("reason", reason)
+                self._store_measurement(cdict, trial.number, INFEASIBLE, reason=reason)
+                raise optuna.TrialPruned(reason)
+            m = self._runner_or_new().run(self.spec, self.problem, cdict, self.settings)
+            self._store_measurement(
+                cdict, trial.number, m.status, reason=m.reason, samples_ms=m.samples_ms,
+                median_ms=m.median_ms, iqr_ms=m.iqr_ms, tflops=m.tflops, error=m.error,
+                ref_error=m.ref_error,
+            )
+            trial.set_user_attr("measured", True)
+            for k in ("status", "reason", "median_ms", "iqr_ms", "tflops", "error"):
+                trial.set_user_attr(k, getattr(m, k))
+            if not m.ok:
+                raise optuna.TrialPruned(f"{m.status}: {m.reason}")
+            return m.tflops
+
+        return objective
+
+    # -- main ----------------------------------------------------------------------
+    def run(self, on_trial: Callable | None = None, on_start: Callable | None = None) -> TuneResult:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.device_id = self.store.upsert_device(self.device_info)
+        self.problem_id = self.store.upsert_problem(self.problem)
+        storage = open_storage(self.storage_spec)
+        study = optuna.create_study(
+            study_name=self.name,
+            storage=storage,
+            sampler=make_sampler(self.sampler_kind, self.knob_cls, self.seed),
+            direction="maximize",
+            load_if_exists=True,
+        )
+        finished_states = (
+            optuna.trial.TrialState.COMPLETE,
+            optuna.trial.TrialState.PRUNED,
+            optuna.trial.TrialState.FAIL,
+        )
+        before = len(study.get_trials(deepcopy=False, states=finished_states))
+        budget = self.trials if self.knob_cls is not None else 1
+        if self.sampler_kind == "grid" and self.knob_cls is not None:
+            budget = min(budget, len(list(iter_configs(self.knob_cls))) + 1)
+        todo = max(0, budget - before)
+        if todo and self.default_dict is not None:
+            have_default = any(
+                t.params == self.default_dict
+                for t in study.get_trials(deepcopy=False)
+                if t.state in finished_states or t.state == optuna.trial.TrialState.WAITING
+            )
+            if not have_default:
+                study.enqueue_trial(self.default_dict, user_attrs={"enqueued_default": True})
+        if on_start:
+            on_start(self, todo, before)
+        callbacks = [lambda st, tr: on_trial(self, st, tr)] if on_trial else []
+        try:
+            if todo:
+                study.optimize(self._objective(study), n_trials=todo, callbacks=callbacks, catch=())
+        finally:
+            if getattr(self, "_own_runner", False):
+                self._runner.close()
+                self._runner = None
+        return self.result(study, before)
+
+    def result(self, study, before: int = 0) -> TuneResult:
+        import optuna
+
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        statuses = collections.Counter(t.user_attrs.get("status", "unknown") for t in trials if "duplicate_of" not in t.user_attrs)
+        measured = sum(1 for t in trials if t.user_attrs.get("measured"))
+        default = None
+        for t in trials:
+            if t.params == (self.default_dict or {}) and "duplicate_of" not in t.user_attrs:
+                default = _trial_summary(self.provider, self.problem, t)
+                break
+        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+        best = None
+        if complete:
+            bt = max(complete, key=lambda t: (t.value, -t.number))
+            best = _trial_summary(self.provider, self.problem, bt)
+        speedup = None
+        if best and default and default.get("tflops"):
+            speedup = best["tflops"] / default["tflops"]
+        return TuneResult(
+            study_name=self.name,
+            storage=self.storage_spec,
+            db_url=self.store.url,
+            provider=self.provider.name,
+            device=self.device_info["name"],
+            problem=self.problem.to_dict(),
+            sampler=self.sampler_kind,
+            trials=len(trials),
+            measured=measured,
+            statuses=dict(statuses),
+            resumed_with=before,
+            default=default,
+            best=best,
+            speedup=speedup,
+            stored_measurements=self.stored,
+        )
+
+
+# ---- without a GPU --------------------------------------------------------------------
+
+
+def _reason_kind(reason: str) -> str:
+    head = reason.split(":", 1)[0].strip()
+    return head if len(head) <= 24 else "other"
+
+
+def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, compile_configs: bool = True) -> dict:
+    """Everything that runs without a GPU: feasibility of every config, compile-only where possible."""
+    cls = provider.knob_cls_for(problem)
+    configs = list(iter_configs(cls)) if cls is not None else [None]
+    feasible, infeasible = [], collections.Counter()
+    examples = {}
+    for c in configs:
+        v = provider.violations(c, problem, arch)
+        if v:
+            for r in v:
+                kind = _reason_kind(r)
+                infeasible[kind] += 1
+                examples.setdefault(kind, r)
+        else:
+            feasible.append(c)
+    default = provider.default_config(problem, arch)
+    out = {
+        "provider": provider.name,
+        "arch": arch.name,
+        "problem": problem.to_dict(),
+        "configs": len(configs),
+        "feasible": len(feasible),
+        "infeasible": len(configs) - len(feasible),
+        "infeasible_reasons": {k: {"count": n, "example": examples[k]} for k, n in infeasible.items()},
+        "default": {
+            "config": provider.config_to_dict(default),
+            "label": provider.describe(default),
+            "violations": provider.violations(default, problem, arch),
+        },
+        "compile": None,
+        "timing": "timing needs a CUDA GPU: nothing was measured or stored",
+    }
+    why = provider.available()
+    if not compile_configs:
+        out["compile"] = {"skipped": "not requested"}
+    elif why:
+        out["compile"] = {"skipped": f"{provider.name} is not available here: {why}"}
+    elif not provider.supports_compile_only(problem):
+        out["compile"] = {"skipped": f"{provider.name} has no compile-only path"}
+    else:
+        results = {"ok": 0, "errors": []}
+        for c in feasible:
+            err = provider.compile_only(problem, c, arch)
+            if err is None:
+                results["ok"] += 1
+            else:
+                results["errors"].append({"config": provider.config_to_dict(c), "error": err})
+        out["compile"] = results
+    return out
+
+
+__all__ = [
+    "SAMPLERS", "TuneError", "TuneResult", "Tuner", "check_request", "check_without_gpu",
+    "default_storage", "make_sampler", "open_storage", "resolve_provider", "study_name",
+]

@@ -1,0 +1,134 @@
+"""Candidate isolation: measurements run in a separate, restartable process.
+
+A CUDA error such as an illegal address is sticky: every later call in that process fails.
+So candidates run in a long-lived worker (spawned, never forked, so it gets its own CUDA
+context) and the parent restarts it after a crash, a timeout or a sticky CUDA failure. The
+failed candidate is recorded with its reason and the study goes on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import traceback
+
+from fa4.problem import Problem
+
+from .harness import RUNTIME_ERROR, Measurement, Settings, is_sticky_cuda_failure
+
+
+def _serve(conn) -> None:
+    from .providers import get_provider
+
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        try:
+            provider = get_provider(msg["provider"])
+            problem = Problem.from_dict(msg["problem"])
+            config = provider.config_from_dict(problem, msg["config"])
+            m = provider.measure(problem, config, Settings.from_dict(msg["settings"]))
+        except Exception as e:  # a provider bug must not kill the worker silently
+            tb = traceback.format_exception_only(type(e), e)[-1].strip()
+            m = Measurement(RUNTIME_ERROR, reason=f"worker: {tb}"[:300])
+        conn.send(m.to_dict())
+        if is_sticky_cuda_failure(m):
+            return  # the CUDA context is poisoned: let the parent start a fresh process
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class IsolatedRunner:
+    """Runs measurements in a worker process, restarting it whenever it cannot be trusted."""
+
+    def __init__(self, timeout_s: float | None = None):
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.timeout_s = timeout_s
+        self.restarts = 0
+
+    def _start(self) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_serve, args=(child,), daemon=True, name="fa4-tune-worker")
+        proc.start()
+        child.close()
+        self._proc, self._conn = proc, parent
+
+    def _stop(self, kill: bool) -> None:
+        if self._proc is None:
+            return
+        if kill:
+            self._proc.kill()
+        else:
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        self._proc.join(timeout=10)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._conn.close()
+        self._proc = self._conn = None
+
+    def run(self, provider: str, problem: Problem, config: dict | None, settings: Settings) -> Measurement:
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self._stop(kill=True)
+                self.restarts += 1
+            self._start()
+        timeout = self.timeout_s if self.timeout_s is not None else settings.timeout_s
+        msg = {"provider": provider, "problem": problem.to_dict(), "config": config, "settings": settings.to_dict()}
+        try:
+            self._conn.send(msg)
+            if not self._conn.poll(timeout):
+                self._stop(kill=True)
+                return Measurement(RUNTIME_ERROR, reason=f"timed out after {timeout:g} s (worker killed)")
+            m = Measurement.from_dict(self._conn.recv())
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            self._proc.join(timeout=10)
+            why = _describe_exit(self._proc.exitcode)
+            self._stop(kill=True)
+            return Measurement(RUNTIME_ERROR, reason=f"worker process died ({why})")
+        if is_sticky_cuda_failure(m):
+            self._stop(kill=False)
+        return m
+
+    def close(self) -> None:
+        self._stop(kill=False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class InProcessRunner:
+    """Same interface without isolation, for providers that never touch a GPU (replay) in tests."""
+
+    def run(self, provider: str, problem: Problem, config: dict | None, settings: Settings) -> Measurement:
+        from .providers import get_provider
+
+        p = get_provider(provider)
+        try:
+            return p.measure(problem, p.config_from_dict(problem, config), settings)
+        except Exception as e:
+            return Measurement(RUNTIME_ERROR, reason=f"{type(e).__name__}: {e}"[:300])
+
+    def close(self) -> None:
+        pass
