@@ -100,7 +100,7 @@ def print_result(res, console) -> None:
 
     t = Table(title=f"{res.provider} on {res.device}: {Problem.from_dict(res.problem).key()}")
     for col in ("", "config", "TFLOP/s", "median ms", "IQR ms", "max abs error", "trial"):
-        t.add_column(col, justify="right" if col not in ("", "config") else "left")
+        t.add_column(col, justify="right" if col not in ("", "config") else "left", no_wrap=True)
     for label, row in (("default", res.default), ("best", res.best)):
         if row is None:
             t.add_row(label, "(none measured ok)", "-", "-", "-", "-", "-")

@@ -59,9 +59,13 @@ class IsolatedRunner:
         self._proc = None
         self._conn = None
         self.timeout_s = timeout_s
-        self.restarts = 0
+        self.restarts = 0  # workers started after the first one
+        self._started = False
 
     def _start(self) -> None:
+        if self._started:
+            self.restarts += 1
+        self._started = True
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child,), daemon=True, name="fa4-tune-worker")
         proc.start()
@@ -89,7 +93,6 @@ class IsolatedRunner:
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self._stop(kill=True)
-                self.restarts += 1
             self._start()
         timeout = self.timeout_s if self.timeout_s is not None else settings.timeout_s
         msg = {"provider": provider, "problem": problem.to_dict(), "config": config, "settings": settings.to_dict()}

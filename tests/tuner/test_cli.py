@@ -1,0 +1,103 @@
+"""fa4-tune through a subprocess, as a user runs it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4.arch import SM90
+from fa4.knobs import config_to_dict
+from fa4.problem import Problem
+from tests.tuner.synthetic import best_synthetic, write_synthetic
+from tuner.providers import get_provider
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fa4_tune(*args, env_extra=None, timeout=300):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # behave as on a machine without a GPU
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--seqlen", "-8", "--hdim", "128"], "--seqlen must be a positive integer, got -8"),
+        (["--seqlen", "8192", "--hdim", "128", "--batch", "0"], "--batch must be a positive integer"),
+        (["--seqlen", "8192", "--hdim", "100"], "head_dim=100"),
+        (["--seqlen", "8192", "--hdim", "128", "--provider", "nope"], "unknown provider 'nope'"),
+        (["--seqlen", "8192"], "--hdim"),
+        (["--seqlen", "8192", "--hdim", "128", "--sampler", "anneal"], "invalid choice: 'anneal'"),
+        (["--seqlen", "8192", "--hdim", "128", "--heads", "16", "--heads-kv", "5"], "multiple of heads_kv"),
+        (["--seqlen", "8192", "--hdim", "128", "--deterministic"], "--pass bwd"),
+        (["--seqlen", "8192", "--hdim", "128", "--dtype", "fp8"], "invalid choice: 'fp8'"),
+        (["--seqlen", "8192", "--hdim", "128", "--pass", "bwd", "--provider", "fa2", "--deterministic"],
+         "no deterministic backward"),
+    ],
+)
+def test_bad_arguments_give_one_line_and_exit_2(args, needle):
+    r = fa4_tune(*args)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("fa4-tune: error: ") and needle in lines[0]
+    assert r.stdout == ""
+
+
+def test_without_gpu_checks_feasibility_and_says_timing_needs_a_gpu(tmp_path):
+    db = tmp_path / "r.db"
+    r = fa4_tune("--seqlen", "8192", "--hdim", "128", "--db", f"sqlite:///{db}")
+    assert r.returncode == 0, r.stderr
+    p = get_provider("flash-attn-4")
+    prob = Problem.standard(8192, 128)
+    n_feasible = len(p.feasible_configs(prob, SM90))
+    assert f"{n_feasible} feasible" in r.stdout
+    assert "Timing needs a CUDA GPU" in r.stdout
+    assert p.describe(p.default_config(prob, SM90)) in r.stdout
+    assert not db.exists()  # nothing pretended to be measured
+
+
+def test_without_gpu_json(tmp_path):
+    r = fa4_tune("--seqlen", "4096", "--hdim", "64", "--causal", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    prob = Problem.standard(4096, 64, causal=True)
+    assert rep["problem"] == prob.to_dict()
+    p = get_provider("flash-attn-4")
+    assert rep["feasible"] == len(p.feasible_configs(prob, SM90))
+    assert rep["configs"] == rep["feasible"] + rep["infeasible"]
+    assert rep["default"]["config"] == config_to_dict(p.default_config(prob, SM90))
+    assert "timing needs a CUDA GPU" in rep["timing"]
+
+
+def test_replay_end_to_end_and_resume(tmp_path):
+    prob = Problem.standard(8192, 128)
+    rec = write_synthetic(tmp_path / "rec.json", [prob])
+    args = ["--seqlen", "8192", "--hdim", "128", "--provider", f"replay:{rec}",
+            "--db", f"sqlite:///{tmp_path / 'r.db'}"]
+    r = fa4_tune(*args, "--trials", "30", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["best"]["config"] == config_to_dict(best_synthetic(prob))
+    assert res["trials"] == 30 and res["resumed_with"] == 0
+    assert res["db_url"].endswith("r.db") and res["storage"].endswith("r.optuna.journal")
+    r2 = fa4_tune(*args, "--trials", "40", "--json")  # same study, larger budget
+    res2 = json.loads(r2.stdout)
+    assert r2.returncode == 0 and res2["resumed_with"] == 30 and res2["trials"] == 40
+    table = fa4_tune(*args, "--trials", "40")  # human table
+    assert table.returncode == 0
+    for needle in ("default", "best", "speedup best/default", "results DB:", "Optuna study:", "128x160 RS OL"):
+        assert needle in table.stdout
+
+
+def test_serve_placeholder_says_what_and_exits_2():
+    r = subprocess.run([sys.executable, "-c", "import sys, tuner.cli as c; sys.exit(c.serve_placeholder())"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and "issue 5" in r.stderr

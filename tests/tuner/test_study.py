@@ -1,0 +1,155 @@
+"""The tuner's logic on CPU, driven by the replay provider over a synthetic recording."""
+
+import optuna
+import pytest
+
+from fa4.arch import SM90
+from fa4.knobs import config_to_dict, iter_configs
+from fa4.problem import Problem
+from service.db import ResultsStore
+from tests.tuner.fake_providers import ENV
+from tests.tuner.synthetic import COMPILE_ERROR_CFG, INCORRECT_CFG, best_synthetic, synthetic_tflops, write_synthetic
+from tuner.providers.flash_attn4 import RefFa4FwdKnobs, fwd_default, fwd_violations
+from tuner.study import Tuner, TuneError, default_storage, open_storage, study_name
+from tuner.worker import InProcessRunner, IsolatedRunner
+
+PROBLEM = Problem.standard(8192, 128)
+CAUSAL64 = Problem.standard(4096, 64, causal=True)
+
+
+@pytest.fixture
+def env(tmp_path):
+    rec = write_synthetic(tmp_path / "rec.json", [PROBLEM, CAUSAL64])
+    store = ResultsStore.open(f"sqlite:///{tmp_path / 'results.db'}")
+    yield {"rec": rec, "store": store, "tmp": tmp_path}
+    store.close()
+
+
+def _tuner(env, problem=PROBLEM, runner=None, **kw):
+    kw.setdefault("trials", 40)
+    return Tuner(f"replay:{env['rec']}", problem, store=env["store"], runner=runner or InProcessRunner(), **kw)
+
+
+def _study(t):
+    return optuna.load_study(study_name=t.name, storage=open_storage(t.storage_spec))
+
+
+@pytest.mark.parametrize("problem", [PROBLEM, CAUSAL64])
+def test_finds_the_best_within_budget(env, problem):
+    res = _tuner(env, problem, trials=40).run()
+    want = best_synthetic(problem)
+    assert res.best["config"] == config_to_dict(want)
+    assert res.best["tflops"] == pytest.approx(synthetic_tflops(want), rel=1e-3)
+    assert res.default["config"] == config_to_dict(fwd_default(problem))
+    assert res.speedup == pytest.approx(res.best["tflops"] / res.default["tflops"])
+    assert res.speedup >= 1.0
+    assert res.trials == 40
+
+
+def test_default_is_enqueued_first_and_flagged(env):
+    t = _tuner(env, trials=5)
+    t.run()
+    first = _study(t).trials[0]
+    assert first.number == 0 and first.params == config_to_dict(fwd_default(PROBLEM))
+    rows = env["store"].measurements(study_name=t.name)
+    assert rows[0]["trial_number"] == 0 and rows[0]["is_default"] is True
+    assert sum(r["is_default"] for r in rows) == 1
+    d = env["store"].default_result(t.device_info["name"], "replay", PROBLEM)
+    assert d is not None and d["tflops"] == pytest.approx(synthetic_tflops(fwd_default(PROBLEM)), rel=1e-3)
+
+
+def test_infeasible_configs_are_pruned_with_reason_and_stored(env):
+    t = _tuner(env, sampler="grid", trials=1000)
+    res = t.run()
+    study = _study(t)
+    n_space = len(list(iter_configs(RefFa4FwdKnobs)))
+    assert res.trials == n_space + 1  # the grid plus the enqueued default (a duplicate)
+    infeasible = {}
+    for tr in study.trials:
+        cfg = RefFa4FwdKnobs(**tr.params)
+        v = fwd_violations(cfg, PROBLEM, SM90)
+        if v:
+            assert tr.state == optuna.trial.TrialState.PRUNED  # pruned, never FAILed
+            assert tr.user_attrs["status"] == "infeasible"
+            assert tr.user_attrs["reason"] == "; ".join(v)
+            infeasible[tr.number] = tr.user_attrs["reason"]
+    assert infeasible, "the space has infeasible configs for hd128"
+    rows = env["store"].measurements(study_name=t.name, status="infeasible")
+    assert {r["trial_number"]: r["reason"] for r in rows} == infeasible
+    # The failing statuses of the recording are pruned too, with their own status.
+    by_cfg = {tuple(tr.params.values()): tr for tr in study.trials if "duplicate_of" not in tr.user_attrs}
+    ce = by_cfg[tuple(config_to_dict(COMPILE_ERROR_CFG).values())]
+    assert ce.state == optuna.trial.TrialState.PRUNED and ce.user_attrs["status"] == "compile_error"
+    bad = by_cfg[tuple(config_to_dict(INCORRECT_CFG).values())]
+    assert bad.user_attrs["status"] == "incorrect"
+    assert res.best["config"] == config_to_dict(best_synthetic(PROBLEM))
+    assert sum(res.statuses.values()) == n_space
+
+
+def test_rerun_resumes_the_study(env):
+    first = _tuner(env, trials=10).run()
+    n_rows = len(env["store"].measurements())
+    second = _tuner(env, trials=25).run()
+    assert first.study_name == second.study_name
+    assert second.resumed_with == 10 and second.trials == 25
+    trials = _study(_tuner(env)).trials
+    assert [t.number for t in trials] == list(range(25))
+    # The default was measured once: it is not re-enqueued on resume.
+    assert sum(1 for t in trials if t.params == config_to_dict(fwd_default(PROBLEM))
+               and "duplicate_of" not in t.user_attrs) == 1
+    assert len(env["store"].measurements()) > n_rows
+    third = _tuner(env, trials=25).run()  # nothing left to do
+    assert third.trials == 25 and third.stored_measurements == 0
+    assert third.best == second.best
+
+
+def test_default_storage_sits_beside_a_sqlite_db(tmp_path):
+    assert default_storage(f"sqlite:///{tmp_path}/x/results.db") == str(tmp_path / "x" / "results.optuna.journal")
+    assert default_storage("postgresql://u@h/db").endswith("optuna.journal")
+
+
+def test_study_name_is_deterministic():
+    a = study_name("NVIDIA H200", "flash-attn-4", PROBLEM)
+    assert a == study_name("NVIDIA H200", "flash-attn-4", Problem.standard(8192, 128))
+    assert a != study_name("NVIDIA H200", "flash-attn-4", CAUSAL64)
+    assert a != study_name("NVIDIA H100", "flash-attn-4", PROBLEM)
+
+
+def test_unrecorded_problem_is_a_request_error(env):
+    with pytest.raises(TuneError, match="has no problem"):
+        _tuner(env, Problem.standard(2048, 128))
+
+
+def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, monkeypatch):
+    monkeypatch.setenv(ENV, env["rec"])
+    spec = "tests.tuner.fake_providers:MisbehavingReplay"
+    runner = IsolatedRunner(timeout_s=120)
+    t = Tuner(spec, PROBLEM, store=env["store"], runner=runner, trials=6)
+    # Queue the two misbehaving configs right after the default.
+    study = optuna.create_study(study_name=t.name, storage=open_storage(t.storage_spec), direction="maximize")
+    crash = RefFa4FwdKnobs(128, 96, True, True)
+    boom = RefFa4FwdKnobs(128, 112, True, True)
+    study.enqueue_trial(config_to_dict(fwd_default(PROBLEM)))
+    study.enqueue_trial(config_to_dict(crash))
+    study.enqueue_trial(config_to_dict(boom))
+    after = RefFa4FwdKnobs(128, 160, True, True)
+    study.enqueue_trial(config_to_dict(after))
+    try:
+        res = t.run()
+    finally:
+        runner.close()
+    trials = _study(t).trials
+    assert [tr.params for tr in trials[:3]] == [config_to_dict(c) for c in (fwd_default(PROBLEM), crash, boom)]
+    assert trials[1].user_attrs["status"] == "runtime_error"
+    assert "worker process died" in trials[1].user_attrs["reason"] and "SIGABRT" in trials[1].user_attrs["reason"]
+    assert trials[2].user_attrs["status"] == "runtime_error"
+    assert "provider bug raised inside the worker" in trials[2].user_attrs["reason"]
+    assert res.trials == 6
+    # The study went on after the crash: the worker was restarted and later configs measured.
+    assert runner.restarts >= 1
+    assert trials[3].params == config_to_dict(after)
+    assert trials[3].user_attrs["status"] == "ok"
+    assert trials[3].value == pytest.approx(synthetic_tflops(after), rel=1e-3)
+    rows = env["store"].measurements(study_name=t.name, status="runtime_error")
+    assert sorted(r["trial_number"] for r in rows) == [1, 2]
+    assert res.default["status"] == "ok"
