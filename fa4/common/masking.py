@@ -3,6 +3,13 @@
 Causal masking is aligned bottom-right: query row i may see key columns
 j <= i + (seqlen_k - seqlen_q), the convention of FlashAttention 2+ for
 seqlen_q != seqlen_k. Masked scores become -inf so exp2 makes them exactly 0.
+
+Coordinates: a thread's elements sit at fixed offsets from its first element, the
+same offsets for every thread (the WGMMA accumulator layout is affine in the thread
+index). Those offsets are taken from thread 0's partition, where they are
+compile-time constants, so the mask costs one compare against an immediate per
+element and holds no per-element coordinate registers (which, hoisted out of the
+KV loop, would crowd out the WGMMA accumulators).
 """
 
 import cutlass
@@ -12,21 +19,22 @@ from cutlass import Float32, Int32
 
 @cute.jit
 def apply_mask(
-    acc_s: cute.Tensor,  # (MMA, MMA_M, MMA_N) fp32 scores of one 64 x tile_n tile
-    t_coord: cute.Tensor,  # same shape: (row, col) of each score inside the tile
-    row_offset: Int32,  # global query row of tile row 0
-    col_offset: Int32,  # global key column of tile column 0
+    s_mn: cute.Tensor,  # ((2, MMA_M), (2, V, MMA_N)) fp32 scores of one 64 x tile_n tile, row/col view
+    c0_mn: cute.Tensor,  # same view of thread 0's (row, col) coordinates: static offsets
+    row_base: Int32,  # global query row of this thread's first element
+    col_base: Int32,  # global key column of this thread's first element
     seqlen_q: Int32,
     seqlen_k: Int32,
     causal: cutlass.Constexpr,
 ):
-    # The diagonal offset is a per-problem constant; one IMAD per element then decides.
-    causal_shift = seqlen_k - seqlen_q + 1 - col_offset
-    seq_limit = seqlen_k - col_offset
-    for i in cutlass.range_constexpr(cute.size(acc_s)):
-        r, c = t_coord[i]
+    nrow = cute.size(s_mn, mode=[0])
+    ncol = cute.size(s_mn, mode=[1])
+    seq_limit = seqlen_k - col_base
+    for r in cutlass.range_constexpr(nrow):
         limit = seq_limit
         if cutlass.const_expr(causal):
-            limit = cutlass.min(seq_limit, row_offset + r + causal_shift)
-        if c >= limit:
-            acc_s[i] = -Float32.inf
+            row = row_base + c0_mn[r, 0][0]
+            limit = cutlass.min(seq_limit, row + 1 + seqlen_k - seqlen_q - col_base)
+        for c in cutlass.range_constexpr(ncol):
+            if c0_mn[r, c][1] >= limit:
+                s_mn[r, c] = -Float32.inf

@@ -33,11 +33,12 @@ def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: 
     return FwdKernelKey(dtype, head_dim, causal, has_lse, base)
 
 
-def _fake_tensor(cutlass_dtype, rank: int, static_last: int | None = None):
+def _fake_tensor(cutlass_dtype, rank: int, static_last: int | None = None, tma: bool = True):
     import cutlass.cute as cute
 
-    # 16-byte alignment (8 elements of 16 bits) is what TMA needs of every stride but the last.
-    div = 128 // cutlass_dtype.width
+    # 16-byte alignment (8 elements of 16 bits) is what TMA needs of every stride but the last;
+    # tensors written with plain stores (LSE) promise nothing.
+    div = 128 // cutlass_dtype.width if tma else 1
     shape = tuple(cute.sym_int() for _ in range(rank - 1)) + (
         static_last if static_last is not None else cute.sym_int(),
     )
@@ -58,7 +59,7 @@ def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
     k = _fake_tensor(dt, 4, key.head_dim)
     v = _fake_tensor(dt, 4, key.head_dim)
     o = _fake_tensor(dt, 4, key.head_dim)
-    lse = _fake_tensor(cutlass.Float32, 3) if key.has_lse else None
+    lse = _fake_tensor(cutlass.Float32, 3, tma=False) if key.has_lse else None
     kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(

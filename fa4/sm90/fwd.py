@@ -288,7 +288,12 @@ class FlashFwdSm90:
         # The A-operand register order of a 16-bit WGMMA equals the accumulator order of
         # two adjacent 8-column blocks, so P is S converted element by element.
         tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
-        tScS = qk_thr.partition_C(cute.make_identity_tensor((ROWS_PER_WG, self.tile_n)))
+        cS = cute.make_identity_tensor((ROWS_PER_WG, self.tile_n))
+        tScS_mn = acc_as_rows_cols(qk_thr.partition_C(cS))
+        # Static offsets of a thread's elements from its first one (see fa4.common.masking).
+        c0_mn = acc_as_rows_cols(qk_mma.get_slice(0).partition_C(cS))
+        row0, col0 = tScS_mn[0, 0]
+        tScS = (c0_mn, row0, col0)
         s_mn = acc_as_rows_cols(acc_S)
         o_mn = acc_as_rows_cols(acc_O)
         nrow = cute.size(s_mn, mode=[0])
@@ -321,7 +326,7 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        masking.apply_mask(acc_S, tScS, row_off, n_first * self.tile_n, seqlen_q, seqlen_k, self.causal)
+        masking.apply_mask(s_mn, tScS[0], row_off + tScS[1], n_first * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal)
         self.exp_turn_wait(cwg)
         softmax.softmax_first(s_mn, row_max, row_sum, scale_log2, self.emulated)
         self.exp_turn_pass(cwg)
@@ -377,9 +382,8 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.has_lse):
             # Each row lives in the 4 threads of a quad; the first one writes it.
             if ctid % 4 == 0:
-                tScS_mn = acc_as_rows_cols(tScS)
                 for r in cutlass.range_constexpr(nrow):
-                    row = row_off + tScS_mn[r, 0][0]
+                    row = row_off + tScS[1] + tScS[0][r, 0][0]
                     if row < seqlen_q:
                         mLSE[row, head, batch] = lse[r]
         sO = sQ[None, None, cwg]  # this consumer's Q buffer, free now that its GEMMs retired
@@ -411,6 +415,8 @@ class FlashFwdSm90:
         pipe_k.consumer_wait(k_state)
         self.mma_turn_wait(cwg)
         self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        # Two commit groups, so that wait_group(1) below retires S(n) while PV keeps running.
+        warpgroup.commit_group()
         pipe_v.consumer_wait(v_state)
         self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
@@ -419,7 +425,7 @@ class FlashFwdSm90:
         pipe_k.consumer_release(k_state)
         k_state.advance()
         if cutlass.const_expr(masked):
-            masking.apply_mask(acc_S, tScS, row_off, n * self.tile_n, seqlen_q, seqlen_k, self.causal)
+            masking.apply_mask(s_mn, tScS[0], row_off + tScS[1], n * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal)
         self.exp_turn_wait(cwg)
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
         self.exp_turn_pass(cwg)
@@ -452,7 +458,7 @@ class FlashFwdSm90:
         pipe_k.consumer_release(k_state)
         k_state.advance()
         if cutlass.const_expr(masked):
-            masking.apply_mask(acc_S, tScS, row_off, n * self.tile_n, seqlen_q, seqlen_k, self.causal)
+            masking.apply_mask(s_mn, tScS[0], row_off + tScS[1], n * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal)
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
         if need:
             softmax.rescale_rows(o_mn, row_scale)
