@@ -154,11 +154,21 @@ def main(argv=None) -> int:
 
     from service.db import ResultsStore
 
-    store = ResultsStore.open(args.db)
-    tuner = Tuner(provider, problem, store=store, storage=args.storage, sampler=args.sampler,
-                  trials=args.trials, provider_spec=args.provider or provider.name)
-    res = _run_with_progress(tuner, err)
-    store.close()
+    try:
+        store = ResultsStore.open(args.db)
+    except Exception as e:  # a bad URL, an unreachable server, a read-only path
+        _die(f"cannot open the results DB {args.db or '(default)'}: {type(e).__name__}: {e}".splitlines()[0])
+    try:
+        tuner = Tuner(provider, problem, store=store, storage=args.storage, sampler=args.sampler,
+                      trials=args.trials, provider_spec=args.provider or provider.name)
+        res = _run_with_progress(tuner, err)
+    except TuneError as e:
+        _die(str(e))
+    except KeyboardInterrupt:
+        print("fa4-tune: interrupted; run the same command again to resume the study", file=sys.stderr)
+        return 130
+    finally:
+        store.close()
     if args.json:
         print(json.dumps(res.to_dict(), indent=2, default=str))
     else:
