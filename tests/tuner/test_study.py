@@ -153,3 +153,58 @@ def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, mon
     rows = env["store"].measurements(study_name=t.name, status="runtime_error")
     assert sorted(r["trial_number"] for r in rows) == [1, 2]
     assert res.default["status"] == "ok"
+
+
+def test_default_provider_prefers_fa4_when_registered_and_available():
+    from tuner import providers
+    from tuner.providers.base import Provider
+    from tuner.study import resolve_provider
+
+    class FakeFa4(Provider):
+        name = "fa4"
+        usable = True
+
+        def available(self):
+            return None if self.usable else "not built"
+
+    saved = dict(providers._REGISTRY)
+    try:
+        if "fa4" not in saved:
+            assert resolve_provider(None).name == "flash-attn-4"
+        providers.register("fa4", FakeFa4)
+        assert resolve_provider(None).name == "fa4"
+        FakeFa4.usable = False
+        providers._CACHE.pop("fa4", None)
+        assert resolve_provider(None).name == "flash-attn-4"
+    finally:
+        providers._REGISTRY.clear()
+        providers._REGISTRY.update(saved)
+        providers._CACHE.pop("fa4", None)
+
+
+def test_check_without_gpu_compiles_feasible_configs_where_supported():
+    from tuner.providers.flash_attn4 import FlashAttn4Provider
+    from tuner.study import check_without_gpu
+
+    class Compiles(FlashAttn4Provider):
+        compiled = []
+
+        def available(self):
+            return None
+
+        def supports_compile_only(self, problem):
+            return True
+
+        def compile_only(self, problem, config, arch):
+            self.compiled.append(config)
+            return "ptxas: synthetic failure" if config.tile_n == 176 else None
+
+    p = Compiles()
+    rep = check_without_gpu(p, PROBLEM)
+    feasible = p.feasible_configs(PROBLEM, SM90)
+    assert p.compiled == feasible  # every feasible config, and only those
+    n_fail = sum(1 for c in feasible if c.tile_n == 176)
+    assert rep["compile"]["ok"] == len(feasible) - n_fail
+    assert len(rep["compile"]["errors"]) == n_fail
+    assert rep["feasible"] == len(feasible)
+    assert sum(r["count"] for r in rep["infeasible_reasons"].values()) >= rep["infeasible"]
