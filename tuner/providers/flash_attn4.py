@@ -162,13 +162,13 @@ class FlashAttn4Provider(Provider):
     knob_cls = RefFa4FwdKnobs
 
     def available(self) -> str | None:
+        if not self.versions():
+            return "the reference FA4 is not installed (pip install 'fa4-tune[ref]')"
         try:
             _import_reference()
         except Exception as e:  # ImportError, or a broken dependency raising anything
-            return (
-                f"the reference FA4 (flash_attn.cute) cannot be imported: {type(e).__name__}: {e}"
-                " (install with: pip install 'fa4-tune[ref]')"
-            )
+            # Typically triton, which only CUDA builds of torch bring along.
+            return f"the reference FA4 is installed but flash_attn.cute cannot be imported: {type(e).__name__}: {e}"
         return None
 
     def knob_cls_for(self, problem: Problem):
