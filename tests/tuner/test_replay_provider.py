@@ -1,0 +1,58 @@
+"""The replay provider serves exactly what was recorded, and says why when it cannot."""
+
+import json
+
+import pytest
+
+from fa4.arch import SM90
+from fa4.knobs import config_to_dict
+from fa4.problem import Problem
+from tests.tuner.synthetic import COMPILE_ERROR_CFG, synthetic_recording, write_synthetic
+from tuner.harness import Settings
+from tuner.providers import ProviderError, get_provider
+from tuner.providers.flash_attn4 import RefFa4BwdKnobs, RefFa4FwdKnobs
+from tuner.providers.replay import ReplayProvider
+
+PROBLEM = Problem.standard(8192, 128)
+
+
+def test_serves_recorded_measurements(tmp_path):
+    path = write_synthetic(tmp_path / "r.json", [PROBLEM])
+    p = get_provider(f"replay:{path}")
+    assert p.available() is None and p.needs_gpu is False
+    assert p.knob_cls_for(PROBLEM) is RefFa4FwdKnobs
+    assert p.knob_cls_for(Problem.standard(8192, 128, pass_="bwd")) is RefFa4BwdKnobs
+    recorded = {json.dumps(r["config"], sort_keys=True): r for r in synthetic_recording(PROBLEM)["results"]}
+    for cfg in (RefFa4FwdKnobs(128, 160, True, True), COMPILE_ERROR_CFG):
+        m = p.measure(PROBLEM, cfg, Settings())
+        r = recorded[json.dumps(config_to_dict(cfg), sort_keys=True)]
+        assert (m.status, m.reason, m.samples_ms, m.median_ms, m.tflops) == (
+            r["status"], r["reason"], r["samples_ms"], r["median_ms"], r["tflops"])
+    assert p.default_config(PROBLEM, SM90) == RefFa4FwdKnobs(128, 128, True, True)
+    assert p.device_info()["name"].startswith("replay of ")
+    assert p.arch() == SM90
+    assert p.versions()["replay"] == "r.json"
+    assert len(p.source_fingerprint()) == 16
+
+
+def test_missing_config_is_a_runtime_error_not_a_guess(tmp_path):
+    data = synthetic_recording(PROBLEM)
+    data["results"] = [r for r in data["results"] if r["config"]["tile_n"] != 144]
+    path = tmp_path / "partial.json"
+    from tuner.providers.replay import recording_dict
+    from tests.tuner.synthetic import SYNTHETIC_DEVICE
+
+    path.write_text(json.dumps(recording_dict("flash-attn-4", SYNTHETIC_DEVICE, {}, {}, [data], date="x")))
+    m = ReplayProvider(path).measure(PROBLEM, RefFa4FwdKnobs(128, 144, True, True), Settings())
+    assert m.status == "runtime_error" and "no recorded measurement" in m.reason
+
+
+def test_unavailable_recording_says_why(tmp_path):
+    p = ReplayProvider(tmp_path / "absent.json")
+    assert "no recording at" in p.available()
+    assert p.problem_errors(PROBLEM) == [p.available()]
+    with pytest.raises(ProviderError):
+        p.recording
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    assert "not a recording" in ReplayProvider(bad).available()
