@@ -88,7 +88,11 @@ def print_no_gpu(report: dict, console) -> None:
     if "skipped" in comp:
         console.print(escape(f"compile-only: skipped ({comp['skipped']})"))
     else:
-        console.print(f"compile-only: {comp['ok']} compiled, {len(comp['errors'])} failed")
+        console.print(
+            f"compile-only: {comp['ok']} of {comp['compiled']} kernels compiled for {report['arch']} "
+            f"({comp['distinct_kernels']} distinct kernels in the feasible space; --trials caps how many), "
+            f"{len(comp['errors'])} failed"
+        )
         for e in comp["errors"][:5]:
             console.print(escape(f"  {e['config']}: {e['error']}"))
     console.print(f"[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
@@ -141,7 +145,7 @@ def main(argv=None) -> int:
         _die(str(e))
 
     if provider.needs_gpu and not has_cuda():
-        report = check_without_gpu(provider, problem)
+        report = check_without_gpu(provider, problem, compile_limit=args.trials)
         if args.json:
             print(json.dumps(report, indent=2))
         else:

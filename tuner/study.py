@@ -367,7 +367,8 @@ def _reason_kind(reason: str) -> str:
     return head if len(head) <= 24 else "other"
 
 
-def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, compile_configs: bool = True) -> dict:
+def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, compile_configs: bool = True,
+                      compile_limit: int | None = None) -> dict:
     """Everything that runs without a GPU: feasibility of every config, compile-only where possible."""
     cls = provider.knob_cls_for(problem)
     configs = list(iter_configs(cls)) if cls is not None else [None]
@@ -399,16 +400,24 @@ def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, c
         "compile": None,
         "timing": "timing needs a CUDA GPU: nothing was measured or stored",
     }
-    why = provider.available()
+    why = provider.compile_available()
     if not compile_configs:
         out["compile"] = {"skipped": "not requested"}
     elif why:
-        out["compile"] = {"skipped": f"{provider.name} is not available here: {why}"}
+        out["compile"] = {"skipped": f"{provider.name} cannot compile here: {why}"}
     elif not provider.supports_compile_only(problem):
         out["compile"] = {"skipped": f"{provider.name} has no compile-only path"}
     else:
-        results = {"ok": 0, "errors": []}
-        for c in feasible:
+        # Configs that differ only in runtime knobs share one compiled kernel: compile each
+        # distinct kernel once, the default's first, up to compile_limit of them.
+        variants = {}
+        for c in [default, *feasible]:
+            variants.setdefault(provider.compile_variant(problem, c), c)
+        todo = list(variants.values())
+        if compile_limit is not None:
+            todo = todo[:compile_limit]
+        results = {"ok": 0, "errors": [], "distinct_kernels": len(variants), "compiled": len(todo)}
+        for c in todo:
             err = provider.compile_only(problem, c, arch)
             if err is None:
                 results["ok"] += 1

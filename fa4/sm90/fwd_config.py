@@ -154,11 +154,16 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 
 
 def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
-    """Heuristic default: the largest tile_n that fits, exp on MUFU only, rescale on every growth."""
+    """Heuristic default, from the knob effects measured on the H200 (bench/RESULTS.md).
+
+    hd128: tile_n 128 (112/144 lose 5-7%), tau 8 (+5% by skipping most O rescales; fp16-safe).
+    hd64: tile_n 192 (144 ties), tau 0 (8 measured within noise). MUFU-only exp2 everywhere:
+    the FMA-pipe polynomial lost 1-8% at every fraction tried (issue-slot bound).
+    """
     if problem.head_dim == 64:
         base = FwdConfigSm90(tile_n=192, kv_stages=2)
     else:
-        base = FwdConfigSm90(tile_n=128, kv_stages=2)
+        base = FwdConfigSm90(tile_n=128, kv_stages=2, tau=8.0)
     if violations(base, problem, arch):
         for tn in (176, 160, 144, 128, 112, 96, 64):
             cand = FwdConfigSm90(tile_n=tn)

@@ -89,6 +89,14 @@ class Provider:
     def supports_compile_only(self, problem: Problem) -> bool:
         return False
 
+    def compile_available(self) -> str | None:
+        """None when compile_only() can run here (it may not need a GPU), else why not."""
+        return self.available()
+
+    def compile_variant(self, problem: Problem, config):
+        """Identity of the compiled kernel a config needs; configs differing only in runtime knobs share one."""
+        return (problem.key(), None if config is None else tuple(config_to_dict(config).items()))
+
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
         """Compile for ``arch`` without a GPU when the provider can; None = ok or not applicable."""
         return None
