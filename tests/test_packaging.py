@@ -19,7 +19,7 @@ def test_distribution_metadata():
     deps = proj["dependencies"]
     assert "nvidia-cutlass-dsl==4.8.1" in deps
     assert proj["optional-dependencies"]["ref"] == ["flash-attn-4==4.0.0b36"]
-    assert proj["scripts"] == {"fa4-tune": "tuner.cli:main", "fa4-serve": "tuner.cli:serve_placeholder"}
+    assert proj["scripts"] == {"fa4-tune": "tuner.cli:main", "fa4-serve": "service.cli:main"}
 
 
 def test_wheel_contains_packages_data_and_entry_points(tmp_path):

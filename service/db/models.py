@@ -162,6 +162,9 @@ class Measurement(Base):
     is_default: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
     versions: Mapped[dict | None] = mapped_column(JSONValue, nullable=True)
+    # Set by rows ingested over the REST API (revision 0002): a retried POST finds
+    # its first copy here instead of inserting a duplicate.
+    idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True, unique=True)
 
     device: Mapped[Device] = relationship(lazy="joined")
     problem: Mapped[Problem] = relationship(lazy="joined")

@@ -42,6 +42,15 @@ _EQ_FILTERS = {
     **{name: getattr(m.Problem, name) for name in _PROBLEM_FIELDS},
 }
 
+# measurements(sort=...) keys and the columns they order by.
+SORT_KEYS = {
+    "id": m.Measurement.id,
+    "created_at": m.Measurement.created_at,
+    "tflops": m.Measurement.tflops,
+    "median_ms": m.Measurement.median_ms,
+    "trial_number": m.Measurement.trial_number,
+}
+
 
 def canonical_json(value: Any) -> str:
     """The one textual form of a JSON value: sorted keys, no whitespace, no NaN."""
@@ -174,6 +183,66 @@ def _measurement_query():
             contains_eager(m.Measurement.config),
         )
     )
+
+
+
+def _locals_without_self(ns: dict) -> dict:
+    return {k: v for k, v in ns.items() if k != "self"}
+
+
+def _new_measurement(
+    *,
+    device_id: int,
+    problem_id: int,
+    config_id: int,
+    status: str,
+    reason: str | None = None,
+    samples_ms: Iterable[float] = (),
+    median_ms: float | None = None,
+    iqr_ms: float | None = None,
+    tflops: float | None = None,
+    error: float | None = None,
+    ref_error: float | None = None,
+    source_fingerprint: str = "",
+    study_name: str | None = None,
+    trial_number: int | None = None,
+    is_default: bool = False,
+    versions: dict | None = None,
+    created_at: datetime | None = None,
+) -> m.Measurement:
+    """A validated, not yet added Measurement row."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    samples = [_timing("samples_ms[]", x) for x in samples_ms]
+    row = m.Measurement(
+        device_id=int(device_id),
+        problem_id=int(problem_id),
+        config_id=int(config_id),
+        status=status,
+        reason=None if reason is None else str(reason),
+        samples_ms=samples,
+        n_samples=len(samples),
+        median_ms=_timing("median_ms", median_ms),
+        iqr_ms=_timing("iqr_ms", iqr_ms),
+        tflops=_timing("tflops", tflops),
+        error=_error_metric(error),
+        ref_error=_error_metric(ref_error),
+        source_fingerprint=str(source_fingerprint or ""),
+        study_name=study_name,
+        trial_number=None if trial_number is None else int(trial_number),
+        is_default=bool(is_default),
+        versions=None if versions is None else _json_ready("versions", dict(versions)),
+        created_at=_utc(created_at) if created_at is not None else m.utcnow(),
+    )
+    if status == "ok" and (row.median_ms is None or row.tflops is None):
+        raise ValueError("an 'ok' measurement needs median_ms and tflops")
+    return row
+
+
+def _check_refs(s: Session, row: m.Measurement) -> None:
+    for model, ident in ((m.Device, row.device_id), (m.Problem, row.problem_id), (m.Config, row.config_id)):
+        if s.get(model, ident) is None:
+            raise ValueError(f"no {model.__tablename__} row with id {ident}")
 
 
 class ResultsStore:
@@ -365,38 +434,48 @@ class ResultsStore:
         created_at: datetime | None = None,
     ) -> int:
         """Record one candidate's outcome in a single transaction; returns the row id."""
-        if status not in STATUSES:
-            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
-        samples = [_timing("samples_ms[]", x) for x in samples_ms]
-        row = m.Measurement(
-            device_id=int(device_id),
-            problem_id=int(problem_id),
-            config_id=int(config_id),
-            status=status,
-            reason=None if reason is None else str(reason),
-            samples_ms=samples,
-            n_samples=len(samples),
-            median_ms=_timing("median_ms", median_ms),
-            iqr_ms=_timing("iqr_ms", iqr_ms),
-            tflops=_timing("tflops", tflops),
-            error=_error_metric(error),
-            ref_error=_error_metric(ref_error),
-            source_fingerprint=str(source_fingerprint or ""),
-            study_name=study_name,
-            trial_number=None if trial_number is None else int(trial_number),
-            is_default=bool(is_default),
-            versions=None if versions is None else _json_ready("versions", dict(versions)),
-            created_at=_utc(created_at) if created_at is not None else m.utcnow(),
-        )
-        if status == "ok" and (row.median_ms is None or row.tflops is None):
-            raise ValueError("an 'ok' measurement needs median_ms and tflops")
+        row = _new_measurement(**_locals_without_self(locals()))
         with self._write() as s:
-            for model, ident in ((m.Device, row.device_id), (m.Problem, row.problem_id), (m.Config, row.config_id)):
-                if s.get(model, ident) is None:
-                    raise ValueError(f"no {model.__tablename__} row with id {ident}")
+            _check_refs(s, row)
             s.add(row)
             s.flush()
             return row.id
+
+    def add_measurement_once(self, idempotency_key: str, device_id: int, problem_id: int, config_id: int,
+                             **fields) -> tuple[int, bool]:
+        """Like :meth:`add_measurement`, but a second call with the same key inserts nothing.
+
+        Returns ``(row id, created)``; a retry gets the first call's row id and False.
+        """
+        key = str(idempotency_key)
+        if not key or len(key) > 64:
+            raise ValueError("idempotency key must be 1..64 characters")
+        row = _new_measurement(device_id=device_id, problem_id=problem_id, config_id=config_id, **fields)
+        row.idempotency_key = key
+        lookup = select(m.Measurement.id).where(m.Measurement.idempotency_key == key)
+        with self._write() as s:
+            # SQLite writers hold the write lock from BEGIN, so this check cannot race;
+            # on PostgreSQL a concurrent twin may still win, which the savepoint absorbs.
+            found = s.scalar(lookup)
+            if found is not None:
+                return found, False
+            _check_refs(s, row)
+            try:
+                with s.begin_nested():
+                    s.add(row)
+                    s.flush()
+                return row.id, True
+            except IntegrityError:
+                found = s.scalar(lookup)
+                if found is None:
+                    raise
+                return found, False
+
+    def get_measurement(self, measurement_id: int) -> dict | None:
+        q = _measurement_query().where(m.Measurement.id == int(measurement_id))
+        with self._read() as s:
+            row = s.scalars(q).first()
+            return None if row is None else _measurement_dict(row)
 
     def _ok_rows(self, device_name: str, provider: str, problem: Problem | dict):
         p = _as_problem(problem)
@@ -465,16 +544,27 @@ class ResultsStore:
         limit: int | None = None,
         offset: int = 0,
         newest_first: bool = False,
+        sort: str | None = None,
         **filters,
     ) -> list[dict]:
         """Measurements matching every given filter, oldest first unless ``newest_first``.
 
         Filters (None means "any"): device (name), provider, status (one or several),
         study_name, source_fingerprint, is_default, and any Problem field (pass_ or
-        "pass", head_dim, causal, dtype, seqlen_q, ...).
+        "pass", head_dim, causal, dtype, seqlen_q, ...). ``sort`` names one of
+        ``SORT_KEYS`` (``"-tflops"``: descending) and overrides ``newest_first``.
         """
         q = self._filtered(_measurement_query(), filters)
-        if newest_first:
+        if sort is not None:
+            desc = sort.startswith("-")
+            col = SORT_KEYS.get(sort.lstrip("-"))
+            if col is None:
+                raise ValueError(f"sort must be one of {sorted(SORT_KEYS)} (prefix '-' for descending), got {sort!r}")
+            # NULLs (failed trials have no TFLOP/s) go last either way; id breaks ties stably.
+            primary = col.desc() if desc else col.asc()
+            tie = m.Measurement.id.desc() if desc else m.Measurement.id.asc()
+            q = q.order_by(col.is_(None), primary, tie)
+        elif newest_first:
             q = q.order_by(m.Measurement.created_at.desc(), m.Measurement.id.desc())
         else:
             q = q.order_by(m.Measurement.id.asc())
@@ -496,3 +586,67 @@ class ResultsStore:
         )
         with self._read() as s:
             return int(s.scalar(self._filtered(base, filters)))
+
+    def family_problems(
+        self,
+        device_name: str,
+        provider: str,
+        problem: Problem | dict,
+        *,
+        source_fingerprint: str | None = None,
+    ) -> list[Problem]:
+        """Problems of ``problem``'s family with at least one 'ok' row of ``provider`` on the device.
+
+        The family is what a config transfers across: same pass, dtype, head_dim
+        (and head_dim_v), causal and deterministic; sequence lengths, batch and head
+        counts may differ. With ``source_fingerprint``, only rows of that source count.
+        """
+        p = _as_problem(problem)
+        same = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic")
+        q = (
+            select(m.Problem)
+            .join(m.Measurement, m.Measurement.problem_id == m.Problem.id)
+            .join(m.Device, m.Measurement.device_id == m.Device.id)
+            .join(m.Config, m.Measurement.config_id == m.Config.id)
+            .where(
+                m.Device.name == device_name,
+                m.Config.provider == provider,
+                m.Measurement.status == "ok",
+                m.Measurement.tflops.is_not(None),
+                *[getattr(m.Problem, name) == getattr(p, name) for name in same],
+            )
+            .distinct()
+            .order_by(m.Problem.id)
+        )
+        if source_fingerprint is not None:
+            q = q.where(m.Measurement.source_fingerprint == source_fingerprint)
+        with self._read() as s:
+            return [_problem_of(row) for row in s.scalars(q)]
+
+    def provider_counts(self) -> dict[str, int]:
+        """Number of measurements per provider name present in the database."""
+        q = (
+            select(m.Config.provider, func.count(m.Measurement.id))
+            .join(m.Measurement, m.Measurement.config_id == m.Config.id)
+            .group_by(m.Config.provider)
+        )
+        with self._read() as s:
+            return {name: int(n) for name, n in s.execute(q)}
+
+    def device_counts(self) -> dict[int, int]:
+        """Number of measurements per device id."""
+        q = select(m.Measurement.device_id, func.count(m.Measurement.id)).group_by(m.Measurement.device_id)
+        with self._read() as s:
+            return {int(d): int(n) for d, n in s.execute(q)}
+
+    def device_by_name(self, name: str) -> dict | None:
+        """The newest device row of that name (a driver upgrade makes a new row)."""
+        q = select(m.Device).where(m.Device.name == name).order_by(m.Device.id.desc()).limit(1)
+        with self._read() as s:
+            d = s.scalars(q).first()
+            return None if d is None else _device_dict(d)
+
+    def ping(self) -> None:
+        """Raise when the database cannot be reached."""
+        with self._read() as s:
+            s.execute(select(1))

@@ -1,0 +1,309 @@
+"""Request and response models of the REST API.
+
+Problem fields, statuses and passes come from ``fa4.problem`` and the DB models;
+knob models are built from the providers' knob dataclasses at run time
+(:func:`knob_model`), so no knob name is ever written here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from fa4.knobs import knob_specs
+from fa4.problem import DTYPES, PASSES
+from service.db.models import STATUSES
+
+# Column widths of the results DB: larger values would fail at INSERT time (a 5xx),
+# so they are rejected up front with a 422.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+Status = Literal[STATUSES]  # type: ignore[valid-type]
+Pass = Literal[PASSES]  # type: ignore[valid-type]
+Dtype = Literal[DTYPES]  # type: ignore[valid-type]
+Provenance = Literal["exact", "nearest", "default"]
+
+
+def _no_nul(value: Any) -> Any:
+    # PostgreSQL text cannot hold NUL; refusing it everywhere keeps both backends alike.
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _no_nul(k)
+            _no_nul(v)
+    if isinstance(value, list):
+        for v in value:
+            _no_nul(v)
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Size = Field(gt=0, le=INT32_MAX)
+
+
+class ProblemIn(_Strict):
+    """An attention shape (``fa4.problem.Problem``); ``pass`` is fwd or bwd."""
+
+    batch: int = Size
+    seqlen_q: int = Size
+    seqlen_k: int = Size
+    heads_q: int = Size
+    heads_kv: int = Size
+    head_dim: int = Size
+    head_dim_v: int = Size
+    dtype: Dtype = "bf16"
+    causal: bool = False
+    deterministic: bool = False
+    pass_: Pass = Field("fwd", alias="pass")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def to_problem_dict(self) -> dict:
+        return self.model_dump(by_alias=True)
+
+
+class DeviceIn(_Strict):
+    """A GPU and its software stack, as ``ResultsStore.upsert_device`` takes it."""
+
+    name: str = Field(min_length=1, max_length=255)
+    compute_capability: str = Field(min_length=1, max_length=16, pattern=r"^\d+\.\d+$")
+    sm_count: int = Field(gt=0, le=INT32_MAX)
+    l2_bytes: int = Field(gt=0, le=INT64_MAX)
+    memory_bytes: int = Field(gt=0, le=INT64_MAX)
+    driver: Optional[str] = Field(None, max_length=64)
+    cuda: Optional[str] = Field(None, max_length=64)
+    torch: Optional[str] = Field(None, max_length=64)
+    cutlass_dsl: Optional[str] = Field(None, max_length=64)
+    provider_versions: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("*")
+    @classmethod
+    def _nul(cls, v):
+        return _no_nul(v)
+
+
+Timing = Field(None, ge=0, allow_inf_nan=False)
+
+
+class ResultIn(_Strict):
+    """One measurement sent by a remote tuner host."""
+
+    device: DeviceIn
+    provider: str = Field(min_length=1, max_length=64)
+    problem: ProblemIn
+    config: Optional[dict[str, Any]] = Field(
+        None, description="Knob values; validated against the provider's knob dataclass for this pass "
+        "(see GET /v1/providers/{name}/knobs). Omitted knobs take their defaults.",
+    )
+    status: Status
+    reason: Optional[str] = Field(None, max_length=10000)
+    samples_ms: list[float] = Field(default_factory=list, max_length=100000)
+    median_ms: Optional[float] = Timing
+    iqr_ms: Optional[float] = Timing
+    tflops: Optional[float] = Timing
+    error: Optional[float] = Field(None, allow_inf_nan=False)
+    ref_error: Optional[float] = Field(None, allow_inf_nan=False)
+    source_fingerprint: str = Field("", max_length=128)
+    study_name: Optional[str] = Field(None, max_length=255)
+    trial_number: Optional[int] = Field(None, ge=0, le=INT32_MAX)
+    is_default: bool = False
+    versions: Optional[dict[str, Any]] = None
+    created_at: Optional[datetime] = None
+    idempotency_key: Optional[str] = Field(
+        None, min_length=1, max_length=64,
+        description="Retries with the same key store nothing new (the Idempotency-Key header works too). "
+        "Without one, the hash of the payload is the key.",
+    )
+
+    @field_validator("*")
+    @classmethod
+    def _nul(cls, v):
+        return _no_nul(v)
+
+    @field_validator("samples_ms")
+    @classmethod
+    def _samples_finite(cls, v: list[float]) -> list[float]:
+        for x in v:
+            if not (x >= 0 and x != float("inf")):
+                raise ValueError("samples_ms must be finite non-negative numbers")
+        return v
+
+
+class ResultCreated(BaseModel):
+    id: int
+    created: bool = Field(description="False when this was a retry of an already stored result")
+    idempotency_key: str
+
+
+class Measurement(BaseModel):
+    """A stored measurement, as ``ResultsStore`` returns it."""
+
+    id: int
+    device: str
+    device_id: int
+    problem: dict[str, Any]
+    problem_id: int
+    provider: str
+    config: Optional[dict[str, Any]]
+    config_id: int
+    status: str
+    reason: Optional[str]
+    samples_ms: list[float]
+    n_samples: int
+    median_ms: Optional[float]
+    iqr_ms: Optional[float]
+    tflops: Optional[float]
+    error: Optional[float]
+    ref_error: Optional[float]
+    source_fingerprint: str
+    study_name: Optional[str]
+    trial_number: Optional[int]
+    is_default: bool
+    created_at: Optional[str]
+    versions: Optional[dict[str, Any]]
+
+
+class ResultsPage(BaseModel):
+    total: int
+    limit: int
+    offset: int
+    sort: str
+    items: list[Measurement]
+
+
+class BestConfig(BaseModel):
+    """The config to use for a problem, and where that answer comes from."""
+
+    provenance: Provenance = Field(
+        description="exact: measured on this very shape with the running kernel source; nearest: the best "
+        "config of the nearest measured shape of the same family (or of this shape measured from other "
+        "kernel source, see stale); default: the provider's heuristic, nothing usable was measured"
+    )
+    stale: bool = Field(description="The served measurement comes from different kernel source than the running one")
+    notes: list[str] = Field(description="Why this answer and not a better one, in words")
+    device: str
+    provider: str
+    problem: dict[str, Any] = Field(description="The problem asked about")
+    measured_problem: Optional[dict[str, Any]] = Field(description="The problem the numbers were measured on")
+    config: Optional[dict[str, Any]]
+    tflops: Optional[float]
+    median_ms: Optional[float]
+    iqr_ms: Optional[float]
+    error: Optional[float]
+    ref_error: Optional[float]
+    n_samples: Optional[int]
+    measured_at: Optional[str]
+    versions: Optional[dict[str, Any]] = Field(description="Library versions the measurement was taken with")
+    measurement_id: Optional[int]
+    source_fingerprint: Optional[str] = Field(description="Kernel source the measurement was taken from")
+    running_fingerprint: Optional[str] = Field(description="Kernel source staleness was judged against")
+    distance: Optional[float] = Field(description="Shape distance to the measured problem (0 = exact)")
+
+
+class Device(BaseModel):
+    id: int
+    name: str
+    compute_capability: str
+    sm_count: int
+    l2_bytes: int
+    memory_bytes: int
+    driver: Optional[str]
+    cuda: Optional[str]
+    torch: Optional[str]
+    cutlass_dsl: Optional[str]
+    provider_versions: dict[str, Any]
+    fingerprint: str
+    created_at: Optional[str]
+    n_results: int
+
+
+class Provider(BaseModel):
+    name: str
+    available: bool
+    unavailable_reason: Optional[str]
+    passes: list[str]
+    source_fingerprint: Optional[str]
+    knob_classes: dict[str, Optional[str]] = Field(description="pass -> knob dataclass name (null: no knobs)")
+    n_results: int
+
+
+class Knob(BaseModel):
+    name: str
+    type: str
+    choices: list[Any]
+    default: Any
+    doc: str
+
+
+class PassKnobs(BaseModel):
+    knob_class: Optional[str]
+    knobs: list[Knob]
+    json_schema: Optional[dict[str, Any]] = Field(description="JSON schema of the config object for this pass")
+
+
+class ProviderKnobs(BaseModel):
+    provider: str
+    passes: dict[str, PassKnobs]
+
+
+class Trial(BaseModel):
+    trial_number: Optional[int]
+    measurement_id: int
+    status: str
+    reason: Optional[str]
+    config: Optional[dict[str, Any]]
+    tflops: Optional[float]
+    median_ms: Optional[float]
+    error: Optional[float]
+    is_default: bool
+    created_at: Optional[str]
+
+
+class Study(BaseModel):
+    study_name: str
+    device: str
+    provider: str
+    problem: dict[str, Any]
+    n_trials: int
+    n_ok: int
+    best: Optional[Trial]
+    trials: list[Trial]
+
+
+class Health(BaseModel):
+    status: str
+    database: str
+    schema_revision: Optional[str]
+
+
+class Error(BaseModel):
+    error: str = Field(description="What went wrong, in one sentence")
+    detail: Optional[list[dict[str, Any]]] = None
+
+
+@lru_cache(maxsize=None)
+def knob_model(knob_cls: type) -> type[BaseModel]:
+    """A pydantic model of a knob dataclass: one Literal field per knob, unknown names refused.
+
+    It gives the REST schema; validation of posted configs goes through
+    ``fa4.knobs.config_from_dict`` so that the service and the tuner accept exactly
+    the same values.
+    """
+    fields = {}
+    for spec in knob_specs(knob_cls):
+        fields[spec.name] = (Literal[spec.choices], Field(spec.default, description=spec.doc))
+    return create_model(
+        knob_cls.__name__,
+        __config__=ConfigDict(extra="forbid"),
+        # A dataclass without a docstring gets its signature as __doc__, which says nothing here.
+        __doc__=f"Knob values of {knob_cls.__name__}; omitted knobs take their defaults.",
+        **fields,
+    )

@@ -1,0 +1,32 @@
+"""Settings of the service, from arguments or the environment (never read at import time)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+TOKEN_ENV = "FA4_API_TOKEN"
+CACHE_TTL_ENV = "FA4_SERVICE_CACHE_TTL_S"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # None: $FA4_DB, else the user data dir (service.db.default_url).
+    db_url: str | None = None
+    # None: writes are refused (403). Remote tuners send it as "Authorization: Bearer <token>".
+    token: str | None = None
+    # How long a /v1/configs/best answer is reused. Writes through this service clear
+    # the cache at once; rows written by local tuner processes show up after at most this long.
+    best_cache_ttl_s: float = 2.0
+    best_cache_size: int = 20000
+
+    @classmethod
+    def from_env(cls, db_url: str | None = None, token: str | None = None) -> "Settings":
+        if token is None:
+            token = os.environ.get(TOKEN_ENV, "")
+        ttl = os.environ.get(CACHE_TTL_ENV, "").strip()
+        return cls(
+            db_url=db_url,
+            token=token.strip() or None,
+            best_cache_ttl_s=float(ttl) if ttl else cls.best_cache_ttl_s,
+        )
