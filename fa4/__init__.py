@@ -8,3 +8,25 @@ def flash_attn_func(*args, **kwargs):
     from fa4.interface import flash_attn_func as _f
 
     return _f(*args, **kwargs)
+
+
+def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None):
+    """Which config ``flash_attn_func(q, k, v, causal=...)`` would use, and why.
+
+    Returns a :class:`fa4.lookup.Resolution`: ``.config``, ``.provenance`` and ``.steps``
+    (every source asked, in order, with what it said); ``print()`` it for a summary.
+    Instead of tensors, ``problem=`` (a :class:`fa4.problem.Problem`) works without a GPU;
+    ``arch`` defaults to the tensors' GPU (else sm90), ``device`` names the GPU to look
+    results up for.
+    """
+    from fa4 import lookup
+
+    if problem is None:
+        if q is None or k is None or v is None:
+            raise TypeError("explain() needs q, k and v, or problem=")
+        from fa4.interface import _arch_of, problem_of
+
+        problem = problem_of(q, k, v, causal)
+        if arch is None and q.device.type == "cuda":
+            arch = _arch_of(q.device)
+    return lookup.explain_problem(problem, arch, device=device, config=config)

@@ -1,18 +1,347 @@
-"""Launch-time config resolution (cached in process; never an HTTP call per launch).
+"""Launch-time config resolution: which knob values a launch uses, and why.
 
-Until the tuning service lands this resolves to the heuristic default of the
-kernel's knob declaration; the cache is already keyed the way the service will be.
+Order (first that answers wins):
+  1. an explicit ``config=`` passed by the caller (handled by fa4.interface);
+  2. the in-process cache, keyed by (problem, arch): a hit is a dict lookup;
+  3. the local results DB ($FA4_DB, or the default file when it exists): the best
+     current measurement of provider "fa4" for this device and exact problem,
+     used only when its source fingerprint matches the running kernel code;
+  4. the tuning service when $FA4_TUNING_URL is set: one HTTP call per problem class
+     per process, 0.5 s timeout; after a failure the service is left alone for 60 s;
+  5. the heuristic default of the kernel's knob declaration.
+
+Nothing here may raise into a launch: every DB or HTTP problem becomes a step of
+the provenance chain (see :func:`explain_problem`) and the default is used.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from fa4.arch import Arch
+from fa4.arch import SM90, Arch
 from fa4.dispatch import fwd_entry
 from fa4.problem import Problem
 
+PROVIDER = "fa4"
+URL_ENV = "FA4_TUNING_URL"
+DEVICE_ENV = "FA4_DEVICE_NAME"
+# Set to 0 to skip the local results DB (e.g. a read-only home directory on a cluster).
+LOCAL_DB_ENV = "FA4_LOOKUP_LOCAL_DB"
+HTTP_TIMEOUT_S = 0.5
+SERVICE_RETRY_S = 60.0
 
-@lru_cache(maxsize=4096)
+
+@dataclass(frozen=True)
+class Step:
+    """One source asked during resolution and what it said."""
+
+    source: str  # "explicit", "cache", "local-db", "service", "default"
+    outcome: str  # "used", "miss", "skipped", "error", "stale"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    config: Any
+    provenance: str  # the source that supplied the config
+    steps: tuple[Step, ...]
+    # Measured numbers of the served config when a DB or the service had them.
+    tflops: float | None = None
+    measured_problem: dict | None = None
+    # monotonic() time after which this answer is asked again; inf: for the process lifetime.
+    expires: float = math.inf
+
+    def __str__(self) -> str:
+        lines = [f"config: {self.config}", f"from: {self.provenance}"
+                 + (f" ({self.tflops:.1f} TFLOP/s measured)" if self.tflops is not None else "")]
+        lines += [f"  {s.source:9s} {s.outcome:8s} {s.detail}" for s in self.steps]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        from fa4.knobs import config_to_dict
+
+        return {
+            "config": config_to_dict(self.config) if self.config is not None else None,
+            "provenance": self.provenance,
+            "tflops": self.tflops,
+            "measured_problem": self.measured_problem,
+            "chain": [{"source": s.source, "outcome": s.outcome, "detail": s.detail} for s in self.steps],
+        }
+
+
+@dataclass
+class _State:
+    cache: dict = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Problem classes already sent to the service (at most one call each per process).
+    asked: set = field(default_factory=set)
+    service_down_until: float = 0.0
+    service_down_reason: str = ""
+    store: Any = None
+    store_error: str | None = None
+    store_opened: bool = False
+    fingerprint: str | None = None
+    fingerprint_error: str | None = None
+    fingerprint_done: bool = False
+
+
+_state = _State()
+
+
+def reset() -> None:
+    """Forget every cached answer, the open DB and remembered failures (tests, or after re-tuning)."""
+    global _state
+    old = _state
+    _state = _State()
+    if old.store is not None:
+        try:
+            old.store.close()
+        except Exception:
+            pass
+
+
 def resolve_fwd_config(problem: Problem, arch: Arch):
-    return fwd_entry(arch).default_config(problem, arch)
+    """The forward config a launch of ``problem`` on ``arch`` uses (no explicit config given)."""
+    hit = _state.cache.get((problem, arch))
+    if hit is not None and (hit.expires == math.inf or hit.expires > time.monotonic()):
+        return hit.config
+    return _resolve(problem, arch, None).config
+
+
+def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str | None = None,
+                    config=None) -> Resolution:
+    """Which config a launch of ``problem`` would use and the chain of sources asked for it."""
+    arch = arch or SM90
+    if config is not None:
+        cfg = _explicit(problem, arch, config)
+        return Resolution(cfg, "explicit", (Step("explicit", "used", "config= passed by the caller"),))
+    hit = _state.cache.get((problem, arch))
+    if hit is not None and (hit.expires == math.inf or hit.expires > time.monotonic()) and device is None:
+        return Resolution(hit.config, hit.provenance,
+                          (Step("cache", "used", f"resolved earlier in this process from {hit.provenance}"),)
+                          + hit.steps, hit.tflops, hit.measured_problem, hit.expires)
+    # A device named by the caller may not be the one launches run on: do not cache its answer.
+    return _resolve(problem, arch, device, remember=device is None)
+
+
+def _explicit(problem: Problem, arch: Arch, config):
+    entry = fwd_entry(arch)
+    if isinstance(config, dict):
+        from fa4.knobs import config_from_dict
+
+        config = config_from_dict(entry.config_cls, config)
+    if not isinstance(config, entry.config_cls):
+        raise ValueError(f"config must be a {entry.config_cls.__name__} or a dict of its knobs")
+    return config
+
+
+# -- the chain ------------------------------------------------------------------------------
+
+
+def _resolve(problem: Problem, arch: Arch, device: str | None, remember: bool = True) -> Resolution:
+    key = (problem, arch)
+    steps: list[Step] = [Step("cache", "miss")]
+    try:
+        entry = fwd_entry(arch)
+    except NotImplementedError:
+        raise  # no kernel for this arch at all: the launch must fail, with that message
+    expires = math.inf
+    found: tuple | None = None
+
+    if device is None:
+        device, why = _device_name()
+        if device is None:
+            steps.append(Step("local-db", "skipped", why))
+            steps.append(Step("service", "skipped", why))
+    if device is not None:
+        fp = _fingerprint()
+        found = _from_local_db(problem, arch, entry, device, fp, steps)
+        if found is None:
+            found, expires = _from_service(problem, arch, entry, device, fp, steps)
+
+    if found is not None:
+        config, source, tflops, measured = found
+        res = Resolution(config, source, tuple(steps), tflops, measured, expires)
+    else:
+        try:
+            config = entry.default_config(problem, arch)
+        except Exception as e:
+            raise ValueError(f"no default config for {problem.key()} on {arch.name}: {e}") from e
+        steps.append(Step("default", "used", "heuristic default of the kernel's knob declaration"))
+        res = Resolution(config, "default", tuple(steps), expires=expires)
+    if remember:
+        with _state.lock:
+            _state.cache[key] = res
+    return res
+
+
+def _device_name() -> tuple[str | None, str]:
+    name = os.environ.get(DEVICE_ENV, "").strip()
+    if name:
+        return name, ""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(torch.cuda.current_device()), ""
+    except Exception as e:
+        return None, f"cannot name the CUDA device: {type(e).__name__}: {e}"
+    return None, f"no CUDA device to look results up for (set {DEVICE_ENV} to name one)"
+
+
+def _fingerprint() -> str | None:
+    """Source fingerprint of the running kernel code, as the tuner records it."""
+    st = _state
+    if not st.fingerprint_done:
+        try:
+            from tuner.providers import get_provider
+
+            st.fingerprint = get_provider(PROVIDER).source_fingerprint()
+        except Exception as e:
+            st.fingerprint_error = f"{type(e).__name__}: {e}"
+        st.fingerprint_done = True
+    return st.fingerprint
+
+
+def _usable(entry, problem: Problem, arch: Arch, data: Any) -> tuple[Any, str | None]:
+    from fa4.knobs import config_from_dict
+
+    try:
+        cfg = config_from_dict(entry.config_cls, data or {})
+    except Exception as e:
+        return None, f"config rejected by {entry.config_cls.__name__}: {e}"
+    try:
+        bad = entry.violations(cfg, problem, arch)
+    except Exception as e:
+        bad = [f"{type(e).__name__}: {e}"]
+    if bad:
+        return None, "config infeasible here: " + "; ".join(bad)
+    return cfg, None
+
+
+def _local_store():
+    st = _state
+    if st.store_opened:
+        return st.store, st.store_error
+    st.store_opened = True
+    if os.environ.get(LOCAL_DB_ENV, "1").strip() == "0":
+        st.store_error = f"disabled by {LOCAL_DB_ENV}=0"
+        return None, st.store_error
+    try:
+        from service.db import ResultsStore
+        from service.db.engine import ENV_VAR, default_url, resolve_url, sqlite_file
+
+        explicit = os.environ.get(ENV_VAR, "").strip()
+        url = resolve_url(explicit or default_url())
+        path = sqlite_file(url)
+        # Never create a database as a side effect of a kernel launch.
+        if not explicit and (path is None or not Path(path).is_file()):
+            st.store_error = f"no local results DB (set {ENV_VAR}, or run fa4-tune)"
+            return None, st.store_error
+        if path is not None and not Path(path).is_file():
+            st.store_error = f"{ENV_VAR} names {path}, which does not exist"
+            return None, st.store_error
+        st.store = ResultsStore.open(url)
+    except Exception as e:
+        st.store_error = f"cannot open the local results DB: {type(e).__name__}: {e}"
+    return st.store, st.store_error
+
+
+def _from_local_db(problem, arch, entry, device, fp, steps) -> tuple | None:
+    store, why = _local_store()
+    if store is None:
+        steps.append(Step("local-db", "skipped", why or ""))
+        return None
+    if fp is None:
+        steps.append(Step("local-db", "skipped",
+                          f"the running kernel's source fingerprint is unknown ({_state.fingerprint_error})"))
+        return None
+    try:
+        row = store.best(device, PROVIDER, problem, source_fingerprint=fp)
+        if row is None:
+            old = store.best(device, PROVIDER, problem)
+            if old is not None:
+                steps.append(Step("local-db", "stale",
+                                  f"measurement {old['id']} is from kernel source {old['source_fingerprint']!r}, "
+                                  f"running {fp!r}"))
+            else:
+                steps.append(Step("local-db", "miss", f"no measurement of {problem.key()} on {device!r}"))
+            return None
+    except Exception as e:
+        steps.append(Step("local-db", "error", f"{type(e).__name__}: {e}"))
+        return None
+    cfg, why = _usable(entry, problem, arch, row["config"])
+    if cfg is None:
+        steps.append(Step("local-db", "error", f"measurement {row['id']}: {why}"))
+        return None
+    steps.append(Step("local-db", "used", f"measurement {row['id']} ({row['tflops']:.1f} TFLOP/s) in {store.url}"))
+    return cfg, "local-db", row["tflops"], row["problem"]
+
+
+def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None, float]:
+    """(answer or None, expiry of the resulting cache entry)."""
+    base = os.environ.get(URL_ENV, "").strip()
+    if not base:
+        steps.append(Step("service", "skipped", f"{URL_ENV} is not set"))
+        return None, math.inf
+    st = _state
+    now = time.monotonic()
+    if st.service_down_until > now:
+        steps.append(Step("service", "skipped",
+                          f"failed {SERVICE_RETRY_S - (st.service_down_until - now):.0f} s ago "
+                          f"({st.service_down_reason}); retried after {SERVICE_RETRY_S:.0f} s"))
+        # This class never reached the service: ask again once the pause is over.
+        return None, st.service_down_until
+    key = (problem, arch, device)
+    with st.lock:
+        if key in st.asked:
+            steps.append(Step("service", "skipped", "already asked once for this problem in this process"))
+            return None, math.inf
+        st.asked.add(key)
+    params = {**problem.to_dict(), "device": device, "provider": PROVIDER, "arch": arch.name}
+    if fp is not None:
+        params["source_fingerprint"] = fp
+    url = base.rstrip("/") + "/v1/configs/best"
+    try:
+        import httpx
+
+        r = httpx.get(url, params=params, timeout=HTTP_TIMEOUT_S)
+    except Exception as e:
+        return _service_failed(steps, f"{type(e).__name__}: {e}")
+    if r.status_code >= 500:
+        return _service_failed(steps, f"HTTP {r.status_code}")
+    try:
+        body = r.json()
+    except Exception:
+        return _service_failed(steps, f"HTTP {r.status_code} with a body that is not JSON")
+    if r.status_code != 200 or not isinstance(body, dict):
+        msg = body.get("error") if isinstance(body, dict) else None
+        steps.append(Step("service", "error", f"HTTP {r.status_code}: {msg or 'unexpected answer'}"))
+        return None, math.inf
+    prov = body.get("provenance")
+    if prov not in ("exact", "nearest"):
+        steps.append(Step("service", "miss", f"the service has no measurement ({prov})"))
+        return None, math.inf
+    cfg, why = _usable(entry, problem, arch, body.get("config"))
+    if cfg is None:
+        steps.append(Step("service", "error", why or ""))
+        return None, math.inf
+    stale = " (stale source)" if body.get("stale") else ""
+    tflops = body.get("tflops")
+    steps.append(Step("service", "used", f"{prov}{stale} answer of {base}, measurement {body.get('measurement_id')}"))
+    return (cfg, f"service:{prov}", tflops if isinstance(tflops, (int, float)) else None,
+            body.get("measured_problem")), math.inf
+
+
+def _service_failed(steps, reason: str) -> tuple[None, float]:
+    st = _state
+    st.service_down_until = time.monotonic() + SERVICE_RETRY_S
+    st.service_down_reason = reason
+    steps.append(Step("service", "error", f"{reason}; not asked again for {SERVICE_RETRY_S:.0f} s"))
+    return None, math.inf

@@ -1,0 +1,198 @@
+"""Launch-time lookup: cache, local results DB, the service over real HTTP, the default, and explain()."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import fa4
+from fa4 import lookup
+from fa4.arch import SM90
+from fa4.knobs import config_to_dict, iter_configs
+from fa4.problem import Problem
+from fa4.sm90.fwd_config import FwdConfigSm90, default_config, violations
+from service.app import create_app
+from service.db import ResultsStore
+from tests.service.live import CountingApp, serve, silent_server
+from tuner.providers import get_provider
+
+DEVICE = "NVIDIA H200"
+DEVICE_INFO = {"name": DEVICE, "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,
+               "memory_bytes": 150_754_820_096}
+P = Problem.standard(4096, 128)
+P2 = Problem.standard(2048, 128)
+TOKEN = "tok"
+
+
+def tuned(problem: Problem, n: int = 0) -> FwdConfigSm90:
+    """A feasible config that is not the heuristic default (so a hit is visible)."""
+    d = default_config(problem, SM90)
+    return [c for c in iter_configs(FwdConfigSm90) if c != d and not violations(c, problem, SM90)][n]
+
+
+def add_row(store: ResultsStore, problem: Problem, config, fp: str, tflops: float = 600.0) -> int:
+    dev = store.upsert_device(DEVICE_INFO)
+    pid = store.upsert_problem(problem)
+    cid = store.upsert_config("fa4", config_to_dict(config), FwdConfigSm90)
+    return store.add_measurement(dev, pid, cid, status="ok", samples_ms=[1.0], median_ms=1.0, tflops=tflops,
+                                 source_fingerprint=fp)
+
+
+@pytest.fixture
+def fp() -> str:
+    return get_provider("fa4").source_fingerprint()
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """No GPU here: name the device; a fresh lookup state; no service unless a test sets one."""
+    import platformdirs
+
+    monkeypatch.setenv("FA4_DEVICE_NAME", DEVICE)
+    monkeypatch.delenv("FA4_TUNING_URL", raising=False)
+    monkeypatch.delenv("FA4_DB", raising=False)
+    monkeypatch.delenv("FA4_LOOKUP_LOCAL_DB", raising=False)
+    monkeypatch.setattr(platformdirs, "user_data_dir", lambda app: str(tmp_path / "ud" / app))
+    lookup.reset()
+    yield tmp_path
+    lookup.reset()
+
+
+def sources(res) -> list[tuple[str, str]]:
+    return [(s.source, s.outcome) for s in res.steps]
+
+
+def test_default_without_any_source_and_no_db_created(env):
+    res = fa4.explain(problem=P)
+    assert res.provenance == "default" and res.config == default_config(P, SM90)
+    assert sources(res) == [("cache", "miss"), ("local-db", "skipped"), ("service", "skipped"), ("default", "used")]
+    assert "no local results DB" in res.steps[1].detail
+    assert not (env / "ud").exists()  # a launch never creates a database
+    assert lookup.resolve_fwd_config(P, SM90) == default_config(P, SM90)
+    again = fa4.explain(problem=P)
+    assert again.steps[0].source == "cache" and again.steps[0].outcome == "used"
+
+
+def test_local_db_current_row_is_used(env, fp, monkeypatch):
+    url = f"sqlite:///{env / 'r.db'}"
+    with ResultsStore.open(url) as store:
+        add_row(store, P, tuned(P, 0), fp, 500.0)
+        add_row(store, P, tuned(P, 1), fp, 650.0)
+        add_row(store, P, tuned(P, 2), "older-source", 900.0)  # stale: faster, but not this code
+    monkeypatch.setenv("FA4_DB", url)
+    assert lookup.resolve_fwd_config(P, SM90) == tuned(P, 1)
+    res = fa4.explain(problem=P)
+    assert res.provenance == "local-db" and res.tflops == 650.0
+    assert ("local-db", "used") in sources(res)
+
+
+def test_local_db_stale_or_infeasible_rows_fall_back(env, monkeypatch, fp):
+    url = f"sqlite:///{env / 'r.db'}"
+    with ResultsStore.open(url) as store:
+        add_row(store, P, tuned(P), "older-source")
+        bad = next(c for c in iter_configs(FwdConfigSm90) if violations(c, P2, SM90))
+        add_row(store, P2, bad, fp)
+    monkeypatch.setenv("FA4_DB", url)
+    res = fa4.explain(problem=P)
+    assert res.provenance == "default" and ("local-db", "stale") in sources(res)
+    assert "older-source" in dict(((s.source, s.detail) for s in res.steps))["local-db"]
+    res = fa4.explain(problem=P2)
+    assert res.provenance == "default" and ("local-db", "error") in sources(res)
+    assert "infeasible" in [s.detail for s in res.steps if s.source == "local-db"][0]
+
+
+def test_broken_db_never_raises_into_a_launch(env, monkeypatch):
+    monkeypatch.setenv("FA4_DB", "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1")
+    res = fa4.explain(problem=P)
+    assert res.provenance == "default"
+    assert ("local-db", "skipped") in sources(res) and "cannot open" in res.steps[1].detail
+    monkeypatch.setenv("FA4_DB", str(env / "missing.db"))
+    lookup.reset()
+    assert fa4.explain(problem=P).provenance == "default"
+    assert not (env / "missing.db").exists()
+
+
+def test_service_over_http_one_call_per_problem_class(env, monkeypatch, fp):
+    app = CountingApp(create_app(f"sqlite:///{env / 'svc.db'}", token=TOKEN))
+    with serve(app) as base:
+        import httpx
+
+        body = {"device": DEVICE_INFO, "provider": "fa4", "problem": P.to_dict(),
+                "config": config_to_dict(tuned(P)), "status": "ok", "median_ms": 1.0, "tflops": 640.0,
+                "source_fingerprint": fp}
+        r = httpx.post(base + "/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 201, r.text
+        monkeypatch.setenv("FA4_TUNING_URL", base)
+
+        assert lookup.resolve_fwd_config(P, SM90) == tuned(P)
+        for _ in range(50):
+            assert lookup.resolve_fwd_config(P, SM90) == tuned(P)
+        assert app.calls["/v1/configs/best"] == 1
+        res = fa4.explain(problem=P)
+        assert res.provenance == "service:exact" and res.tflops == 640.0
+        assert res.steps[0] == lookup.Step("cache", "used", "resolved earlier in this process from service:exact")
+
+        # Nothing measured at seqlen 2048 except the 4096 row: the service answers "nearest".
+        assert fa4.explain(problem=P2).provenance == "service:nearest"
+        # Another family (causal): the service has nothing and says default; the heuristic is used.
+        pc = Problem.standard(4096, 128, causal=True)
+        res = fa4.explain(problem=pc)
+        assert res.provenance == "default" and ("service", "miss") in sources(res)
+        assert app.calls["/v1/configs/best"] == 3
+        # Even with the cache dropped, a problem class is never sent twice.
+        lookup._state.cache.clear()
+        res = fa4.explain(problem=pc)
+        assert "already asked" in [s.detail for s in res.steps if s.source == "service"][0]
+        assert app.calls["/v1/configs/best"] == 3
+
+
+def test_service_failures_are_remembered(env, monkeypatch):
+    with silent_server() as base:
+        monkeypatch.setenv("FA4_TUNING_URL", base)
+        t0 = time.perf_counter()
+        res = fa4.explain(problem=P)
+        took = time.perf_counter() - t0
+        assert res.provenance == "default" and ("service", "error") in sources(res)
+        assert "Timeout" in [s.detail for s in res.steps if s.source == "service"][0]
+        assert took < 2.0, took  # the 0.5 s client timeout bounds the stall of a launch
+        # Within the pause, other problems do not even try.
+        t0 = time.perf_counter()
+        res = fa4.explain(problem=P2)
+        assert time.perf_counter() - t0 < 0.2
+        assert ("service", "skipped") in sources(res) and "retried after 60 s" in res.steps[-2].detail
+    # The skipped class asks again once the pause is over; it did not get its one call yet.
+    lookup._state.service_down_until = 0.0
+    with serve(create_app(f"sqlite:///{env / 'svc.db'}")) as base:
+        monkeypatch.setenv("FA4_TUNING_URL", base)
+        assert lookup._state.cache[(P2, SM90)].expires < float("inf")
+        lookup._state.cache[(P2, SM90)] = lookup._state.cache[(P2, SM90)].__class__(
+            **{**lookup._state.cache[(P2, SM90)].__dict__, "expires": 0.0})
+        res = fa4.explain(problem=P2)
+        assert ("service", "miss") in sources(res)  # reached it this time: nothing measured there
+
+
+def test_explicit_config_and_tensors(env):
+    res = fa4.explain(problem=P, config={"tile_n": 64})
+    assert res.provenance == "explicit" and res.config == FwdConfigSm90(tile_n=64)
+    q = torch.zeros(4, 4096, 16, 128, dtype=torch.bfloat16)
+    res = fa4.explain(q, q, q, causal=False)
+    assert res.config == default_config(P, SM90)
+    assert res.to_dict()["chain"][-1] == {"source": "default", "outcome": "used",
+                                          "detail": "heuristic default of the kernel's knob declaration"}
+    with pytest.raises(TypeError):
+        fa4.explain(q)
+
+
+def test_cached_lookup_is_microseconds(env):
+    lookup.resolve_fwd_config(P, SM90)
+    n = 200_000
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            lookup.resolve_fwd_config(P, SM90)
+        best = min(best, (time.perf_counter() - t0) / n)
+    print(f"cached resolve_fwd_config: {best * 1e6:.3f} us per call")
+    assert best < 20e-6
