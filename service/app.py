@@ -205,12 +205,13 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
     @app.get(f"/{API_VERSION}/configs/best", response_model=sch.BestConfig, tags=["configs"],
              responses={404: {"model": sch.Error}})
     def get_best(
-        device: str = Query(..., min_length=1, description="GPU name, e.g. 'NVIDIA H200'", **_TEXT),
-        provider: str = Query("fa4", min_length=1, max_length=64, pattern=r"^[^\x00]*$"),
+        device: str = Query(..., min_length=1, description="GPU name, e.g. 'NVIDIA H200'", examples=["NVIDIA H200"],
+                            **_TEXT),
+        provider: str = Query("fa4", min_length=1, max_length=64, pattern=r"^[^\x00]*$", examples=["fa4"]),
         pass_: sch.Pass = Query("fwd", alias="pass"),
         dtype: sch.Dtype = Query("bf16"),
-        head_dim: int = Query(..., **_SIZE),
-        seqlen_q: int = Query(..., **_SIZE),
+        head_dim: int = Query(..., examples=[128], **_SIZE),
+        seqlen_q: int = Query(..., examples=[4096], **_SIZE),
         seqlen_k: Optional[int] = Query(None, description="default: seqlen_q", **_SIZE),
         batch: int = Query(1, **_SIZE),
         heads_q: Optional[int] = Query(None, description="default: 2048 // head_dim (at least 1)", **_SIZE),
