@@ -1,0 +1,282 @@
+"""Load test of GET /v1/configs/best on loopback: a fixed request rate, latency percentiles, errors.
+
+    python3 bench/load_service.py                      # starts fa4-serve on a seeded temp DB, 500 req/s for 30 s
+    python3 bench/load_service.py --url http://127.0.0.1:8000 --rate 200 --duration 10
+    python3 bench/load_service.py --append bench/RESULTS.md
+
+Open loop: request i is due at start + i/rate whatever happened before, and its latency is
+counted from that due time, so a server that falls behind shows it in the tail instead of
+slowing the generator down (no coordinated omission). The shape population mixes exact
+hits, near misses (nearest-shape answers) and families with no data (heuristic default).
+Only loopback targets are accepted: this is a bench, not a tool to load other machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEVICE = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 62914560,
+          "memory_bytes": 150754820096}
+SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+MAX_RATE, MAX_DURATION = 2000, 120
+
+
+def seed(db_url: str) -> int:
+    """Measured rows for hd 64/128 x causal/not x six seqlens, a few configs each; returns the row count."""
+    from fa4.arch import SM90
+    from fa4.knobs import config_to_dict, iter_configs
+    from fa4.problem import Problem
+    from fa4.sm90.fwd_config import FwdConfigSm90, violations
+    from service.db import ResultsStore
+    from tuner.providers import get_provider
+
+    fp = get_provider("fa4").source_fingerprint()
+    rng = random.Random(0)
+    n = 0
+    with ResultsStore.open(db_url) as store:
+        dev = store.upsert_device(DEVICE)
+        for hd in (64, 128):
+            for causal in (False, True):
+                for s in SEQLENS:
+                    p = Problem.standard(s, hd, causal=causal)
+                    pid = store.upsert_problem(p)
+                    feasible = [c for c in iter_configs(FwdConfigSm90) if not violations(c, p, SM90)]
+                    for cfg in rng.sample(feasible, 4):
+                        cid = store.upsert_config("fa4", config_to_dict(cfg), FwdConfigSm90)
+                        ms = rng.uniform(0.5, 2.0)
+                        store.add_measurement(dev, pid, cid, status="ok", samples_ms=[ms] * 5, median_ms=ms,
+                                              tflops=p.flops / (ms * 1e9), source_fingerprint=fp)
+                        n += 1
+    return n
+
+
+def population(rng: random.Random, n: int) -> list[dict]:
+    """Query parameters: 50% exact measured shapes, 35% other seqlens (nearest), 15% unmeasured family."""
+    out = []
+    for _ in range(n):
+        u = rng.random()
+        hd = rng.choice((64, 128))
+        causal = rng.choice((False, True))
+        s = rng.choice(SEQLENS) if u < 0.5 or u >= 0.85 else rng.randrange(256, 32768, 64)
+        q = {"device": DEVICE["name"], "head_dim": hd, "seqlen_q": s, "batch": max(1, 16384 // s),
+             "heads_q": 2048 // hd, "causal": str(causal).lower()}
+        if u >= 0.85:
+            q["dtype"] = "fp16"  # only bf16 was measured: heuristic default
+        out.append(q)
+    return out
+
+
+def percentile(sorted_xs: list[float], q: float) -> float:
+    if not sorted_xs:
+        return float("nan")
+    i = min(len(sorted_xs) - 1, max(0, int(round(q * (len(sorted_xs) - 1)))))
+    return sorted_xs[i]
+
+
+class Connection:
+    """One keep-alive HTTP/1.1 connection. A minimal client, because a general-purpose async
+    client costs more CPU per request than the service does, and both share this machine."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader = self.writer = None
+
+    async def get(self, target: str) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(f"GET {target} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+        try:
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split()[1])
+            length = next(int(ln.split(":", 1)[1]) for ln in lines[1:] if ln.lower().startswith("content-length:"))
+            body = await self.reader.readexactly(length)
+        except BaseException:
+            self.close()
+            raise
+        return status, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def run_load(url: str, rate: float, duration: float, seed_: int = 1, connections: int = 32,
+                   cold: bool = False) -> dict:
+    from urllib.parse import urlencode
+
+    u = urlparse(url)
+    rng = random.Random(seed_)
+    total = int(rate * duration)
+    targets = ["/v1/configs/best?" + urlencode(p) for p in population(rng, 997)]
+    lat: list[float] = []
+    errors: dict[str, int] = {}
+    provenance: dict[str, int] = {}
+    conns = [Connection(u.hostname, u.port or 80) for _ in range(connections)]
+    queue: asyncio.Queue = asyncio.Queue()
+
+    # Warm-up, not measured: connections opened and, unless cold, every shape of the population
+    # asked once, so the run measures the steady state of a service whose answer cache is warm
+    # (each first answer costs a few DB queries; --cold shows that start-up phase instead).
+    n_warm = connections if cold else len(targets)
+    for i in range(0, n_warm, connections):
+        await asyncio.gather(*(c.get(targets[(i + j) % len(targets)]) for j, c in enumerate(conns)))
+
+    async def worker(conn: Connection):
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            i, due = item
+            try:
+                status, body = await conn.get(targets[i % len(targets)])
+                if status != 200:
+                    errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
+                else:
+                    p = json.loads(body)["provenance"]
+                    provenance[p] = provenance.get(p, 0) + 1
+            except Exception as e:  # noqa: BLE001 - every failure is a counted error
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+            lat.append(time.perf_counter() - due)
+
+    workers = [asyncio.create_task(worker(c)) for c in conns]
+    start = time.perf_counter() + 0.05
+    for i in range(total):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        queue.put_nowait((i, due))
+    for _ in workers:
+        queue.put_nowait(None)
+    await asyncio.gather(*workers)
+    elapsed = time.perf_counter() - start
+    for c in conns:
+        c.close()
+    lat.sort()
+    return {
+        "requests": total,
+        "target_rate": rate,
+        "achieved_rate": round(total / elapsed, 1),
+        "duration_s": round(elapsed, 2),
+        "p50_ms": round(percentile(lat, 0.50) * 1e3, 3),
+        "p90_ms": round(percentile(lat, 0.90) * 1e3, 3),
+        "p99_ms": round(percentile(lat, 0.99) * 1e3, 3),
+        "max_ms": round(lat[-1] * 1e3, 3) if lat else None,
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "provenance": provenance,
+        "cache": "cold" if cold else "warm",
+    }
+
+
+def start_server(db_url: str, port: int, workers: int) -> subprocess.Popen:
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("FA4_API_TOKEN", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "--db", db_url, "--host", "127.0.0.1", "--port", str(port),
+         "--workers", str(workers), "--no-access-log", "--log-level", "warning"],
+        env=env,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("load_service: fa4-serve did not start")
+        time.sleep(0.2)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", help="a running service on loopback (default: start one on a seeded temp DB)")
+    ap.add_argument("--rate", type=float, default=500.0, help="requests per second (open loop)")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of load")
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn workers of the started service")
+    ap.add_argument("--cold", action="store_true", help="do not pre-ask the shapes (measure the cache filling up)")
+    ap.add_argument("--append", type=Path, help="append a measurements-log entry to this markdown file")
+    a = ap.parse_args(argv)
+    if not (0 < a.rate <= MAX_RATE and 0 < a.duration <= MAX_DURATION):
+        ap.error(f"rate must be in (0, {MAX_RATE}] and duration in (0, {MAX_DURATION}]")
+
+    proc = None
+    tmp = None
+    url = a.url
+    if url:
+        host = urlparse(url).hostname
+        if host not in LOOPBACK:
+            ap.error(f"only loopback targets are allowed, not {host!r}")
+        rows = None
+    else:
+        from tests.service.live import free_port
+
+        tmp = tempfile.TemporaryDirectory(prefix="fa4-load-")
+        db_url = f"sqlite:///{Path(tmp.name) / 'load.db'}"
+        rows = seed(db_url)
+        port = free_port()
+        proc = start_server(db_url, port, a.workers)
+        url = f"http://127.0.0.1:{port}"
+    try:
+        res = asyncio.run(run_load(url, a.rate, a.duration, cold=a.cold))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+        if tmp is not None:
+            tmp.cleanup()
+    res["seeded_rows"] = rows
+    res["server_workers"] = a.workers if proc is not None else None
+    print(json.dumps(res, indent=2))
+    if a.append:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        import fastapi
+        import uvicorn
+
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        entry = (
+            f"\n### {when}, CPU ({platform.machine()}, {os.cpu_count()} cores, loopback), commit {commit}: "
+            f"service load, GET /v1/configs/best\n"
+            f"versions: Python {platform.python_version()}, fastapi {fastapi.__version__}, uvicorn {uvicorn.__version__}, "
+            f"SQLite (WAL)\n"
+            f"command: python3 bench/load_service.py --rate {a.rate:g} --duration {a.duration:g}"
+            f"{' --workers ' + str(a.workers) if a.workers != 1 else ''}{' --cold' if a.cold else ''}\n\n"
+            f"| requests | target req/s | achieved req/s | p50 ms | p90 ms | p99 ms | max ms | errors |\n"
+            f"|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+            f"| {res['requests']} | {a.rate:g} | {res['achieved_rate']} | {res['p50_ms']} | {res['p90_ms']} | "
+            f"{res['p99_ms']} | {res['max_ms']} | {res['errors']} |\n\n"
+            f"notes: open loop (latency from each request's due time), 32 keep-alive connections; "
+            f"{res['cache']} answer cache; {rows} seeded measurements; 997 distinct shapes, answers "
+            f"{res['provenance']}; client and server share the machine's cores.\n"
+        )
+        with open(a.append, "a") as f:
+            f.write(entry)
+    ok = res["errors"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
