@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import threading
 import time
 from contextlib import asynccontextmanager
@@ -18,7 +19,8 @@ from typing import Any, Literal, Optional
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
@@ -70,7 +72,10 @@ class _State:
         self._store: ResultsStore | None = None
         self._lock = threading.Lock()
         self._fingerprints: dict[str, str | None] = {}
-        self._best: dict[tuple, tuple[float, dict]] = {}
+        # Answers of /v1/configs/best as JSON bytes, valid for the database generation below.
+        self._best: dict[tuple, bytes] = {}
+        self._generation: tuple | None = None
+        self._checked_at = float("-inf")
 
     @property
     def store(self) -> ResultsStore:
@@ -96,16 +101,25 @@ class _State:
                 self._fingerprints[name] = None
         return self._fingerprints[name]
 
-    def cached_best(self, key: tuple) -> dict | None:
-        hit = self._best.get(key)
-        if hit is not None and hit[0] > time.monotonic():
-            return hit[1]
-        return None
+    def refresh_due(self) -> bool:
+        return time.monotonic() >= self._checked_at + self.settings.best_cache_ttl_s
 
-    def remember_best(self, key: tuple, answer: dict) -> None:
+    def refresh(self) -> None:
+        """Drop cached answers when the database gained rows since the last check."""
+        gen = self.store.generation()
+        if gen != self._generation:
+            self._best.clear()
+            self._generation = gen
+        self._checked_at = time.monotonic()
+
+    def remember_best(self, key: tuple, body: bytes) -> None:
         if len(self._best) >= self.settings.best_cache_size:
             self._best.clear()
-        self._best[key] = (time.monotonic() + self.settings.best_cache_ttl_s, answer)
+        self._best[key] = body
+
+    def invalidate(self) -> None:
+        self._best.clear()
+        self._checked_at = float("-inf")
 
 
 def _provider(name: str, status: int = 404):
@@ -204,7 +218,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
 
     @app.get(f"/{API_VERSION}/configs/best", response_model=sch.BestConfig, tags=["configs"],
              responses={404: {"model": sch.Error}})
-    def get_best(
+    async def get_best(
         device: str = Query(..., min_length=1, description="GPU name, e.g. 'NVIDIA H200'", examples=["NVIDIA H200"],
                             **_TEXT),
         provider: str = Query("fa4", min_length=1, max_length=64, pattern=r"^[^\x00]*$", examples=["fa4"]),
@@ -239,12 +253,19 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             raise ApiError(422, f"{provider} cannot run this problem: {'; '.join(errs)}")
         running = source_fingerprint if source_fingerprint is not None else state.fingerprint(prov)
         key = (device, provider, problem, running, arch)
-        answer = state.cached_best(key)
-        if answer is None:
-            answer = best_config(state.store, prov, device, problem, running_fp=running,
-                                 arch=ARCHES[arch] if arch else None)
-            state.remember_best(key, answer)
-        return answer
+        if state.refresh_due():
+            await run_in_threadpool(state.refresh)
+        body = state._best.get(key)
+        if body is None:
+            def compute() -> bytes:
+                answer = best_config(state.store, prov, device, problem, running_fp=running,
+                                     arch=ARCHES[arch] if arch else None)
+                return json.dumps(answer, allow_nan=False).encode()
+
+            body = await run_in_threadpool(compute)
+            state.remember_best(key, body)
+        # Served as cached bytes: the hot path skips re-validating an answer built from the schema.
+        return Response(content=body, media_type="application/json")
 
     # -- catalogue ----------------------------------------------------------------------
 
@@ -383,7 +404,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             mid, created = store.add_measurement_once(key, dev, pid, cid, **fields)
         except (ValueError, TypeError) as e:
             raise ApiError(422, f"invalid result: {e}") from None
-        state._best.clear()
+        state.invalidate()
         return JSONResponse(status_code=201 if created else 200,
                             content={"id": mid, "created": created, "idempotency_key": key})
 

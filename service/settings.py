@@ -15,9 +15,10 @@ class Settings:
     db_url: str | None = None
     # None: writes are refused (403). Remote tuners send it as "Authorization: Bearer <token>".
     token: str | None = None
-    # How long a /v1/configs/best answer is reused. Writes through this service clear
-    # the cache at once; rows written by local tuner processes show up after at most this long.
-    best_cache_ttl_s: float = 2.0
+    # /v1/configs/best answers are cached until the database gains rows. Writes through
+    # this service clear the cache at once; rows written by tuner processes straight into
+    # the database are noticed by a cheap check made at most this often.
+    best_cache_ttl_s: float = 1.0
     best_cache_size: int = 20000
 
     @classmethod

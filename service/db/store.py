@@ -646,6 +646,20 @@ class ResultsStore:
             d = s.scalars(q).first()
             return None if d is None else _device_dict(d)
 
+    def generation(self) -> tuple[int, int]:
+        """(newest measurement id, newest device id): changes whenever rows that answers depend on are added.
+
+        Rows are only ever appended, so two equal generations mean equal answers; a cache
+        can check this one cheap query instead of expiring everything on a timer.
+        """
+        q = select(
+            select(func.max(m.Measurement.id)).scalar_subquery(),
+            select(func.max(m.Device.id)).scalar_subquery(),
+        )
+        with self._read() as s:
+            a, b = s.execute(q).one()
+            return int(a or 0), int(b or 0)
+
     def ping(self) -> None:
         """Raise when the database cannot be reached."""
         with self._read() as s:

@@ -393,3 +393,30 @@ def test_odd_inputs_never_5xx(client):
         assert "error" in r.json()
     r = client.post("/v1/results", json=result(versions={"k": "v\x00"}), headers=AUTH)
     assert_error(r, 422, "NUL")
+
+
+def _direct_row(db_url, tflops):
+    """A row written by a tuner process straight into the database (not through the API)."""
+    with ResultsStore.open(db_url) as store:
+        dev = store.upsert_device(DEVICE)
+        pid = store.upsert_problem(Problem.from_dict(problem()))
+        cid = store.upsert_config("toy", {"tile_n": 128}, ToyKnobs)
+        store.add_measurement(dev, pid, cid, status="ok", samples_ms=[1.0], median_ms=1.0, tflops=tflops,
+                              source_fingerprint="toysrc-1")
+
+
+@pytest.mark.parametrize("ttl", [0.0, 3600.0])
+def test_rows_written_straight_into_the_db_are_noticed(db_url, toy, ttl):
+    from service.settings import Settings
+
+    with TestClient(create_app(settings=Settings(db_url=db_url, token=TOKEN, best_cache_ttl_s=ttl))) as c:
+        assert best(c, seqlen_q=4096, batch=4)["provenance"] == "default"
+        _direct_row(db_url, 321.0)
+        b = best(c, seqlen_q=4096, batch=4)
+        if ttl == 0.0:
+            assert b["provenance"] == "exact" and b["tflops"] == 321.0
+        else:
+            # Within the check interval the cached answer stands; a write through the API refreshes it.
+            assert b["provenance"] == "default"
+            post(c, result(prob=problem(8192)))
+            assert best(c, seqlen_q=4096, batch=4)["tflops"] == 321.0
