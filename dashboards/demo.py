@@ -1,0 +1,207 @@
+"""The demo dataset: real H200 measurements loaded into a results DB through ``ResultsStore``.
+
+    python3 -m dashboards.demo sqlite:////tmp/demo.db     # or: fa4-serve --demo
+
+Three recorded sources, all from the H200 runs of 2026-11-30, nothing synthesised:
+
+- ``seed/h200-2026-11-30.sqlite``: the results DB of the ``fa4`` tuning runs (S=8192, hd 64/128),
+  copied row by row (devices, problems, configs, measurements with their study and trial numbers);
+- ``tuner/data/ref_fa4_h200.json``: the reference FA4 (``flash-attn-4``) knob sweep at S=8192, stored
+  as one study per shape (trial number = position in the sweep, the provider default flagged);
+- ``seed/bench-fwd-h200-2026-11-30.log``: a copy of ``bench/logs/bench.log``, the side-by-side
+  forward table of fa4, flash-attn-4, cudnn and fa2 over S=1024..16384, each at its default config.
+  The log keeps TFLOP/s only; ``median_ms`` is recovered as ``problem.flops / TFLOP/s`` (the harness's
+  own definition), and the rows carry ``versions["seed_source"]`` so they are told apart in the raw JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+from fa4.arch import SM90
+from fa4.knobs import config_from_dict, config_to_dict
+from fa4.problem import Problem
+
+SEED_DIR = Path(__file__).resolve().parent / "seed"
+SEED_DB = SEED_DIR / "h200-2026-11-30.sqlite"
+BENCH_LOG = SEED_DIR / "bench-fwd-h200-2026-11-30.log"
+REF_SWEEP = Path(__file__).resolve().parents[1] / "tuner" / "data" / "ref_fa4_h200.json"
+
+_BENCH_HEADER = re.compile(r"^\s*S\s+hd\s+causal\s+(?P<providers>.+?)\s*$")
+_BENCH_ROW = re.compile(r"^\s*(?P<s>\d+)\s+(?P<hd>\d+)\s+(?P<causal>yes|no)\s+(?P<cells>.+?)\s*$")
+# One provider's cell: "307.2 (0.78)" (TFLOP/s and ratio to the reference), "393.0", or "- status".
+_BENCH_CELL = re.compile(r"-\s+(?P<status>\w+)|(?P<tflops>\d+(?:\.\d+)?)(?:\s+\(\d+(?:\.\d+)?\))?")
+_BENCH_FOOTER = re.compile(r"^(?P<device>[^,]+), (?P<date>\S+); TFLOP/s")
+
+
+def _knob_cls(provider: str, problem: Problem):
+    from tuner.providers import get_provider
+
+    return get_provider(provider).knob_cls_for(problem)
+
+
+def _default_config(provider: str, problem: Problem) -> dict | None:
+    from tuner.providers import get_provider
+
+    prov = get_provider(provider)
+    if prov.knob_cls_for(problem) is None:
+        return None
+    return config_to_dict(prov.default_config(problem, SM90))
+
+
+def parse_bench_log(text: str) -> dict:
+    """``{"device": name, "date": iso, "rows": [{"seqlen", "head_dim", "causal", "provider", "status", "tflops"}]}``."""
+    providers: list[str] | None = None
+    rows, device, date = [], None, None
+    for line in text.splitlines():
+        if providers is None:
+            h = _BENCH_HEADER.match(line)
+            if h:
+                providers = h.group("providers").split()
+            continue
+        f = _BENCH_FOOTER.match(line)
+        if f:
+            device, date = f.group("device").strip(), f.group("date")
+            continue
+        r = _BENCH_ROW.match(line)
+        if not r:
+            continue  # compiler warnings interleaved with the table
+        cells = list(_BENCH_CELL.finditer(r.group("cells")))
+        if len(cells) != len(providers):
+            raise ValueError(f"bench log row has {len(cells)} cells for {len(providers)} providers: {line!r}")
+        for name, c in zip(providers, cells):
+            rows.append({
+                "seqlen": int(r.group("s")), "head_dim": int(r.group("hd")), "causal": r.group("causal") == "yes",
+                "provider": name,
+                "status": "ok" if c.group("tflops") else c.group("status"),
+                "tflops": float(c.group("tflops")) if c.group("tflops") else None,
+            })
+    if providers is None or device is None:
+        raise ValueError("not a bench_fwd.py table: header or footer line missing")
+    return {"device": device, "date": date, "rows": rows}
+
+
+_DEVICE_KEYS = ("name", "compute_capability", "sm_count", "l2_bytes", "memory_bytes", "driver", "cuda", "torch",
+                "cutlass_dsl", "provider_versions")
+
+
+def _read_seed_db(seed_db: Path) -> tuple[dict[int, dict], list[dict]]:
+    from service.db import ResultsStore
+
+    # Opening a store migrates it: read a copy so the shipped file is never written.
+    with tempfile.TemporaryDirectory(prefix="fa4-seed-") as tmp:
+        copy = Path(tmp) / seed_db.name
+        shutil.copyfile(seed_db, copy)
+        src = ResultsStore.open(f"sqlite:///{copy}")
+        try:
+            devices = {d["id"]: {k: d[k] for k in _DEVICE_KEYS} for d in src.devices()}
+            return devices, src.measurements(sort="id")
+        finally:
+            src.close()
+
+
+def _copy_seed_db(store, devices: dict[int, dict], rows: list[dict]) -> int:
+    dev_ids: dict[int, int] = {}
+    for r in rows:
+        d = devices[r["device_id"]]
+        if r["device_id"] not in dev_ids:
+            dev_ids[r["device_id"]] = store.upsert_device(d)
+        problem = Problem.from_dict(r["problem"])
+        cid = store.upsert_config(r["provider"], r["config"], _knob_cls(r["provider"], problem))
+        store.add_measurement(
+            dev_ids[r["device_id"]], store.upsert_problem(problem), cid,
+            **{k: r[k] for k in ("status", "reason", "samples_ms", "median_ms", "iqr_ms", "tflops", "error",
+                                 "ref_error", "source_fingerprint", "study_name", "trial_number", "is_default",
+                                 "versions")},
+            created_at=datetime.fromisoformat(r["created_at"]) if r["created_at"] else None,
+        )
+    return len(rows)
+
+
+def _load_ref_sweep(store, path: Path) -> int:
+    rec = json.loads(path.read_text())
+    provider = rec["provider"]
+    dev = store.upsert_device(rec["device"])
+    created = datetime.fromisoformat(rec["date"])
+    versions = {**rec.get("versions", {}), "seed_source": path.name}
+    n = 0
+    for entry in rec["problems"]:
+        problem = Problem.from_dict(entry["problem"])
+        knob_cls = _knob_cls(provider, problem)
+        default = config_to_dict(config_from_dict(knob_cls, entry["default"]))
+        pid = store.upsert_problem(problem)
+        study = f"ref-sweep|{rec['device']['name'].replace(' ', '_')}|{provider}|{problem.key()}"
+        for i, res in enumerate(entry["results"]):
+            config = config_to_dict(config_from_dict(knob_cls, res["config"]))
+            store.add_measurement(
+                dev, pid, store.upsert_config(provider, config, knob_cls),
+                **{k: res.get(k) for k in ("status", "reason", "median_ms", "iqr_ms", "tflops", "error",
+                                           "ref_error")},
+                samples_ms=res.get("samples_ms") or (), study_name=study, trial_number=i,
+                is_default=config == default, versions=versions, created_at=created,
+            )
+            n += 1
+    return n
+
+
+def _load_bench_log(store, path: Path, device: dict) -> int:
+    table = parse_bench_log(path.read_text())
+    if table["device"] != device["name"]:
+        raise ValueError(f"{path.name} was measured on {table['device']}, not {device['name']}")
+    dev = store.upsert_device(device)
+    created = datetime.fromisoformat(table["date"]) if table["date"] else None
+    versions = {"seed_source": path.name}
+    n = 0
+    for r in table["rows"]:
+        if r["status"] != "ok":
+            continue  # a '-' cell says the provider did not run; there is nothing to chart
+        problem = Problem.standard(r["seqlen"], r["head_dim"], causal=r["causal"])
+        median_ms = problem.flops / (r["tflops"] * 1e12) * 1e3
+        cid = store.upsert_config(r["provider"], _default_config(r["provider"], problem),
+                                  _knob_cls(r["provider"], problem))
+        store.add_measurement(dev, store.upsert_problem(problem), cid, status="ok", median_ms=median_ms,
+                              tflops=r["tflops"], is_default=True, versions=versions, created_at=created)
+        n += 1
+    return n
+
+
+def build_demo_db(url: str, *, seed_db: Path = SEED_DB, ref_sweep: Path = REF_SWEEP,
+                  bench_log: Path = BENCH_LOG) -> dict[str, int]:
+    """Load the recorded H200 data into the (new or empty) database at ``url``; returns rows per source."""
+    from service.db import ResultsStore
+
+    store = ResultsStore.open(url)
+    try:
+        if store.count():
+            raise ValueError(f"{store.url} already holds measurements; the demo loads into an empty database")
+        devices, rows = _read_seed_db(seed_db)
+        counts = {"seed_db": _copy_seed_db(store, devices, rows), "ref_sweep": _load_ref_sweep(store, ref_sweep)}
+        # The bench ran on the machine of the tuning runs minutes later; its stack is theirs
+        # plus the reference FA4 of the sweep.
+        seed_dev = next(iter(devices.values()))
+        ref_versions = json.loads(ref_sweep.read_text())["device"]["provider_versions"]
+        device = {**seed_dev, "provider_versions": {**seed_dev["provider_versions"], **ref_versions}}
+        counts["bench_log"] = _load_bench_log(store, bench_log, device)
+    finally:
+        store.close()
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python3 -m dashboards.demo DB_URL   (an empty database)", file=sys.stderr)
+        return 2
+    counts = build_demo_db(args[0])
+    print(", ".join(f"{k}: {v} rows" for k, v in counts.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
