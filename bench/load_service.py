@@ -210,6 +210,18 @@ def start_server(db_url: str, port: int, workers: int) -> subprocess.Popen:
         time.sleep(0.2)
 
 
+def insert_entry(path: Path, entry: str) -> None:
+    """Newest entries go at the top of the log's "## Entries" section (else at the end)."""
+    text = path.read_text() if path.exists() else ""
+    marker = "## Entries\n"
+    if marker in text:
+        head, _, tail = text.partition(marker)
+        text = head + marker + entry + tail
+    else:
+        text += entry
+    path.write_text(text)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", help="a running service on loopback (default: start one on a seeded temp DB)")
@@ -217,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load")
     ap.add_argument("--workers", type=int, default=1, help="uvicorn workers of the started service")
     ap.add_argument("--cold", action="store_true", help="do not pre-ask the shapes (measure the cache filling up)")
-    ap.add_argument("--append", type=Path, help="append a measurements-log entry to this markdown file")
+    ap.add_argument("--append", type=Path, help="add a measurements-log entry to this markdown file (bench/RESULTS.md)")
     a = ap.parse_args(argv)
     if not (0 < a.rate <= MAX_RATE and 0 < a.duration <= MAX_DURATION):
         ap.error(f"rate must be in (0, {MAX_RATE}] and duration in (0, {MAX_DURATION}]")
@@ -272,8 +284,7 @@ def main(argv=None) -> int:
             f"{res['cache']} answer cache; {rows} seeded measurements; 997 distinct shapes, answers "
             f"{res['provenance']}; client and server share the machine's cores.\n"
         )
-        with open(a.append, "a") as f:
-            f.write(entry)
+        insert_entry(a.append, entry)
     ok = res["errors"] == 0
     return 0 if ok else 1
 

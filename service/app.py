@@ -74,7 +74,12 @@ class _State:
         self._fingerprints: dict[str, str | None] = {}
         # Answers of /v1/configs/best as JSON bytes, valid for the database generation below.
         self._best: dict[tuple, bytes] = {}
+        # Rows behind the answers, per (device, provider, family) and per device name: one
+        # query serves every shape of a family until the database changes.
+        self._family: dict[tuple, list[dict]] = {}
+        self._devices: dict[str, dict | None] = {}
         self._generation: tuple | None = None
+        self._epoch = 0
         self._checked_at = float("-inf")
 
     @property
@@ -108,18 +113,42 @@ class _State:
         """Drop cached answers when the database gained rows since the last check."""
         gen = self.store.generation()
         if gen != self._generation:
-            self._best.clear()
+            self._clear()
             self._generation = gen
         self._checked_at = time.monotonic()
 
-    def remember_best(self, key: tuple, body: bytes) -> None:
-        if len(self._best) >= self.settings.best_cache_size:
-            self._best.clear()
-        self._best[key] = body
-
     def invalidate(self) -> None:
-        self._best.clear()
+        self._clear()
         self._checked_at = float("-inf")
+
+    def _clear(self) -> None:
+        self._epoch += 1
+        self._best.clear()
+        self._family.clear()
+        self._devices.clear()
+
+    def answer(self, key: tuple, prov, device: str, problem: Problem, running: str | None,
+               arch: str | None) -> bytes:
+        """The JSON answer for ``key``, cached unless the database changed while it was built."""
+        epoch = self._epoch
+        fam = (device, prov.name, problem.pass_, problem.dtype, problem.head_dim, problem.head_dim_v,
+               problem.causal, problem.deterministic)
+        rows = self._family.get(fam)
+        if rows is None:
+            rows = self.store.family_rows(device, prov.name, problem)
+        device_row = self._devices[device] if device in self._devices else self.store.device_by_name(device)
+        answer = best_config(self.store, prov, device, problem, running_fp=running,
+                             arch=ARCHES[arch] if arch else None, rows=rows, device_row=device_row)
+        body = json.dumps(answer, allow_nan=False).encode()
+        # A change noticed meanwhile (a refresh or a write cleared the caches) makes these
+        # rows possibly old: serve them this once, keep nothing.
+        if epoch == self._epoch:
+            self._family[fam] = rows
+            self._devices[device] = device_row
+            if len(self._best) >= self.settings.best_cache_size:
+                self._best.clear()
+            self._best[key] = body
+        return body
 
 
 def _provider(name: str, status: int = 404):
@@ -257,13 +286,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             await run_in_threadpool(state.refresh)
         body = state._best.get(key)
         if body is None:
-            def compute() -> bytes:
-                answer = best_config(state.store, prov, device, problem, running_fp=running,
-                                     arch=ARCHES[arch] if arch else None)
-                return json.dumps(answer, allow_nan=False).encode()
-
-            body = await run_in_threadpool(compute)
-            state.remember_best(key, body)
+            body = await run_in_threadpool(state.answer, key, prov, device, problem, running, arch)
         # Served as cached bytes: the hot path skips re-validating an answer built from the schema.
         return Response(content=body, media_type="application/json")
 

@@ -41,15 +41,17 @@ def rank_nearest(problem: Problem, candidates: list[Problem]) -> list[Problem]:
     return sorted((c for c in candidates if c != problem), key=key)
 
 
-def arch_for(store: ResultsStore, device: str, arch: Arch | None, notes: list[str]) -> Arch:
+_UNSET = object()
+
+
+def arch_for(device_row: dict | None, device: str, arch: Arch | None, notes: list[str]) -> Arch:
     if arch is not None:
         return arch
-    row = store.device_by_name(device)
-    if row is None:
+    if device_row is None:
         notes.append(f"device {device!r} is not in the database; feasibility judged for {SM90.name}")
         return SM90
     try:
-        major, minor = (int(x) for x in row["compute_capability"].split("."))
+        major, minor = (int(x) for x in device_row["compute_capability"].split("."))
         return arch_from_capability(major, minor)
     except ValueError as e:
         notes.append(f"{e}; feasibility judged for {SM90.name}")
@@ -116,21 +118,42 @@ def _answer(provenance: str, stale: bool, notes: list[str], device: str, provide
     return out
 
 
+def _fastest(rows: list[dict], fp: str | None) -> dict | None:
+    """The row with the most TFLOP/s (ties: the earliest), of source ``fp`` unless None."""
+    best = None
+    for r in rows:
+        if fp is not None and r["source_fingerprint"] != fp:
+            continue
+        if best is None or r["tflops"] > best["tflops"] or (r["tflops"] == best["tflops"] and r["id"] < best["id"]):
+            best = r
+    return best
+
+
 def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
-                running_fp: str | None, arch: Arch | None = None) -> dict:
+                running_fp: str | None, arch: Arch | None = None, rows: list[dict] | None = None,
+                device_row=_UNSET) -> dict:
     """The answer of GET /v1/configs/best (a dict shaped like ``schemas.BestConfig``).
 
     ``running_fp`` is the source fingerprint of the kernel code that will use the
     answer; rows from other source are stale and never served as exact. None means
-    the fingerprint is unknown and every row counts as current.
+    the fingerprint is unknown and every row counts as current. ``rows`` (the
+    family's rows, ``store.family_rows``) and ``device_row`` may be passed by a caller
+    that caches them; otherwise they are read from ``store``.
     """
     name = provider.name
     notes: list[str] = []
-    arch = arch_for(store, device, arch, notes)
+    if device_row is _UNSET:
+        device_row = store.device_by_name(device)
+    arch = arch_for(device_row, device, arch, notes)
+    if rows is None:
+        rows = store.family_rows(device, name, problem)
+    by_problem: dict[Problem, list[dict]] = {}
+    for r in rows:
+        by_problem.setdefault(Problem.from_dict(r["problem"]), []).append(r)
 
     def try_rows(candidates, fp) -> tuple[dict, dict | None, Problem] | None:
         for cand in candidates:
-            row = store.best(device, name, cand, source_fingerprint=fp)
+            row = _fastest(by_problem.get(cand, ()), fp)
             if row is None:
                 continue
             cfg, why = _usable_config(provider, problem, arch, row)
@@ -140,6 +163,10 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
             return row, cfg, cand
         return None
 
+    def family(fp) -> list[Problem]:
+        have = [p for p, rs in by_problem.items() if fp is None or any(r["source_fingerprint"] == fp for r in rs)]
+        return rank_nearest(problem, have)
+
     # 1. Exact shape, current source.
     hit = try_rows([problem], running_fp)
     if hit:
@@ -148,7 +175,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
 
     stale_exact = None
     if running_fp is not None:
-        stale_exact = store.best(device, name, problem)
+        stale_exact = _fastest(by_problem.get(problem, ()), None)
         if stale_exact is not None:
             notes.append(
                 f"this exact shape was measured (measurement {stale_exact['id']}) from kernel source "
@@ -156,8 +183,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
             )
 
     # 2. Nearest measured shape of the same family, current source.
-    family = rank_nearest(problem, store.family_problems(device, name, problem, source_fingerprint=running_fp))
-    hit = try_rows(family[:MAX_NEAREST_CANDIDATES], running_fp)
+    hit = try_rows(family(running_fp)[:MAX_NEAREST_CANDIDATES], running_fp)
     if hit:
         row, cfg, cand = hit
         notes.append(f"nearest measured shape {cand.key()} (this shape has no current measurement)")
@@ -167,8 +193,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
     # 3. Stale rows still beat a heuristic (the knob class and feasibility were re-checked),
     #    but they are labelled: nearest in code version, if not in shape.
     if running_fp is not None:
-        stale_family = rank_nearest(problem, store.family_problems(device, name, problem))
-        hit = try_rows(([problem] if stale_exact else []) + stale_family[:MAX_NEAREST_CANDIDATES], None)
+        hit = try_rows(([problem] if stale_exact else []) + family(None)[:MAX_NEAREST_CANDIDATES], None)
         if hit:
             row, cfg, cand = hit
             notes.append(
@@ -186,8 +211,4 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
     except Exception as e:  # e.g. no kernel for this arch: say so instead of failing the request
         notes.append(f"the provider has no default config here: {type(e).__name__}: {e}")
         config = None
-    row = store.default_result(device, name, problem)
-    # Numbers only when they were measured on this very config and source.
-    if row is not None and row["config"] == config and (running_fp is None or row["source_fingerprint"] == running_fp):
-        return _answer("default", False, notes, device, name, problem, running_fp, row, config)
     return _answer("default", False, notes, device, name, problem, running_fp, None, config)

@@ -587,41 +587,23 @@ class ResultsStore:
         with self._read() as s:
             return int(s.scalar(self._filtered(base, filters)))
 
-    def family_problems(
-        self,
-        device_name: str,
-        provider: str,
-        problem: Problem | dict,
-        *,
-        source_fingerprint: str | None = None,
-    ) -> list[Problem]:
-        """Problems of ``problem``'s family with at least one 'ok' row of ``provider`` on the device.
+    def family_rows(self, device_name: str, provider: str, problem: Problem | dict) -> list[dict]:
+        """Every 'ok' row with TFLOP/s of ``provider`` on the device in ``problem``'s family, any source.
 
-        The family is what a config transfers across: same pass, dtype, head_dim
-        (and head_dim_v), causal and deterministic; sequence lengths, batch and head
-        counts may differ. With ``source_fingerprint``, only rows of that source count.
+        One query that lets a caller answer best-config questions for any shape of the
+        family in memory (see ``service.best``); oldest row first.
         """
         p = _as_problem(problem)
         same = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic")
-        q = (
-            select(m.Problem)
-            .join(m.Measurement, m.Measurement.problem_id == m.Problem.id)
-            .join(m.Device, m.Measurement.device_id == m.Device.id)
-            .join(m.Config, m.Measurement.config_id == m.Config.id)
-            .where(
-                m.Device.name == device_name,
-                m.Config.provider == provider,
-                m.Measurement.status == "ok",
-                m.Measurement.tflops.is_not(None),
-                *[getattr(m.Problem, name) == getattr(p, name) for name in same],
-            )
-            .distinct()
-            .order_by(m.Problem.id)
-        )
-        if source_fingerprint is not None:
-            q = q.where(m.Measurement.source_fingerprint == source_fingerprint)
+        q = _measurement_query().where(
+            m.Device.name == device_name,
+            m.Config.provider == provider,
+            m.Measurement.status == "ok",
+            m.Measurement.tflops.is_not(None),
+            *[getattr(m.Problem, name) == getattr(p, name) for name in same],
+        ).order_by(m.Measurement.id.asc())
         with self._read() as s:
-            return [_problem_of(row) for row in s.scalars(q)]
+            return [_measurement_dict(r) for r in s.scalars(q)]
 
     def provider_counts(self) -> dict[str, int]:
         """Number of measurements per provider name present in the database."""
