@@ -46,7 +46,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8192:64:0,8192:128:0")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default=None, help="JSON list of knob changes (default: the built-in list)")
+    ap.add_argument("--check", action="store_true", help="correctness gate per variant (odd shapes, causal both) before timing")
     a = ap.parse_args()
+    variants = json.loads(a.variants) if a.variants else VARIANTS
+    checker = None
+    if a.check:
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.spec_from_file_location("check_fwd", Path(__file__).with_name("check_fwd.py"))
+        checker = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(checker)
     rows = []
     for spec in a.shapes.split(","):
         S, D, c = (int(x) for x in spec.split(":"))
@@ -54,13 +65,19 @@ def main():
         base = default_config(prob)
         q, k, v = (torch.randn(prob.batch, S, prob.heads_q, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         base_t = None
-        for var in VARIANTS:
+        for var in variants:
             cfg = dataclasses.replace(base, **var)
             if var and cfg == base:
                 continue
             bad = violations(cfg, prob)
             if bad:
+                print("SKIP infeasible", spec, var, bad, flush=True)
                 continue
+            if checker is not None:
+                oks = [checker.check_case(1, 777, 1000, 8, 2, D, cc, torch.bfloat16, cfg)[0] for cc in (False, True)]
+                if not all(oks):
+                    print("INCORRECT", spec, var, oks, flush=True)
+                    continue
             try:
                 fa4.flash_attn_func(q, k, v, causal=bool(c), config=cfg)
                 ms = tt.do_bench(lambda: fa4.flash_attn_func(q, k, v, causal=bool(c), config=cfg),

@@ -74,6 +74,10 @@ def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
     lse = _fake_tensor(cutlass.Float32, 3, tma=False) if key.has_lse else None
     kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    if "--gpu-arch" not in options:
+        # This kernel is sm_90a code whatever the DSL picked as default (without a GPU it
+        # falls back to the newest arch, and an earlier import may have fixed that default).
+        options = f"--gpu-arch=sm_90a {options}"
     return cute.compile(
         kernel, q, k, v, o, lse,
         cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), stream,

@@ -31,18 +31,17 @@ from fa4.common import masking, scheduling, softmax
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
 from fa4.sm90.fwd_config import (
-    NUM_CONSUMER_WG,
-    REGS_CONSUMER,
-    REGS_PRODUCER,
+    REG_SPLIT,
     ROWS_PER_WG,
     THREADS_PER_WG,
     FwdConfigSm90,
 )
 
 # Named barrier ids (0 is __syncthreads). Two per purpose: one per consumer warpgroup.
-BAR_EPILOGUE = 1  # 1, 2: a consumer's own 128 threads around the O staging store
-BAR_MMA_TURN = 3  # 3, 4: ping-pong turn to issue WGMMAs
-BAR_EXP_TURN = 5  # 5, 6: ping-pong turn to run the exp phase
+# Named barrier ids (0 is __syncthreads): one per consumer warpgroup and purpose.
+BAR_EPILOGUE = 1  # 1..3: a consumer's own 128 threads around the O staging store
+BAR_MMA_TURN = 4  # 4..6: ping-pong turn to issue WGMMAs
+BAR_EXP_TURN = 7  # 7..9: ping-pong turn to run the exp phase
 
 
 class FlashFwdSm90:
@@ -56,8 +55,12 @@ class FlashFwdSm90:
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
         self.kv_stages = config.kv_stages
-        self.q_stages = NUM_CONSUMER_WG
-        self.num_threads = THREADS_PER_WG * (1 + NUM_CONSUMER_WG)
+        # One consumer warpgroup per 64-row Q tile: 2 (the FA4 ping-pong pair) or 3 (a
+        # round robin, which gives the exp-bound hd64 case a third softmax in flight).
+        self.num_wg = config.tile_m // ROWS_PER_WG
+        self.q_stages = self.num_wg
+        self.num_threads = THREADS_PER_WG * (1 + self.num_wg)
+        self.regs_consumer, self.regs_producer = REG_SPLIT[self.num_wg]
         self.pingpong_mma = config.pingpong in ("mma", "mma_exp")
         self.pingpong_exp = config.pingpong == "mma_exp"
         self.overlap = config.intra_wg_overlap
@@ -183,7 +186,7 @@ class FlashFwdSm90:
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, THREADS_PER_WG // 32),
             tx_count=self.q_bytes, defer_sync=True,
         )
-        consumers_kv = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_WG * THREADS_PER_WG // 32)
+        consumers_kv = pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_wg * THREADS_PER_WG // 32)
         pipe_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages,
             producer_group=producer_group, consumer_group=consumers_kv,
@@ -211,7 +214,7 @@ class FlashFwdSm90:
 
         if wg_idx == 0:
             # ---------------- producer ----------------
-            cute.arch.setmaxregister_decrease(REGS_PRODUCER)
+            cute.arch.setmaxregister_decrease(self.regs_producer)
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_q)
                 cpasync.prefetch_descriptor(tma_k)
@@ -236,7 +239,7 @@ class FlashFwdSm90:
                 # Q of consumer 0, then the first K, so its first GEMM can start as
                 # early as possible; then Q of consumer 1.
                 pipe_q.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ[None, m_block * NUM_CONSUMER_WG], tQsQ[None, 0],
+                cute.copy(tma_q, tQgQ[None, m_block * self.num_wg], tQsQ[None, 0],
                           tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
                 q_state.advance()
                 pipe_k.producer_acquire(k_state)
@@ -244,8 +247,14 @@ class FlashFwdSm90:
                           tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
                 k_state.advance()
                 pipe_q.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ[None, m_block * NUM_CONSUMER_WG + 1], tQsQ[None, 1],
+                cute.copy(tma_q, tQgQ[None, m_block * self.num_wg + 1], tQsQ[None, 1],
                           tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
+                for w in cutlass.range_constexpr(2, self.num_wg):
+                    pipe_q.producer_acquire(q_state)
+                    cute.copy(tma_q, tQgQ[None, m_block * self.num_wg + w], tQsQ[None, w],
+                              tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                    q_state.advance()
                 pipe_v.producer_acquire(v_state)
                 cute.copy(tma_v, tVgV[None, n_first], tVsV[None, v_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
@@ -262,7 +271,7 @@ class FlashFwdSm90:
                     v_state.advance()
         else:
             # ---------------- consumers ----------------
-            cute.arch.setmaxregister_increase(REGS_CONSUMER)
+            cute.arch.setmaxregister_increase(self.regs_consumer)
             cwg = wg_idx - 1  # which Q tile / ping-pong side this warpgroup is
             ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
             self.consumer(
@@ -302,11 +311,12 @@ class FlashFwdSm90:
         row_scale = cute.make_rmem_tensor((nrow,), Float32)
         row_off = m_block * self.tile_m + cwg * ROWS_PER_WG
 
+        # The turn starts at consumer 0: its predecessor in the ring hands it over once.
         if cutlass.const_expr(self.pingpong_mma):
-            if cwg == 1:
+            if cwg == self.num_wg - 1:
                 cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN, number_of_threads=2 * THREADS_PER_WG)
         if cutlass.const_expr(self.pingpong_exp):
-            if cwg == 1:
+            if cwg == self.num_wg - 1:
                 cute.arch.barrier_arrive(barrier_id=BAR_EXP_TURN, number_of_threads=2 * THREADS_PER_WG)
 
         # Q stage i belongs to consumer i (the producer fills them in that order).
@@ -399,7 +409,7 @@ class FlashFwdSm90:
             tOsO_tma, tOgO = cpasync.tma_partition(
                 tma_o, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gO, 0, 2)
             )
-            cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * NUM_CONSUMER_WG + cwg])
+            cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * self.num_wg + cwg])
             cute.arch.cp_async_bulk_commit_group()
             # The CTA must not retire before the bulk store has read shared memory.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
@@ -478,6 +488,13 @@ class FlashFwdSm90:
             cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
 
     @cute.jit
+    def next_wg(self, cwg):
+        nxt = cwg + 1
+        if nxt == self.num_wg:
+            nxt = 0
+        return nxt
+
+    @cute.jit
     def mma_turn_wait(self, cwg):
         if cutlass.const_expr(self.pingpong_mma):
             cute.arch.barrier(barrier_id=BAR_MMA_TURN + cwg, number_of_threads=2 * THREADS_PER_WG)
@@ -485,7 +502,7 @@ class FlashFwdSm90:
     @cute.jit
     def mma_turn_pass(self, cwg):
         if cutlass.const_expr(self.pingpong_mma):
-            cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN + 1 - cwg, number_of_threads=2 * THREADS_PER_WG)
+            cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN + self.next_wg(cwg), number_of_threads=2 * THREADS_PER_WG)
 
     @cute.jit
     def exp_turn_wait(self, cwg):
@@ -495,4 +512,4 @@ class FlashFwdSm90:
     @cute.jit
     def exp_turn_pass(self, cwg):
         if cutlass.const_expr(self.pingpong_exp):
-            cute.arch.barrier_arrive(barrier_id=BAR_EXP_TURN + 1 - cwg, number_of_threads=2 * THREADS_PER_WG)
+            cute.arch.barrier_arrive(barrier_id=BAR_EXP_TURN + self.next_wg(cwg), number_of_threads=2 * THREADS_PER_WG)

@@ -19,7 +19,7 @@ HEAD_DIMS = (64, 128)
 # Rows per consumer warpgroup: one WGMMA atom is 64 rows tall, and a warpgroup owns one
 # Q tile, so two consumer warpgroups cover 128 query rows per CTA.
 ROWS_PER_WG = 64
-NUM_CONSUMER_WG = 2
+CONSUMER_WGS = (2, 3)
 THREADS_PER_WG = 128
 # Register budget. setmaxnreg hands the consumers 240 registers at run time, but ptxas
 # allocates the whole kernel against the launch bound: 65536 / 384 threads -> 168 per
@@ -27,9 +27,12 @@ THREADS_PER_WG = 128
 # (warning C7512) and the kernel loses its overlap. Measured with ptxas 13.0 on this
 # kernel: fragments (O + S + P, in fp32-register units) of 172 and 176 fit, 184 and 200
 # serialize; the compile-only tests check every feasible config for serialization.
-REGS_CONSUMER = 240
-REGS_PRODUCER = 24
-FRAGMENT_REG_BUDGET = 176
+# setmaxnreg split (consumer, producer) per number of consumer warpgroups: the per-SM file of
+# 65536 registers over 128-thread warpgroups.
+REG_SPLIT = {2: (240, 24), 3: (160, 32)}
+# Fragment budget per consumer count, measured with ptxas 13.0 on this kernel: with 2 consumers
+# (168-register allocation) 172 and 176 fit, 184 serializes; with 3 (128) 104 fits, 116 spills when causal.
+FRAGMENT_REG_BUDGET = {2: 176, 3: 104}
 # Shared memory the kernel keeps besides Q/K/V tiles: mbarriers and alignment padding.
 SMEM_RESERVED = 2048
 
@@ -42,8 +45,9 @@ LOG2_DTYPE_MAX = {"fp16": 15.0, "bf16": 127.0}
 @dataclass(frozen=True)
 class FwdConfigSm90:
     tile_m: int = knob(
-        (128,), 128,
-        "Query rows per CTA: two 64-row Q tiles, one per consumer warpgroup (WGMMA M is 64).",
+        (128, 192), 128,
+        "Query rows per CTA: one 64-row Q tile per consumer warpgroup (WGMMA M is 64); 128 = the two "
+        "ping-pong warpgroups of FA4, 192 = three in a round robin (more softmax in flight, fewer registers).",
     )
     tile_n: int = knob(
         (64, 96, 112, 128, 144, 160, 176, 192, 224), 128,
@@ -108,7 +112,9 @@ def consumer_registers(config: FwdConfigSm90, problem: Problem) -> int:
     p_frag = s_acc / 2
     # Without intra-warpgroup overlap S is converted into P before the next QK is issued,
     # so the two are not live at the same time.
-    live = o_acc + s_acc + (p_frag if config.intra_wg_overlap else 0)
+    overlap_p = config.intra_wg_overlap or config.tile_m // ROWS_PER_WG == 3
+    # Measured: at 3 consumer warpgroups the non-overlapped path spills unless P fits beside S too.
+    live = o_acc + s_acc + (p_frag if overlap_p else 0)
     return int(math.ceil(live))
 
 
@@ -123,8 +129,10 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}")
     if problem.pass_ != "fwd":
         out.append("FwdConfigSm90 tunes the forward pass only")
-    if config.tile_m != NUM_CONSUMER_WG * ROWS_PER_WG:
-        out.append(f"tile_m {config.tile_m} must be {NUM_CONSUMER_WG} x {ROWS_PER_WG}")
+    n_wg = config.tile_m // ROWS_PER_WG
+    if config.tile_m % ROWS_PER_WG or n_wg not in CONSUMER_WGS:
+        out.append(f"tile_m {config.tile_m} must be 64 x {CONSUMER_WGS} consumer warpgroups")
+        n_wg = 2
     if config.tile_n % 16:
         out.append(f"tile_n {config.tile_n} must be a multiple of 16 (K of the PV WGMMA)")
     if config.tile_n > 256:
@@ -136,11 +144,11 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"{config.tile_n}x{problem.head_dim}) exceeds {arch.smem_per_cta} B per CTA"
         )
     regs = consumer_registers(config, problem)
-    if regs > FRAGMENT_REG_BUDGET:
+    if regs > FRAGMENT_REG_BUDGET[n_wg]:
         out.append(
             f"consumer fragments need {regs} registers per thread (O {problem.head_dim_v // 2}, "
             f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if config.intra_wg_overlap else ''}) "
-            f"> {FRAGMENT_REG_BUDGET}: ptxas would serialize the WGMMAs"
+            f"> {FRAGMENT_REG_BUDGET[n_wg]} with {n_wg} consumer warpgroups: ptxas would serialize the WGMMAs"
         )
     if config.tau > 0 and config.tau + 1 > LOG2_DTYPE_MAX[problem.dtype]:
         out.append(
