@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from fa4.problem import DTYPES, PASSES, Problem
@@ -20,13 +21,32 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+DISTRIBUTED_HELP = """\
+distributed tuning:
+  --devices 0,1 (or all)   one worker process per GPU (CUDA_VISIBLE_DEVICES pinned), all on the
+                           same Optuna studies; a lock file per GPU keeps a second fa4-tune off it.
+  --seqlen 1024,2048 --hdim 64,128, or --shapes FILE (JSON list / CSV with a header of
+                           seqlen,hdim[,batch,heads,heads_kv,seqlen_k,causal,dtype,pass]):
+                           several shapes; workers start on different shapes and share trials.
+  storage: one host -> leave --storage out (a journal file beside the DB; safe for many
+           processes). Several hosts -> --storage postgresql://user:pass@host/db on each host
+           (same command everywhere). Both use heartbeats: a dead worker's trial is retried.
+  --push URL               send the finished results to a fa4-tune service (POST /v1/results,
+                           token from $FA4_API_TOKEN); retries are idempotent, failures only warn.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="fa4-tune",
-        description="Tune an attention kernel's knobs for one problem; results go to the results DB.",
+        description="Tune an attention kernel's knobs for one problem (or a list of them); "
+        "results go to the results DB.",
+        epilog=DISTRIBUTED_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--seqlen", type=int, required=True, help="query sequence length")
-    p.add_argument("--hdim", type=int, required=True, help="head dimension (q, k and v)")
+    p.add_argument("--seqlen", help="query sequence length (a comma-separated list makes a grid with --hdim)")
+    p.add_argument("--hdim", help="head dimension of q, k and v (a comma-separated list makes a grid)")
+    p.add_argument("--shapes", metavar="FILE", help="tune every shape listed in a JSON or CSV file")
     p.add_argument("--batch", type=int, help="batch size (default: 16384 tokens / seqlen)")
     p.add_argument("--heads", type=int, help="query heads (default: 2048 / hdim)")
     p.add_argument("--heads-kv", type=int, help="key/value heads (default: --heads; fewer = GQA)")
@@ -39,7 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     p.add_argument("--db", help="results DB: SQLAlchemy URL or SQLite path (default: $FA4_DB, else user data dir)")
-    p.add_argument("--storage", help="Optuna storage: URL or journal file (default: a journal file beside the DB)")
+    p.add_argument("--storage", help="Optuna storage: a journal file (one host, default: beside the DB) or "
+                   "postgresql://... (several hosts)")
+    p.add_argument("--devices", help="GPUs to tune on, one worker each: 0,1 or all "
+                   "(cpu0,cpu1: virtual slots for GPU-less providers such as replay)")
+    p.add_argument("--push", metavar="URL", help="send finished results to a fa4-tune service ($FA4_API_TOKEN)")
+    p.add_argument("--heartbeat", type=int, metavar="S",
+                   help="seconds between worker heartbeats (default 10; 3 missed = worker dead)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -49,21 +75,37 @@ def _die(msg: str, code: int = EXIT_USAGE):
     raise SystemExit(code)
 
 
-def problem_from_args(a) -> Problem:
-    for flag, v in (("--seqlen", a.seqlen), ("--hdim", a.hdim), ("--batch", a.batch), ("--heads", a.heads),
-                    ("--heads-kv", a.heads_kv), ("--seqlen-k", a.seqlen_k), ("--trials", a.trials)):
+def problems_from_args(a) -> list[Problem]:
+    from .shapes import ShapeError, grid, load_shapes, parse_int_list
+
+    for flag, v in (("--batch", a.batch), ("--heads", a.heads), ("--heads-kv", a.heads_kv),
+                    ("--seqlen-k", a.seqlen_k), ("--trials", a.trials), ("--heartbeat", a.heartbeat)):
         if v is not None and v <= 0:
             _die(f"{flag} must be a positive integer, got {v}")
     if a.deterministic and a.pass_ != "bwd":
         _die("--deterministic applies to the backward: add --pass bwd")
+    defaults = {"batch": a.batch, "heads_q": a.heads, "heads_kv": a.heads_kv, "seqlen_k": a.seqlen_k,
+                "dtype": a.dtype, "causal": a.causal, "deterministic": a.deterministic, "pass_": a.pass_}
     try:
-        return Problem.standard(
-            a.seqlen, a.hdim, batch=a.batch, heads_q=a.heads, heads_kv=a.heads_kv,
-            seqlen_k=a.seqlen_k, dtype=a.dtype, causal=a.causal, deterministic=a.deterministic,
-            pass_=a.pass_,
-        )
-    except ValueError as e:
+        if a.shapes:
+            if a.seqlen is not None or a.hdim is not None:
+                _die("give either --shapes FILE or --seqlen/--hdim, not both")
+            return load_shapes(a.shapes, {k: v for k, v in defaults.items() if v is not None})
+        if a.seqlen is None:
+            _die("the following arguments are required: --seqlen, --hdim (or --shapes FILE)")
+        if a.hdim is None:
+            _die("the following arguments are required: --hdim (or --shapes FILE)")
+        return grid(parse_int_list("--seqlen", a.seqlen), parse_int_list("--hdim", a.hdim), defaults)
+    except (ShapeError, ValueError) as e:
         _die(str(e))
+
+
+def problem_from_args(a) -> Problem:
+    """The one problem of a single-shape command line."""
+    problems = problems_from_args(a)
+    if len(problems) != 1:
+        _die(f"this command line describes {len(problems)} shapes, not one")
+    return problems[0]
 
 
 def _fmt(x, spec):
@@ -127,9 +169,30 @@ def print_result(res, console) -> None:
     console.print(escape(f"Optuna study: {res.study_name} in {res.storage}"))
 
 
+def print_summary(results: list[dict], console) -> None:
+    """One line per shape for multi-shape runs."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not results:
+        return
+    r0 = results[0]
+    t = Table(title=f"{r0['provider']} on {r0['device']}: {len(results)} shapes")
+    for col in ("shape", "default TFLOP/s", "best TFLOP/s", "speedup", "best config", "trials"):
+        t.add_column(col, justify="left" if col in ("shape", "best config") else "right", no_wrap=True)
+    for r in results:
+        d, b = r["default"] or {}, r["best"] or {}
+        t.add_row(Problem.from_dict(r["problem"]).key(), _fmt(d.get("tflops"), ".1f"), _fmt(b.get("tflops"), ".1f"),
+                  "-" if r["speedup"] is None else f"{r['speedup']:.3f}x", escape(b.get("label", "-")),
+                  str(r["trials"]))
+    console.print(t)
+    console.print(escape(f"results DB: {r0['db_url']}"))
+    console.print(escape(f"Optuna studies in {r0['storage']}"))
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    problem = problem_from_args(args)
+    problems = problems_from_args(args)
     from rich.console import Console
 
     from .device import has_cuda
@@ -140,44 +203,103 @@ def main(argv=None) -> int:
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         provider = resolve_provider(args.provider)
-        check_request(provider, problem)
+        for problem in problems:
+            check_request(provider, problem)
     except TuneError as e:
         _die(str(e))
 
     if provider.needs_gpu and not has_cuda():
-        report = check_without_gpu(provider, problem, compile_limit=args.trials)
+        reports = [check_without_gpu(provider, p, compile_limit=args.trials) for p in problems]
         if args.json:
-            print(json.dumps(report, indent=2))
+            print(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2))
         else:
-            print_no_gpu(report, out)
+            for report in reports:
+                print_no_gpu(report, out)
         return 0
 
     why = provider.available()
     if why:
         _die(f"{provider.name} is not available: {why}", EXIT_ENV)
 
+    from . import fleet
+
+    slots = None
+    if args.devices:
+        try:
+            slots = fleet.parse_devices(args.devices, provider.needs_gpu, provider.name)
+        except fleet.FleetError as e:
+            _die(str(e))
+    token = None
+    if args.push:
+        from .push import TOKEN_ENV
+
+        token = os.environ.get(TOKEN_ENV)
+        if not token:
+            _die(f"--push needs the service's API token in ${TOKEN_ENV}")
+
     from service.db import ResultsStore
 
     try:
+        # Opened (and migrated) here, once, before any worker opens it.
         store = ResultsStore.open(args.db)
     except Exception as e:  # a bad URL, an unreachable server, a read-only path
         _die(f"cannot open the results DB {args.db or '(default)'}: {type(e).__name__}: {e}".splitlines()[0])
+    spec = args.provider or provider.name
     try:
-        tuner = Tuner(provider, problem, store=store, storage=args.storage, sampler=args.sampler,
-                      trials=args.trials, provider_spec=args.provider or provider.name)
-        res = _run_with_progress(tuner, err)
-    except TuneError as e:
+        from .study import default_storage
+
+        storage = args.storage or default_storage(store.url)
+        if slots:
+            outcome = fleet.run_fleet(
+                slots, problems, provider_spec=spec, db=str(store.engine.url.render_as_string(hide_password=False)),
+                storage=storage, sampler=args.sampler, trials=args.trials, heartbeat_s=args.heartbeat,
+            )
+            results, workers = outcome.results, outcome.workers
+            if not outcome.complete:
+                dead = ", ".join(f"{w['slot']}: {w['exit']}" for w in workers if w["returncode"] != 0)
+                print(f"fa4-tune: not every study is complete ({dead or 'workers stopped early'}); "
+                      "run the same command again to resume", file=sys.stderr)
+        else:
+            lock = None
+            if provider.needs_gpu:  # a plain run times on the first visible GPU: lock it too
+                lock = fleet.acquire(fleet.current_slot())
+            try:
+                results, workers = [], None
+                for problem in problems:
+                    tuner = Tuner(provider, problem, store=store, storage=storage, sampler=args.sampler,
+                                  trials=args.trials, provider_spec=spec, heartbeat_s=args.heartbeat,
+                                  parallel="://" in storage)
+                    results.append(_run_with_progress(tuner, err).to_dict())
+            finally:
+                if lock is not None:
+                    os.close(lock)
+        push = None
+        if args.push:
+            from .push import describe, push_results
+
+            push = push_results(store, [r["study_name"] for r in results], args.push, token)
+            print(f"fa4-tune: {describe(push)}", file=sys.stderr)
+    except (TuneError, fleet.FleetError) as e:
         _die(str(e))
+    except fleet.SlotBusy as e:
+        _die(str(e), EXIT_ENV)
     except KeyboardInterrupt:
         print("fa4-tune: interrupted; run the same command again to resume the study", file=sys.stderr)
         return 130
     finally:
         store.close()
+    incomplete = slots is not None and not outcome.complete
     if args.json:
-        print(json.dumps(res.to_dict(), indent=2, default=str))
+        extra = {k: v for k, v in (("workers", workers), ("push", push)) if v is not None}
+        doc = dict(results[0], **extra) if len(problems) == 1 and results else {"results": results, **extra}
+        print(json.dumps(doc, indent=2, default=str))
+    elif len(problems) == 1 and results:
+        from .study import TuneResult
+
+        print_result(TuneResult(**results[0]), out)
     else:
-        print_result(res, out)
-    return 0
+        print_summary(results, out)
+    return EXIT_ENV if incomplete else 0
 
 
 def _run_with_progress(tuner, console):

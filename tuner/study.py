@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ from fa4.problem import Problem
 
 from .harness import INFEASIBLE, Settings
 from .providers import Provider, ProviderError, get_provider
+from .storage import fail_stale, heartbeat_interval, open_storage
 
 SAMPLERS = ("tpe", "grid", "random")
 
@@ -55,19 +57,7 @@ def default_storage(db_url: str) -> str:
     return str(Path(platformdirs.user_data_dir("fa4-tune")) / "optuna.journal")
 
 
-def open_storage(spec: str):
-    """An Optuna storage from a URL (sqlite://, postgresql://, ...) or a journal file path."""
-    import optuna
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    if "://" in spec:
-        return optuna.storages.RDBStorage(spec)
-    path = Path(spec).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
-
-
-def make_sampler(kind: str, knob_cls, seed: int):
+def make_sampler(kind: str, knob_cls, seed: int, parallel: bool = False):
     import optuna
 
     if kind == "grid":
@@ -77,7 +67,10 @@ def make_sampler(kind: str, knob_cls, seed: int):
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "tpe":
         # Tile knobs interact (tile_m x tile_n decide registers), so model them jointly.
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
+        # With several workers on one study, constant_liar makes each one treat the others'
+        # running trials as bad results, so they do not all sample the same promising config.
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True,
+                                          constant_liar=parallel)
     raise TuneError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
 
 
@@ -131,6 +124,8 @@ class TuneResult:
     best: dict | None
     speedup: float | None
     stored_measurements: int = 0
+    budget: int = 0  # finished trials the study should hold
+    failed: int = 0  # trials whose worker died (FAIL); their retries count instead
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -155,6 +150,18 @@ def _trial_summary(provider: Provider, problem: Problem, trial) -> dict:
 # ---- the tuner ------------------------------------------------------------------------
 
 
+def _counts(study) -> tuple[int, int, int]:
+    """(finished, running, waiting) trials: finished = completed or pruned, i.e. answered.
+
+    FAIL trials (their worker died) do not count: their retry does.
+    """
+    import optuna
+
+    S = optuna.trial.TrialState
+    n = collections.Counter(t.state for t in study.get_trials(deepcopy=False))
+    return n[S.COMPLETE] + n[S.PRUNED], n[S.RUNNING], n[S.WAITING]
+
+
 class Tuner:
     def __init__(
         self,
@@ -169,6 +176,9 @@ class Tuner:
         runner=None,
         seed: int = 0,
         provider_spec: str | None = None,
+        worker: str | None = None,
+        parallel: bool = False,
+        heartbeat_s: int | None = None,
     ):
         if isinstance(provider, str):
             provider_spec, provider = provider, resolve_provider(provider)
@@ -182,6 +192,9 @@ class Tuner:
         self.trials = trials
         self.settings = settings or Settings()
         self.seed = seed
+        self.worker = worker  # a label stored with each trial (which GPU / host ran it)
+        self.parallel = parallel  # other workers may run trials of the same study
+        self.heartbeat_s = heartbeat_s
         self._runner = runner
         check_request(provider, problem)
         why = provider.available()
@@ -245,10 +258,12 @@ class Tuner:
             config = suggest_config(trial, self.knob_cls) if self.knob_cls else None
             cdict = self.provider.config_to_dict(config)
             trial.set_user_attr("is_default", cdict == self.default_dict)
+            if self.worker:
+                trial.set_user_attr("worker", self.worker)
             prev = self._previous(study, trial.params)
             if prev is not None:
                 for k, v in prev.user_attrs.items():
-                    if k not in ("is_default", "measured", "enqueued_default"):
+                    if k not in ("is_default", "measured", "enqueued_default", "worker"):
                         trial.set_user_attr(k, v)
                 trial.set_user_attr("duplicate_of", prev.number)
                 if prev.state == optuna.trial.TrialState.COMPLETE:
@@ -277,49 +292,82 @@ class Tuner:
         return objective
 
     # -- main ----------------------------------------------------------------------
-    def run(self, on_trial: Callable | None = None, on_start: Callable | None = None) -> TuneResult:
+    def open_study(self):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.device_id = self.store.upsert_device(self.device_info)
-        self.problem_id = self.store.upsert_problem(self.problem)
-        storage = open_storage(self.storage_spec)
-        study = optuna.create_study(
+        return optuna.create_study(
             study_name=self.name,
-            storage=storage,
-            sampler=make_sampler(self.sampler_kind, self.knob_cls, self.seed),
+            storage=open_storage(self.storage_spec, self.heartbeat_s),
+            sampler=make_sampler(self.sampler_kind, self.knob_cls, self.seed, self.parallel),
             direction="maximize",
             load_if_exists=True,
         )
-        finished_states = (
-            optuna.trial.TrialState.COMPLETE,
-            optuna.trial.TrialState.PRUNED,
-            optuna.trial.TrialState.FAIL,
-        )
-        before = len(study.get_trials(deepcopy=False, states=finished_states))
-        budget = self.trials if self.knob_cls is not None else 1
-        if self.sampler_kind == "grid" and self.knob_cls is not None:
-            budget = min(budget, len(list(iter_configs(self.knob_cls))) + 1)
-        todo = max(0, budget - before)
-        if todo and self.default_dict is not None:
-            have_default = any(
-                t.params == self.default_dict
-                for t in study.get_trials(deepcopy=False)
-                if t.state in finished_states or t.state == optuna.trial.TrialState.WAITING
-            )
-            if not have_default:
-                study.enqueue_trial(self.default_dict, user_attrs={"enqueued_default": True})
-        if on_start:
-            on_start(self, todo, before)
-        callbacks = [lambda st, tr: on_trial(self, st, tr)] if on_trial else []
+
+    def budget(self) -> int:
+        if self.knob_cls is None:
+            return 1
+        if self.sampler_kind == "grid":
+            return min(self.trials, len(list(iter_configs(self.knob_cls))) + 1)
+        return self.trials
+
+    def run(self, on_trial: Callable | None = None, on_start: Callable | None = None,
+            wait: bool = True) -> TuneResult:
+        """Run trials until the study holds ``trials`` finished ones (completed or pruned).
+
+        Other processes may work on the same study at the same time (``fa4-tune --devices``,
+        several hosts on one PostgreSQL storage): each takes trials until finished plus
+        running ones fill the budget. Trials of dead workers are failed and retried through
+        the storage's heartbeats. With ``wait``, the call returns only when the study is
+        full (it waits for other workers' running trials and takes over retries of dead
+        ones); without, it returns as soon as nothing is left for it to start.
+        """
+        import optuna
+
+        self.device_id = self.store.upsert_device(self.device_info)
+        self.problem_id = self.store.upsert_problem(self.problem)
+        study = self.open_study()
+        budget = self.budget()
+        before = None
+        callbacks = []
+        if on_trial:
+            callbacks.append(lambda st, tr: on_trial(self, st, tr))
+        callbacks.append(lambda st, tr: st.stop() if sum(_counts(st)[:2]) >= budget else None)
         try:
-            if todo:
-                study.optimize(self._objective(study), n_trials=todo, callbacks=callbacks, catch=())
+            while True:
+                fail_stale(study)
+                done, running, waiting = _counts(study)
+                if before is None:
+                    before = done
+                    todo = max(0, budget - done - running)
+                    if todo:
+                        self._enqueue_default(study)
+                    if on_start:
+                        on_start(self, todo, before)
+                todo = budget - done - running
+                if todo > 0:
+                    study.optimize(self._objective(study), n_trials=todo, callbacks=callbacks, catch=())
+                    continue
+                if done >= budget or not wait or running == 0:
+                    break
+                # Others are still running trials of this study: wait for them, or for
+                # their heartbeats to go stale, whichever comes first.
+                time.sleep(min(2.0, heartbeat_interval(self.heartbeat_s) / 2))
         finally:
             if getattr(self, "_own_runner", False):
                 self._runner.close()
                 self._runner = None
-        return self.result(study, before)
+        return self.result(study, before or 0)
+
+    def _enqueue_default(self, study) -> None:
+        import optuna
+
+        if self.default_dict is None:
+            return
+        alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                 optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+        if not any(t.params == self.default_dict for t in study.get_trials(deepcopy=False, states=alive)):
+            study.enqueue_trial(self.default_dict, user_attrs={"enqueued_default": True})
 
     def result(self, study, before: int = 0) -> TuneResult:
         import optuna
@@ -356,6 +404,8 @@ class Tuner:
             best=best,
             speedup=speedup,
             stored_measurements=self.stored,
+            budget=self.budget(),
+            failed=sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
         )
 
 

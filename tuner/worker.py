@@ -17,9 +17,29 @@ from fa4.problem import Problem
 from .harness import RUNTIME_ERROR, Measurement, Settings, is_sticky_cuda_failure
 
 
+def die_with_parent(parent_pid: int | None) -> None:
+    """Linux: get SIGKILL when the parent dies, so no orphan keeps timing on a GPU.
+
+    A timing process whose parent was killed would go on using the GPU while the parent's
+    GPU lock is gone, and a new worker could then share the GPU with it.
+    """
+    import os
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:  # gone before prctl took effect
+        os._exit(1)
+
+
 def _serve(conn) -> None:
     from .providers import get_provider
 
+    parent = mp.parent_process()
+    die_with_parent(parent.pid if parent is not None else None)
     while True:
         try:
             msg = conn.recv()

@@ -1,0 +1,346 @@
+"""One tuning worker per GPU, all on the same Optuna studies (``fa4-tune --devices 0,1|all``).
+
+Layout: the fa4-tune process takes an exclusive lock file per GPU (so a second fa4-tune
+on this host cannot time on a GPU this one uses), then starts one worker process per GPU
+with CUDA_VISIBLE_DEVICES set to that GPU alone and the lock's file descriptor inherited
+(the lock lives as long as either process). A worker's measurements run in its own
+isolated child (tuner/worker.py), which dies with the worker. So one GPU has exactly one
+timing process, and timings never share a GPU.
+
+Distribution is Optuna's own: every worker opens the same studies in the same storage and
+asks them for trials. Worker k of n starts at shape k*len/n of the list and goes round, so
+the workers begin on different shapes and then help each other finish; within a study
+they share the trial budget (finished + running trials fill it). A worker that dies stops
+beating; its running trial goes FAIL and is retried by whoever looks next (see
+tuner/storage.py), and the others wait for studies that still have running trials before
+they exit, so every shape ends with its full budget as long as one worker lives.
+
+Virtual slots ``cpu0,cpu1,...`` stand in for GPUs with providers that need none (the replay
+provider), so all of this runs in the tests on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from fa4.problem import Problem
+
+_VIRTUAL = re.compile(r"^cpu(\d+)$")
+EXIT_SLOT_BUSY = 3
+
+
+class FleetError(ValueError):
+    """A --devices request that cannot be honoured (usage error)."""
+
+
+class SlotBusy(RuntimeError):
+    """Another process holds the lock of a GPU we were asked to time on."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str  # "gpu1" / "cpu0": labels the worker's trials and log lines
+    cuda_visible: str  # CUDA_VISIBLE_DEVICES for its worker ("" for a virtual slot)
+    lock_key: str  # one per physical GPU on this host
+
+
+# ---- which devices ----------------------------------------------------------------------
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count()
+
+
+def _gpu_uuids() -> dict[str, str]:
+    """nvidia-smi's index -> UUID, so a GPU locked by index and one by UUID are the same lock."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    pairs = (line.split(",") for line in out.stdout.splitlines() if "," in line)
+    return {i.strip(): u.strip() for i, u in pairs} if out.returncode == 0 else {}
+
+
+def parse_devices(spec: str, needs_gpu: bool, provider: str, visible: str | None = None,
+                  count: int | None = None, uuids: dict | None = None) -> list[Slot]:
+    """Slots for ``--devices``: GPU ordinals ("0,1"), "all", or virtual "cpu0,cpu1" (CPU providers).
+
+    GPU ordinals count within the CUDA_VISIBLE_DEVICES the command was started with, like
+    every CUDA program's: with CUDA_VISIBLE_DEVICES=2,3, ``--devices 0`` is physical GPU 2.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if not items:
+        raise FleetError("--devices needs GPU numbers (0,1), 'all', or virtual slots (cpu0,cpu1)")
+    virtual = [s for s in items if _VIRTUAL.match(s)]
+    if virtual:
+        if needs_gpu:
+            raise FleetError(f"{provider} times on a GPU: virtual slots ({', '.join(virtual)}) are only for "
+                             "providers that need none (replay); give GPU numbers or 'all'")
+        if len(virtual) != len(items):
+            raise FleetError("--devices mixes GPUs and virtual cpu slots")
+        if len(set(items)) != len(items):
+            raise FleetError(f"--devices lists a slot twice: {spec}")
+        return [Slot(s, "", f"virtual-{s}") for s in items]
+
+    if visible is not None and visible.strip() != "":
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+    else:
+        n = gpu_count() if count is None else count
+        entries = [] if visible is not None and visible.strip() == "" else [str(i) for i in range(n)]
+    if count is not None:
+        entries = entries[:count]
+    if not entries:
+        raise FleetError("--devices: no CUDA GPU is visible here")
+    if items == ["all"]:
+        ordinals = list(range(len(entries)))
+    else:
+        ordinals = []
+        for s in items:
+            if not s.isdigit():
+                raise FleetError(f"--devices: {s!r} is not a GPU number, 'all' or a cpuN slot")
+            i = int(s)
+            if i >= len(entries):
+                raise FleetError(f"--devices: no GPU {i} (this machine shows {len(entries)})")
+            if i in ordinals:
+                raise FleetError(f"--devices lists GPU {i} twice: one timing worker per GPU")
+            ordinals.append(i)
+    uuids = _gpu_uuids() if uuids is None else uuids
+    slots = []
+    for i in ordinals:
+        phys = entries[i]
+        slots.append(Slot(f"gpu{i}", phys, uuids.get(phys, phys)))
+    if len({s.lock_key for s in slots}) != len(slots):
+        raise FleetError("--devices names one physical GPU twice: one timing worker per GPU")
+    return slots
+
+
+def current_slot() -> Slot:
+    """The GPU a plain (no --devices) run times on: the first visible one."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = (visible.split(",")[0].strip() if visible else "") or "0"
+    return Slot("gpu0", first, _gpu_uuids().get(first, first))
+
+
+# ---- one timing process per GPU ---------------------------------------------------------
+
+
+def lock_dir() -> Path:
+    """$FA4_LOCK_DIR, else a host-wide directory under the temp dir (all users share GPUs)."""
+    d = Path(os.environ.get("FA4_LOCK_DIR") or Path(tempfile.gettempdir()) / "fa4-tune-locks")
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.chmod(0o1777)
+    except OSError:
+        pass  # made by another user: it is already shared
+    return d
+
+
+def acquire(slot: Slot) -> int:
+    """An open file descriptor holding ``slot``'s exclusive lock; raises SlotBusy when taken.
+
+    flock locks belong to the open file: they survive in children that inherit the
+    descriptor and vanish when the last holder exits, however it exits (even SIGKILL).
+    """
+    import fcntl
+
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", slot.lock_key)
+    path = lock_dir() / f"{safe}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        what = "virtual slot" if slot.lock_key.startswith("virtual-") else "GPU"
+        raise SlotBusy(f"{what} {slot.cuda_visible or slot.name} is in use for timing by {holder} "
+                       f"(lock {path}); two timing workers on one GPU pick wrong winners") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"fa4-tune pid {os.getpid()}".encode(), 0)
+    return fd
+
+
+def acquire_all(slots: list[Slot]) -> list[int]:
+    fds = []
+    try:
+        for s in slots:
+            fds.append(acquire(s))
+    except SlotBusy:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return fds
+
+
+# ---- the worker process -----------------------------------------------------------------
+
+
+def _emit(event: dict) -> None:
+    sys.stdout.write(json.dumps(event, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def worker_main(spec: dict) -> int:
+    """Tune every shape of ``spec`` on this process's GPU, sharing the studies with the others."""
+    from service.db import ResultsStore
+
+    from .study import Tuner, resolve_provider
+    from .worker import InProcessRunner, IsolatedRunner
+
+    slot, k, n = spec["slot"], spec["index"], spec["n_workers"]
+    provider = resolve_provider(spec["provider"])
+    problems = [Problem.from_dict(d) for d in spec["problems"]]
+    start = k * len(problems) // n
+    order = problems[start:] + problems[:start]
+    store = ResultsStore.open(spec["db"])
+    # Virtual slots exist only for GPU-less providers; those cannot poison a CUDA context.
+    runner = IsolatedRunner() if provider.needs_gpu else InProcessRunner()
+
+    def on_trial(t, study, trial):
+        ua = trial.user_attrs
+        what = f"{ua.get('tflops'):.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
+        dup = f" (= trial {ua['duplicate_of']})" if "duplicate_of" in ua else ""
+        print(f"[{slot}] {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
+              f"{what}{dup}", file=sys.stderr, flush=True)
+
+    try:
+        # First round: take what is free, shape after shape. Second round: wait until
+        # every study is full, taking over trials of workers that died.
+        for final in (False, True):
+            for problem in order:
+                t = Tuner(provider, problem, store=store, storage=spec["storage"], sampler=spec["sampler"],
+                          trials=spec["trials"], runner=runner, seed=spec["seed"] + k,
+                          provider_spec=spec["provider"], worker=slot, parallel=True,
+                          heartbeat_s=spec.get("heartbeat_s"))
+                res = t.run(on_trial=on_trial, wait=final)
+                _emit({"event": "result", "slot": slot, "final": final, "key": problem.key(),
+                       "stored": t.stored, "result": res.to_dict()})
+    finally:
+        runner.close()
+        store.close()
+    return 0
+
+
+# ---- the parent -------------------------------------------------------------------------
+
+
+@dataclass
+class FleetOutcome:
+    results: list[dict]  # one TuneResult dict per problem, in the order given
+    workers: list[dict]  # slot, pid, exit description
+    complete: bool  # every study holds its budget
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _exit_words(code: int) -> str:
+    import signal
+
+    if code == 0:
+        return "ok"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if code == EXIT_SLOT_BUSY:
+        return "slot busy"
+    return f"exit code {code}"
+
+
+def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str, db: str, storage: str,
+              sampler: str, trials: int, seed: int = 0, heartbeat_s: int | None = None,
+              log=None, on_spawn=None) -> FleetOutcome:
+    """Start one worker per slot, wait for all, and gather each problem's final result."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    fds = acquire_all(slots)
+    root = str(Path(__file__).resolve().parents[1])
+    procs, threads = [], []
+    finals: dict[str, dict] = {}
+    stored: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def reader(proc):
+        for line in proc.stdout:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                sys.stderr.write(line)
+                continue
+            with lock:
+                stored[ev["key"]] = stored.get(ev["key"], 0) + ev["stored"]
+                prev = finals.get(ev["key"])
+                # The fullest view of a study wins (a later one never has fewer trials).
+                if prev is None or ev["result"]["trials"] >= prev["trials"]:
+                    finals[ev["key"]] = ev["result"]
+
+    try:
+        for k, (slot, fd) in enumerate(zip(slots, fds)):
+            spec = {"slot": slot.name, "index": k, "n_workers": len(slots), "provider": provider_spec,
+                    "problems": [p.to_dict() for p in problems], "db": db, "storage": storage,
+                    "sampler": sampler, "trials": trials, "seed": seed, "heartbeat_s": heartbeat_s,
+                    "parent_pid": os.getpid()}
+            env = dict(os.environ)
+            env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+            # The spec travels on stdin: it holds the DB URL, which may hold a password.
+            proc = subprocess.Popen([sys.executable, "-m", "tuner.fleet"], env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, pass_fds=(fd,))
+            proc.stdin.write(json.dumps(spec))
+            proc.stdin.close()
+            procs.append((slot, proc))
+            log(f"[{slot.name}] worker pid {proc.pid} on CUDA_VISIBLE_DEVICES={slot.cuda_visible!r}")
+            th = threading.Thread(target=reader, args=(proc,), daemon=True)
+            th.start()
+            threads.append(th)
+            if on_spawn:
+                on_spawn(slot, proc)
+        workers = []
+        for slot, proc in procs:
+            code = proc.wait()
+            words = _exit_words(code)
+            if code != 0:
+                log(f"[{slot.name}] worker {proc.pid} {words}; the other workers take over its trials")
+            workers.append({"slot": slot.name, "pid": proc.pid, "exit": words, "returncode": code})
+    finally:
+        for _slot, proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for fd in fds:
+            os.close(fd)
+    for th in threads:
+        th.join(timeout=10)
+    results = []
+    complete = True
+    for p in problems:
+        r = finals.get(p.key())
+        if r is None:
+            complete = False
+            continue
+        r = dict(r, stored_measurements=stored.get(p.key(), 0))
+        complete &= r["trials"] - r["failed"] >= r["budget"]
+        results.append(r)
+    return FleetOutcome(results=results, workers=workers, complete=complete)
+
+
+if __name__ == "__main__":
+    from .worker import die_with_parent
+
+    spec = json.loads(sys.stdin.read())
+    die_with_parent(spec.get("parent_pid"))
+    sys.exit(worker_main(spec))
