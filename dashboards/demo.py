@@ -16,6 +16,7 @@ Three recorded sources, all from the H200 runs of 2026-11-30, nothing synthesise
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
 import shutil
@@ -191,6 +192,15 @@ def build_demo_db(url: str, *, seed_db: Path = SEED_DB, ref_sweep: Path = REF_SW
     finally:
         store.close()
     return counts
+
+
+def temporary_demo_db() -> str:
+    """A fresh SQLite file holding the demo data, deleted when this process exits (``fa4-serve --demo``)."""
+    tmp = tempfile.mkdtemp(prefix="fa4-demo-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    url = f"sqlite:///{Path(tmp) / 'demo.db'}"
+    build_demo_db(url)
+    return url
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
+import dashboards
 from fa4.arch import ARCHES
 from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
@@ -431,6 +432,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         return JSONResponse(status_code=201 if created else 200,
                             content={"id": mid, "created": created, "idempotency_key": key})
 
+    dashboards.mount(app)  # the web dashboard at / (reads only the routes above)
     return app
 
 

@@ -1,0 +1,470 @@
+"""The dashboard in a real headless Chromium against real fa4-serve processes.
+
+Every chart's data is read back from ECharts in the page and compared with what this test computes
+itself from the REST API, so the page can only pass by showing the API's numbers. Screenshots go to
+artifacts/dashboards/. Chromium is Debian's (/usr/bin/chromium), driven through Playwright.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from urllib.parse import parse_qs, quote, urlsplit
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts" / "dashboards"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+VIEWS = ("throughput", "gain", "determinism", "study")
+TOKEN = "dashboard-test-token"
+
+
+def _chromium() -> str | None:
+    for candidate in (os.environ.get("FA4_CHROMIUM"), "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = _chromium()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    missing = [what for what, ok in (("chromium", path), ("playwright", sync_playwright)) if not ok]
+    if missing:
+        # CI installs both (.ci/run); there a missing browser is a failure, never a skip.
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{' and '.join(missing)} missing under CI: apt-get install chromium; pip install playwright")
+        pytest.skip(f"{' and '.join(missing)} not installed (apt-get install chromium; pip install playwright)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``fa4-serve`` in a subprocess on 127.0.0.1, a random port."""
+
+    def __init__(self, *args: str, token: str | None = None):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        env.pop("FA4_API_TOKEN", None)
+        env.pop("FA4_DB", None)
+        if token:
+            env["FA4_API_TOKEN"] = token
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", *args, "--host", "127.0.0.1", "--port", str(self.port),
+             "--no-access-log", "--log-level", "warning"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"fa4-serve exited: {self.proc.stderr.read()}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("fa4-serve did not come up within 90 s")
+            time.sleep(0.2)
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def get(self, path: str, **params):
+        r = self.http.get(path, params={k: v for k, v in params.items() if v is not None})
+        assert r.status_code == 200, (path, params, r.text)
+        return r.json()
+
+    def results(self, **params) -> list[dict]:
+        items, offset = [], 0
+        while True:
+            page = self.get("/v1/results", limit=1000, offset=offset, **params)
+            items += page["items"]
+            offset += len(page["items"])
+            if not page["items"] or offset >= page["total"]:
+                return items
+
+    def stop(self):
+        self.http.close()
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def demo_server():
+    s = Server("--demo")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def empty_server(tmp_path_factory):
+    s = Server("--db", f"sqlite:///{tmp_path_factory.mktemp('empty') / 'empty.db'}")
+    yield s
+    s.stop()
+
+
+class Page:
+    """A loaded dashboard page that records console errors, page errors and failed requests."""
+
+    def __init__(self, browser, url: str):
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.problems: list[str] = []
+        self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url}"))
+        self.page.on("response", lambda r: r.status >= 400 and self.problems.append(f"HTTP {r.status}: {r.url}"))
+        self.page.goto(url)
+        self.settle()
+
+    def settle(self, view: str | None = None, raw_has: str | None = None):
+        """Wait until no view (or ``view``) is loading, and its raw-JSON link holds ``raw_has``."""
+        self.page.wait_for_function(
+            """([view, rawHas]) => [...document.querySelectorAll('section.view')]
+                 .filter(s => !view || s.id === view)
+                 .every(s => s.dataset.state !== 'loading'
+                             && (!rawHas || s.querySelector('a.raw').href.includes(rawHas)))""",
+            arg=[view, raw_has], timeout=30000)
+
+    def state(self, view: str) -> str:
+        return self.page.get_attribute(f"#{view}", "data-state")
+
+    def series(self, chart: str) -> list[dict]:
+        return self.page.evaluate(
+            """(id) => window.fa4dash.charts[id].getOption().series.map(s => ({
+                 name: s.name, type: s.type,
+                 data: s.data.map(d => (d !== null && typeof d === 'object' && 'value' in d) ? d.value : d),
+                 markArea: s.markArea ? s.markArea.data : null,
+                 markLine: s.markLine ? s.markLine.data : null}))""", chart)
+
+    def option(self, chart: str, key: str):
+        return self.page.evaluate("([id, key]) => JSON.parse(JSON.stringify(window.fa4dash.charts[id].getOption()[key]))",
+                                  [chart, key])
+
+    def raw(self, view: str) -> str:
+        return self.page.get_attribute(f"#{view} a.raw", "href")
+
+    def filter_value(self, view: str, name: str) -> str:
+        return self.page.eval_on_selector(f"#{view} select[data-filter='{name}']", "e => e.value")
+
+    def filter_options(self, view: str, name: str) -> list[str]:
+        return self.page.eval_on_selector_all(f"#{view} select[data-filter='{name}'] option", "os => os.map(o => o.value)")
+
+    def choose(self, view: str, name: str, value: str):
+        self.page.select_option(f"#{view} select[data-filter='{name}']", value)
+
+    def screenshot(self, name: str):
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    def close(self):
+        self.page.close()
+
+
+def _query(url: str) -> dict:
+    """The filters of a /v1/results link, without paging."""
+    q = {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
+    return {k: v for k, v in q.items() if k not in ("limit", "offset")}
+
+
+# -- what the charts must show, computed here from the API ---------------------------------------
+
+def expected_throughput(rows) -> dict[str, list]:
+    best_default, best_any, tuned_at = {}, {}, defaultdict(set)
+    for r in rows:
+        if r["tflops"] is None:
+            continue
+        key = (r["provider"], r["problem"]["seqlen_q"])
+        best_any[key] = max(best_any.get(key, 0), r["tflops"])
+        if r["is_default"]:
+            best_default[key] = max(best_default.get(key, 0), r["tflops"])
+        else:
+            tuned_at[r["provider"]].add(r["problem"]["seqlen_q"])
+    out = defaultdict(list)
+    for (prov, s), t in sorted(best_default.items()):
+        out[f"{prov} default"].append([s, t])
+    for prov, seqlens in tuned_at.items():
+        out[f"{prov} tuned"] = [[s, best_any[(prov, s)]] for s in sorted(seqlens)]
+    return dict(out)
+
+
+def expected_gain(rows) -> dict[tuple, float]:
+    studies = {}
+    for r in rows:
+        if not r["study_name"] or r["tflops"] is None:
+            continue
+        s = studies.setdefault(r["study_name"], {"rows": []})
+        s["rows"].append(r)
+    cells = {}
+    for name, s in studies.items():
+        rs = s["rows"]
+        defaults = [r["tflops"] for r in rs if r["is_default"]]
+        if not defaults:
+            continue
+        p = rs[0]["problem"]
+        newest = max((r["created_at"], r["id"]) for r in rs)
+        key = (f"{rs[0]['provider']} hd{p['head_dim']}", p["seqlen_q"])
+        if key not in cells or newest > cells[key][0]:
+            cells[key] = (newest, max(r["tflops"] for r in rs) / max(defaults))
+    return {k: v[1] for k, v in cells.items()}
+
+
+def expected_determinism(rows) -> dict[tuple, dict]:
+    shapes = {}
+    for r in rows:
+        p = r["problem"]
+        s = shapes.setdefault((p["head_dim"], p["causal"], p["seqlen_q"]), {"det": None, "nondet": None})
+        mode = "det" if p["deterministic"] else "nondet"
+        s[mode] = max(s[mode] or 0, r["tflops"])
+    return shapes
+
+
+def js_str(v) -> str:
+    """JavaScript's String(v) of a JSON value, as the page labels knob values."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _close(a, b) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9))
+
+
+def _by_name(series: list[dict]) -> dict[str, list]:
+    return {s["name"]: s["data"] for s in series}
+
+
+def _assert_points(got: dict[str, list], want: dict[str, list]):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert [p[0] for p in got[name]] == [p[0] for p in want[name]], name
+        assert all(_close(g[1], w[1]) for g, w in zip(got[name], want[name])), (name, got[name], want[name])
+
+
+# -- the demo: recorded H200 data ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def demo_page(browser, demo_server):
+    page = Page(browser, demo_server.url + "/")
+    yield page
+    page.close()
+
+
+def test_demo_page_loads_without_errors_and_offers_the_api_devices(demo_page, demo_server):
+    demo_page.screenshot("demo")
+    assert demo_page.problems == []
+    names = sorted({d["name"] for d in demo_server.get("/v1/devices")})
+    for view in VIEWS:
+        assert sorted(demo_page.filter_options(view, "device")) == names
+    assert [demo_page.state(v) for v in VIEWS] == ["ready", "ready", "empty", "ready"]
+    # The page and its chart library come from the service itself: nothing else was asked for.
+    urls = demo_page.page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)")
+    assert urls and all(u.startswith(demo_server.url) or u.startswith("data:") for u in urls), urls
+
+
+def test_throughput_chart_shows_the_api_numbers_and_follows_filters(demo_page, demo_server):
+    raw = demo_page.raw("throughput")
+    params = _query(raw)
+    assert params["device"] == demo_page.filter_value("throughput", "device")
+    rows = demo_server.results(**params)
+    want = expected_throughput(rows)
+    # The recorded bench table puts all four providers on this chart.
+    assert {n.rsplit(" ", 1)[0] for n in want} == {"fa4", "flash-attn-4", "cudnn", "fa2"}
+    before = _by_name(demo_page.series("chart-throughput"))
+    _assert_points(before, want)
+
+    other = next(v for v in demo_page.filter_options("throughput", "head_dim") if v != params["head_dim"])
+    demo_page.choose("throughput", "head_dim", other)
+    demo_page.settle("throughput", raw_has=f"head_dim={other}")
+    params2 = _query(demo_page.raw("throughput"))
+    assert params2 == {**params, "head_dim": other}
+    after = _by_name(demo_page.series("chart-throughput"))
+    _assert_points(after, expected_throughput(demo_server.results(**params2)))
+    assert after != before
+    demo_page.screenshot(f"demo-throughput-hd{other}")
+    assert demo_page.problems == []
+
+
+def test_gain_heatmap_shows_tuned_over_default_per_study(demo_page, demo_server):
+    rows = demo_server.results(**_query(demo_page.raw("gain")))
+    want = expected_gain(rows)
+    assert want and all(g >= 1.0 for g in want.values())  # the best of a study includes its default
+    xs = demo_page.option("chart-gain", "xAxis")[0]["data"]
+    ys = demo_page.option("chart-gain", "yAxis")[0]["data"]
+    (heat,) = demo_page.series("chart-gain")
+    got = {(ys[y], int(xs[x])): g for x, y, g in heat["data"]}
+    assert sorted(got) == sorted(want)
+    assert all(_close(got[k], want[k]) for k in want)
+
+
+def test_determinism_view_without_backward_data_names_the_command(demo_page, demo_server):
+    assert demo_server.results(device=demo_page.filter_value("determinism", "device"), **{"pass": "bwd"}) == []
+    text = demo_page.page.inner_text("#determinism .empty")
+    assert "fa4-tune --pass bwd [--deterministic]" in text
+    assert "--pass bwd --deterministic" in text
+    assert demo_page.page.is_hidden("#chart-determinism")
+
+
+def test_study_view_matches_the_study_and_knob_endpoints(demo_page, demo_server):
+    name = demo_page.filter_value("study", "study")
+    study = demo_server.get(f"/v1/studies/{name}")
+    assert urlsplit(demo_page.raw("study")).path == "/v1/studies/" + quote(name, safe="")
+    knobs = demo_server.get(f"/v1/providers/{study['provider']}/knobs")["passes"][study["problem"]["pass"]]["knobs"]
+    assert knobs
+    ok = [t for t in study["trials"] if t["status"] == "ok"]
+    history = _by_name(demo_page.series("chart-history"))
+    shown = sorted(history["TFLOP/s"] + history["default config"])
+    assert shown == sorted([t["trial_number"], t["tflops"]] for t in ok)
+    best = [p[1] for p in history["best so far"]]
+    assert best == sorted(best) and best[-1] == study["best"]["tflops"]
+
+    # Parallel coordinates: one axis per knob of the API, in its order, then TFLOP/s.
+    axes = demo_page.option("chart-parallel", "parallelAxis")
+    assert [a["name"] for a in axes] == [k["name"] for k in knobs] + ["TFLOP/s"]
+    for a, k in zip(axes, knobs):
+        assert [js_str(c) for c in k["choices"]] == a["data"][: len(k["choices"])]
+    (lines,) = demo_page.series("chart-parallel")
+    assert sorted(map(tuple, lines["data"]), key=str) == sorted(
+        (tuple(js_str(t["config"][k["name"]]) for k in knobs) + (t["tflops"],) for t in ok), key=str)
+
+    # Failed and infeasible trials are listed with their reasons.
+    cells = demo_page.page.eval_on_selector_all(
+        "#study table.failed tbody tr[data-status]", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+    assert [(int(c[0]), c[1], c[2]) for c in cells] == [
+        (t["trial_number"], t["status"], t["reason"]) for t in study["trials"] if t["status"] != "ok"]
+    assert cells  # the recorded studies had infeasible configs
+
+
+def test_knob_filter_narrows_the_study_charts(demo_page, demo_server):
+    name = demo_page.filter_value("study", "study")
+    study = demo_server.get(f"/v1/studies/{name}")
+    knobs = demo_server.get(f"/v1/providers/{study['provider']}/knobs")["passes"][study["problem"]["pass"]]["knobs"]
+    ok = [t for t in study["trials"] if t["status"] == "ok"]
+    # The first knob whose value differs between the measured trials.
+    knob, value = next((k["name"], js_str(t["config"][k["name"]])) for k in knobs for t in ok
+                       if len({js_str(x["config"][k["name"]]) for x in ok}) > 1)
+    demo_page.choose("study", f"knob:{knob}", value)
+    demo_page.page.wait_for_function(
+        "([k, v]) => document.querySelector(`#study select[data-filter='knob:${k}']`).value === v"
+        " && document.querySelector('#study').dataset.state === 'ready'", arg=[knob, value])
+    demo_page.settle("study")
+    history = _by_name(demo_page.series("chart-history"))
+    want = sorted([t["trial_number"], t["tflops"]] for t in ok if js_str(t["config"][knob]) == value)
+    assert sorted(history["TFLOP/s"] + history["default config"]) == want
+    assert 0 < len(want) < len(ok)
+    (lines,) = demo_page.series("chart-parallel")
+    assert len(lines["data"]) == len(want)
+    demo_page.screenshot("demo-study-filtered")
+    demo_page.choose("study", f"knob:{knob}", "")
+    demo_page.settle("study")
+    assert demo_page.problems == []
+
+
+def test_every_raw_json_link_answers(demo_page, demo_server):
+    links = demo_page.page.eval_on_selector_all("a.raw:not([hidden])", "as => as.map(a => a.href)")
+    assert len(links) >= len(VIEWS)
+    for url in links:
+        r = httpx.get(url, timeout=30)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), url
+
+
+# -- backward data: the determinism chart ----------------------------------------------------------
+
+def _device_payload(server) -> dict:
+    d = server.get("/v1/devices")[0]
+    return {k: d[k] for k in ("name", "compute_capability", "sm_count", "l2_bytes", "memory_bytes", "driver",
+                              "cuda", "torch", "cutlass_dsl", "provider_versions")}
+
+
+@pytest.fixture(scope="module")
+def bwd_server(tmp_path_factory):
+    """A seeded DB plus backward rows posted through the API (test data: no backward run exists yet)."""
+    from dashboards.demo import build_demo_db
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('bwd') / 'bwd.db'}"
+    build_demo_db(url)
+    s = Server("--db", url, token=TOKEN)
+    try:
+        device = _device_payload(s)
+        # Two shapes with both modes, one with the non-deterministic mode only.
+        for seqlen, hd, det, tflops in ((4096, 128, False, 400.0), (4096, 128, True, 352.0),
+                                        (8192, 64, False, 300.0), (8192, 64, True, 291.0), (8192, 64, True, 287.5),
+                                        (16384, 128, False, 420.0)):
+            body = {"device": device, "provider": "flash-attn-4", "config": {}, "status": "ok", "median_ms": 1.0,
+                    "tflops": tflops,
+                    "problem": {"batch": 16384 // seqlen, "seqlen_q": seqlen, "seqlen_k": seqlen,
+                                "heads_q": 2048 // hd, "heads_kv": 2048 // hd, "head_dim": hd, "head_dim_v": hd,
+                                "deterministic": det, "pass": "bwd"}}
+            r = s.http.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 201, r.text
+        yield s
+    finally:
+        s.stop()
+
+
+def test_determinism_chart_shows_both_modes_ratio_and_reference_lines(browser, bwd_server):
+    page = Page(browser, bwd_server.url + "/")
+    try:
+        assert page.state("determinism") == "ready"
+        params = _query(page.raw("determinism"))
+        assert params["pass"] == "bwd" and params["provider"] == page.filter_value("determinism", "provider")
+        want = expected_determinism(bwd_server.results(**params))
+        labels = page.option("chart-determinism", "xAxis")[0]["data"]
+        series = {s["name"]: s for s in page.series("chart-determinism")}
+        assert len(labels) == len(want)
+        for i, (hd, causal, seqlen) in enumerate(sorted(want)):
+            w = want[(hd, causal, seqlen)]
+            assert labels[i] == f"S{seqlen} hd{hd}" + (" causal" if causal else "")
+            assert _close(series["non-deterministic"]["data"][i], w["nondet"])
+            assert _close(series["deterministic"]["data"][i], w["det"])
+            ratio = w["det"] / w["nondet"] if w["det"] and w["nondet"] else None
+            assert _close(series["ratio"]["data"][i], ratio)
+        band = series["ratio"]["markArea"][0]
+        assert [band[0]["yAxis"], band[1]["yAxis"]] == [0.85, 0.9]
+        assert [m["yAxis"] for m in series["ratio"]["markLine"]] == [0.95]
+        page.screenshot("determinism")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+# -- an empty database ------------------------------------------------------------------------------
+
+def test_empty_database_shows_every_empty_state_with_its_command(browser, empty_server):
+    assert empty_server.get("/v1/devices") == []
+    page = Page(browser, empty_server.url + "/")
+    try:
+        page.screenshot("empty")
+        assert [page.state(v) for v in VIEWS] == ["empty"] * len(VIEWS)
+        for view in VIEWS:
+            text = page.page.inner_text(f"#{view} .empty")
+            assert "fa4-tune --seqlen" in text, (view, text)
+            assert page.page.eval_on_selector_all(f"#{view} .chart", "cs => cs.every(c => c.hidden)")
+        assert "--pass bwd --deterministic" in page.page.inner_text("#determinism .empty")
+        assert page.problems == []
+    finally:
+        page.close()
