@@ -216,13 +216,16 @@ def worker_main(spec: dict) -> int:
         print(f"[{slot}] {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
               f"{what}{dup}", file=sys.stderr, flush=True)
 
+    # Different seeds keep TPE/random workers from proposing the same configs in lockstep;
+    # the grid must keep one seed, since the seed shuffles the grid's numbering of points.
+    seed = spec["seed"] + (k if spec["sampler"] != "grid" else 0)
     try:
         # First round: take what is free, shape after shape. Second round: wait until
         # every study is full, taking over trials of workers that died.
         for final in (False, True):
             for problem in order:
                 t = Tuner(provider, problem, store=store, storage=spec["storage"], sampler=spec["sampler"],
-                          trials=spec["trials"], runner=runner, seed=spec["seed"] + k,
+                          trials=spec["trials"], runner=runner, seed=seed,
                           provider_spec=spec["provider"], worker=slot, parallel=True,
                           heartbeat_s=spec.get("heartbeat_s"))
                 res = t.run(on_trial=on_trial, wait=final)
@@ -272,6 +275,7 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
     procs, threads = [], []
     finals: dict[str, dict] = {}
     stored: dict[str, int] = {}
+    resumed: dict[str, int] = {}  # finished trials when the first worker opened the study
     lock = threading.Lock()
 
     def reader(proc):
@@ -283,6 +287,7 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
                 continue
             with lock:
                 stored[ev["key"]] = stored.get(ev["key"], 0) + ev["stored"]
+                resumed[ev["key"]] = min(resumed.get(ev["key"], 1 << 30), ev["result"]["resumed_with"])
                 prev = finals.get(ev["key"])
                 # The fullest view of a study wins (a later one never has fewer trials).
                 if prev is None or ev["result"]["trials"] >= prev["trials"]:
@@ -332,7 +337,7 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
         if r is None:
             complete = False
             continue
-        r = dict(r, stored_measurements=stored.get(p.key(), 0))
+        r = dict(r, stored_measurements=stored.get(p.key(), 0), resumed_with=resumed[p.key()])
         complete &= r["trials"] - r["failed"] >= r["budget"]
         results.append(r)
     return FleetOutcome(results=results, workers=workers, complete=complete)

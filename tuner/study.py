@@ -11,6 +11,7 @@ again. Re-running the same command resumes the study until it holds ``trials`` t
 from __future__ import annotations
 
 import collections
+import json
 import re
 import time
 from dataclasses import dataclass
@@ -150,16 +151,8 @@ def _trial_summary(provider: Provider, problem: Problem, trial) -> dict:
 # ---- the tuner ------------------------------------------------------------------------
 
 
-def _counts(study) -> tuple[int, int, int]:
-    """(finished, running, waiting) trials: finished = completed or pruned, i.e. answered.
-
-    FAIL trials (their worker died) do not count: their retry does.
-    """
-    import optuna
-
-    S = optuna.trial.TrialState
-    n = collections.Counter(t.state for t in study.get_trials(deepcopy=False))
-    return n[S.COMPLETE] + n[S.PRUNED], n[S.RUNNING], n[S.WAITING]
+def _key(params: dict) -> str:
+    return json.dumps(params, sort_keys=True)
 
 
 class Tuner:
@@ -305,11 +298,38 @@ class Tuner:
         )
 
     def budget(self) -> int:
+        """Finished trials a full study holds (the grid: every config, plus the enqueued default)."""
         if self.knob_cls is None:
             return 1
         if self.sampler_kind == "grid":
-            return min(self.trials, len(list(iter_configs(self.knob_cls))) + 1)
+            return min(self.trials, self._n_space() + 1)
         return self.trials
+
+    def _n_space(self) -> int:
+        if not hasattr(self, "_space_size"):
+            self._space_size = len(list(iter_configs(self.knob_cls)))
+        return self._space_size
+
+    def _left(self, study) -> tuple[int, int, int]:
+        """(trials still worth starting, answered trials, running trials).
+
+        Answered = completed or pruned. FAIL trials (their worker died) do not count: their
+        retries do. Running trials count as taken, whoever runs them. For the grid, configs
+        already answered or running elsewhere are taken too: several workers asking a
+        GridSampler at once may be handed the same point, and a trial count alone would
+        then end the study with a config never measured.
+        """
+        import optuna
+
+        S = optuna.trial.TrialState
+        trials = study.get_trials(deepcopy=False)
+        answered = [t for t in trials if t.state in (S.COMPLETE, S.PRUNED)]
+        running = [t for t in trials if t.state == S.RUNNING]
+        left = (1 if self.knob_cls is None else self.trials) - len(answered) - len(running)
+        if self.sampler_kind == "grid" and self.knob_cls is not None:
+            seen = {_key(t.params) for t in answered + running if t.params}
+            left = min(left, self._n_space() - len(seen))
+        return left, len(answered), len(running)
 
     def run(self, on_trial: Callable | None = None, on_start: Callable | None = None,
             wait: bool = True) -> TuneResult:
@@ -327,28 +347,25 @@ class Tuner:
         self.device_id = self.store.upsert_device(self.device_info)
         self.problem_id = self.store.upsert_problem(self.problem)
         study = self.open_study()
-        budget = self.budget()
         before = None
         callbacks = []
         if on_trial:
             callbacks.append(lambda st, tr: on_trial(self, st, tr))
-        callbacks.append(lambda st, tr: st.stop() if sum(_counts(st)[:2]) >= budget else None)
+        callbacks.append(lambda st, tr: st.stop() if self._left(st)[0] <= 0 else None)
         try:
             while True:
                 fail_stale(study)
-                done, running, waiting = _counts(study)
+                left, done, running = self._left(study)
                 if before is None:
                     before = done
-                    todo = max(0, budget - done - running)
-                    if todo:
+                    if left > 0:
                         self._enqueue_default(study)
                     if on_start:
-                        on_start(self, todo, before)
-                todo = budget - done - running
-                if todo > 0:
-                    study.optimize(self._objective(study), n_trials=todo, callbacks=callbacks, catch=())
+                        on_start(self, max(0, left), before)
+                if left > 0:
+                    study.optimize(self._objective(study), n_trials=left, callbacks=callbacks, catch=())
                     continue
-                if done >= budget or not wait or running == 0:
+                if not wait or running == 0:
                     break
                 # Others are still running trials of this study: wait for them, or for
                 # their heartbeats to go stale, whichever comes first.

@@ -23,3 +23,27 @@ class MisbehavingReplay(ReplayProvider):
         if config.tile_n == 112:
             raise RuntimeError("provider bug raised inside the worker")
         return super().measure(problem, config, settings)
+
+
+class SlowReplay(ReplayProvider):
+    """Replays the real H200 recording, slowly, and says who is measuring.
+
+    Before each measurement it writes its process id to a file in $FA4_TEST_MARKERS, then
+    sleeps $FA4_TEST_SLOW_S: a test can SIGKILL the process in the middle of a trial.
+    """
+
+    name = "slow-replay"
+
+    def __init__(self):
+        super().__init__()
+
+    def measure(self, problem, config, settings):
+        import time
+
+        markers = os.environ.get("FA4_TEST_MARKERS")
+        if markers:
+            path = os.path.join(markers, f"{os.getpid()}-{time.monotonic_ns()}")
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+        time.sleep(float(os.environ.get("FA4_TEST_SLOW_S", "0.2")))
+        return super().measure(problem, config, settings)

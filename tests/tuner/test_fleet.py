@@ -1,0 +1,242 @@
+"""Fleet tuning on CPU: several worker processes on one study, replaying the real H200 recording.
+
+Virtual slots (cpu0, cpu1, ...) stand in for GPUs; the replay provider serves the numbers
+recorded on the H200 (tuner/data/ref_fa4_h200.json), so what the fleet finds can be checked
+against the recording itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fa4.problem import Problem
+from service.db import ResultsStore
+from tests.tuner.test_cli import ROOT, fa4_tune
+from tuner.fleet import FleetError, Slot, SlotBusy, acquire, parse_devices
+from tuner.providers.replay import ReplayProvider, config_id
+from tuner.storage import open_storage
+from tuner.study import study_name
+
+REC = ReplayProvider()
+RECORDED = REC.recording.problems  # the four problems measured on the H200
+
+
+def recorded_best(problem: Problem) -> dict:
+    ok = [r for r in REC.recording.entries[problem.key()]["results"].values() if r["status"] == "ok"]
+    return max(ok, key=lambda r: r["tflops"])
+
+
+def recorded(problem: Problem, config: dict) -> dict:
+    return REC.recording.entries[problem.key()]["results"][config_id(config)]
+
+
+def shapes_file(tmp_path, problems) -> str:
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps([p.to_dict() for p in problems]))
+    return str(path)
+
+
+def load(storage: str, name: str):
+    return optuna.load_study(study_name=name, storage=open_storage(storage))
+
+
+def check_db_matches_studies(store, storage: str, results: list[dict], provider: str) -> int:
+    """Every answered trial has exactly one whole measurement row, equal to the recording; nothing else."""
+    n = 0
+    for res in results:
+        problem = Problem.from_dict(res["problem"])
+        study = load(storage, res["study_name"])
+        S = optuna.trial.TrialState
+        answered = {t.number: t for t in study.trials if t.state in (S.COMPLETE, S.PRUNED)
+                    and "duplicate_of" not in t.user_attrs}
+        rows = store.measurements(study_name=res["study_name"])
+        numbers = [r["trial_number"] for r in rows]
+        assert len(numbers) == len(set(numbers)), "a trial was stored twice"
+        assert set(numbers) == set(answered), "rows and answered trials differ"
+        for r in rows:
+            t = answered[r["trial_number"]]
+            assert r["provider"] == provider and r["config"] == t.params
+            want = recorded(problem, t.params)
+            assert r["status"] == want["status"] == t.user_attrs["status"]
+            if r["status"] == "ok":
+                assert r["samples_ms"] == want["samples_ms"] and r["n_samples"] == len(want["samples_ms"]) > 0
+                assert r["median_ms"] == pytest.approx(want["median_ms"])
+                assert r["tflops"] == pytest.approx(want["tflops"]) == t.value
+        n += len(rows)
+    return n
+
+
+# ---- --devices --------------------------------------------------------------------------
+
+
+def test_parse_devices_pins_one_worker_per_gpu():
+    uuids = {"0": "GPU-aaa", "1": "GPU-bbb", "2": "GPU-ccc", "3": "GPU-ddd"}
+    two = parse_devices("0,1", True, "fa4", visible="0,1,2,3", uuids=uuids)
+    assert two == [Slot("gpu0", "0", "GPU-aaa"), Slot("gpu1", "1", "GPU-bbb")]
+    # Ordinals count inside the CUDA_VISIBLE_DEVICES the command got, like any CUDA program.
+    assert parse_devices("1", True, "fa4", visible="2,3", uuids=uuids) == [Slot("gpu1", "3", "GPU-ddd")]
+    assert [s.cuda_visible for s in parse_devices("all", True, "fa4", visible="2,3", uuids=uuids)] == ["2", "3"]
+    assert len(parse_devices("all", True, "fa4", visible=None, count=8, uuids={})) == 8
+    virtual = parse_devices("cpu0,cpu1", False, "replay", visible="")
+    assert virtual == [Slot("cpu0", "", "virtual-cpu0"), Slot("cpu1", "", "virtual-cpu1")]
+
+
+@pytest.mark.parametrize("spec,needs_gpu,visible,needle", [
+    ("0,0", True, "0,1", "GPU 0 twice"),
+    ("0,1", True, "0,0", "one physical GPU twice"),  # two ordinals, one device
+    ("2", True, "0,1", "no GPU 2"),
+    ("0", True, "", "no CUDA GPU is visible"),
+    ("cpu0,cpu1", True, "", "only for providers that need none"),
+    ("cpu0,cpu0", False, "", "twice"),
+    ("cpu0,1", False, "0", "mixes"),
+    ("gpu1", True, "0,1", "not a GPU number"),
+])
+def test_parse_devices_refuses(spec, needs_gpu, visible, needle):
+    with pytest.raises(FleetError, match=needle):
+        parse_devices(spec, needs_gpu, "fa4", visible=visible, uuids={})
+
+
+def test_a_busy_slot_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4_LOCK_DIR", str(tmp_path / "locks"))
+    fd = acquire(Slot("cpu1", "", "virtual-cpu1"))
+    try:
+        with pytest.raises(SlotBusy, match=f"fa4-tune pid {os.getpid()}"):
+            acquire(Slot("cpu1", "", "virtual-cpu1"))
+        r = fa4_tune("--seqlen", "8192", "--hdim", "128", "--provider", "replay", "--devices", "cpu0,cpu1",
+                     "--db", f"sqlite:///{tmp_path / 'r.db'}", env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks")})
+        assert r.returncode == 1
+        assert r.stderr.strip().count("\n") == 0 and "virtual slot cpu1 is in use for timing" in r.stderr
+        with ResultsStore.open(f"sqlite:///{tmp_path / 'r.db'}") as store:
+            assert store.count() == 0  # nothing ran
+    finally:
+        os.close(fd)
+    acquire_again = acquire(Slot("cpu1", "", "virtual-cpu1"))  # released with its holder
+    os.close(acquire_again)
+
+
+# ---- the fleet end to end ---------------------------------------------------------------
+
+
+def test_two_workers_grid_two_shapes_like_the_recording(tmp_path):
+    shapes = [RECORDED[1], RECORDED[2]]  # hd64 causal, hd128 full
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    r = fa4_tune("--shapes", shapes_file(tmp_path, shapes), "--provider", "replay", "--devices", "cpu0,cpu1",
+                 "--sampler", "grid", "--trials", "1000", "--db", db, "--json",
+                 env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks")})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [w["exit"] for w in out["workers"]] == ["ok", "ok"]
+    results = out["results"]
+    assert [Problem.from_dict(x["problem"]) for x in results] == shapes
+    n_space = len(REC.recording.entries[RECORDED[0].key()]["results"])
+    workers_seen = set()
+    for res in results:
+        problem = Problem.from_dict(res["problem"])
+        best = recorded_best(problem)
+        # The whole grid was measured across two processes, so the recorded best must win.
+        assert res["best"]["config"] == best["config"] and res["best"]["tflops"] == pytest.approx(best["tflops"])
+        assert res["trials"] == res["budget"] == n_space + 1 and res["failed"] == 0
+        study = load(res["storage"], res["study_name"])
+        workers_seen |= {t.user_attrs.get("worker") for t in study.trials}
+        grid_points = {json.dumps(t.params, sort_keys=True) for t in study.trials}
+        assert len(grid_points) == n_space  # every config, none lost between the workers
+    assert workers_seen == {"cpu0", "cpu1"}  # the work was shared
+    with ResultsStore.open(db) as store:
+        n = check_db_matches_studies(store, results[0]["storage"], results, "replay")
+        assert n == store.count() == sum(x["stored_measurements"] for x in results)
+
+
+def test_grid_of_shapes_in_one_process(tmp_path):
+    r = fa4_tune("--seqlen", "8192", "--hdim", "64,128", "--provider", "replay", "--trials", "12", "--json",
+                 "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    assert r.returncode == 0, r.stderr
+    results = json.loads(r.stdout)["results"]
+    assert [Problem.from_dict(x["problem"]) for x in results] == [Problem.standard(8192, 64),
+                                                                  Problem.standard(8192, 128)]
+    assert [x["trials"] for x in results] == [12, 12]
+    table = fa4_tune("--seqlen", "8192", "--hdim", "64,128", "--provider", "replay", "--trials", "12",
+                     "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    assert table.returncode == 0 and "2 shapes" in table.stdout and "results DB:" in table.stdout
+
+
+def test_sigkill_mid_trial_is_retried_and_the_db_stays_whole(tmp_path):
+    """A worker SIGKILLed while measuring: its trial goes FAIL and is retried, the study goes on."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    problems = RECORDED[:2]
+    budget = 6
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES="", FA4_LOCK_DIR=str(tmp_path / "locks"), FA4_TEST_MARKERS=str(markers),
+               FA4_TEST_SLOW_S="1.0", FA4_HEARTBEAT_S="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "--shapes", shapes_file(tmp_path, problems), "--provider",
+         "tests.tuner.fake_providers:SlowReplay", "--devices", "cpu0,cpu1,cpu2", "--trials", str(budget),
+         "--db", db, "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait until every worker is measuring, then kill the one that started last: it is
+        # 1 s from done, inside the provider's measure(), before anything is stored.
+        deadline = time.monotonic() + 120
+        while len({p.name.split("-")[0] for p in markers.iterdir()}) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.02)
+        newest = max(markers.iterdir(), key=lambda p: int(p.name.split("-")[1]))
+        victim = int(newest.read_text())
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    doc = json.loads(out)
+    killed = [w for w in doc["workers"] if w["pid"] == victim]
+    assert len(killed) == 1 and killed[0]["exit"] == "killed by SIGKILL"
+    assert sorted(w["exit"] for w in doc["workers"]) == ["killed by SIGKILL", "ok", "ok"]
+    assert "the other workers take over its trials" in err
+
+    S = optuna.trial.TrialState
+    failed_trials = []
+    for res in doc["results"]:
+        study = load(res["storage"], res["study_name"])
+        states = [t.state for t in study.trials]
+        assert S.RUNNING not in states and S.WAITING not in states  # nothing left hanging
+        answered = sum(s in (S.COMPLETE, S.PRUNED) for s in states)
+        assert budget <= answered <= budget + 2  # the budget holds (2 = racing workers' overshoot)
+        for t in study.trials:
+            if t.state == S.FAIL:
+                failed_trials.append((study, t))
+    assert len(failed_trials) == 1, "exactly the killed worker's trial failed"
+    study, dead = failed_trials[0]
+    assert dead.user_attrs["worker"] == killed[0]["slot"]
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == dead.number]
+    assert len(retries) == 1 and retries[0].params == dead.params
+    assert retries[0].state in (S.COMPLETE, S.PRUNED) and retries[0].user_attrs["worker"] != killed[0]["slot"]
+    with ResultsStore.open(db) as store:
+        # No row for the killed trial; every other answered trial has one whole row.
+        assert store.count(study_name=study.study_name) == len(store.measurements(study_name=study.study_name))
+        assert dead.number not in {r["trial_number"] for r in store.measurements(study_name=study.study_name)}
+        n = check_db_matches_studies(store, doc["results"][0]["storage"], doc["results"], "slow-replay")
+        assert n == store.count()
+
+
+def test_study_names_match_the_single_gpu_runs(tmp_path):
+    """A fleet's studies are the plain command's studies: either can resume the other."""
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    first = fa4_tune("--seqlen", "8192", "--hdim", "128", "--provider", "replay", "--trials", "5", "--json", "--db", db)
+    assert first.returncode == 0, first.stderr
+    more = fa4_tune("--seqlen", "8192", "--hdim", "128", "--provider", "replay", "--trials", "9", "--json",
+                    "--db", db, "--devices", "cpu0,cpu1", env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks")})
+    assert more.returncode == 0, more.stderr
+    a, b = json.loads(first.stdout), json.loads(more.stdout)
+    assert a["study_name"] == b["study_name"] == study_name(REC.device_info()["name"], "replay",
+                                                            Problem.standard(8192, 128))
+    assert b["trials"] == 9 and b["resumed_with"] == 5
