@@ -9,7 +9,8 @@ Three recorded sources, all from the H200 runs of 2026-11-30, nothing synthesise
 - ``tuner/data/ref_fa4_h200.json``: the reference FA4 (``flash-attn-4``) knob sweep at S=8192, stored
   as one study per shape (trial number = position in the sweep, the provider default flagged);
 - ``seed/bench-fwd-h200-2026-11-30.log``: a copy of ``bench/logs/bench.log``, the side-by-side
-  forward table of fa4, flash-attn-4, cudnn and fa2 over S=1024..16384, each at its default config.
+  forward table of fa4, flash-attn-4, cudnn and fa2 over S=1024..16384, each at its default config
+  of that day (the one the tuning runs and the sweep recorded as default).
   The log keeps TFLOP/s only; ``median_ms`` is recovered as ``problem.flops / TFLOP/s`` (the harness's
   own definition), and the rows carry ``versions["seed_source"]`` so they are told apart in the raw JSON.
 """
@@ -25,7 +26,6 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from fa4.arch import SM90
 from fa4.knobs import config_from_dict, config_to_dict
 from fa4.problem import Problem
 
@@ -45,15 +45,6 @@ def _knob_cls(provider: str, problem: Problem):
     from tuner.providers import get_provider
 
     return get_provider(provider).knob_cls_for(problem)
-
-
-def _default_config(provider: str, problem: Problem) -> dict | None:
-    from tuner.providers import get_provider
-
-    prov = get_provider(provider)
-    if prov.knob_cls_for(problem) is None:
-        return None
-    return config_to_dict(prov.default_config(problem, SM90))
 
 
 def parse_bench_log(text: str) -> dict:
@@ -151,7 +142,20 @@ def _load_ref_sweep(store, path: Path) -> int:
     return n
 
 
-def _load_bench_log(store, path: Path, device: dict) -> int:
+def _recorded_defaults(seed_rows: list[dict], ref_sweep: Path) -> dict[tuple[str, int], dict]:
+    """(provider, head_dim) -> the default config the recorded runs used.
+
+    The bench ran each provider at its default of that day, which depended on head_dim only
+    (bench/RESULTS.md); today's heuristic may differ, so the recordings say which config ran.
+    """
+    out = {(r["provider"], r["problem"]["head_dim"]): r["config"] for r in seed_rows if r["is_default"]}
+    rec = json.loads(ref_sweep.read_text())
+    for entry in rec["problems"]:
+        out[(rec["provider"], entry["problem"]["head_dim"])] = entry["default"]
+    return out
+
+
+def _load_bench_log(store, path: Path, device: dict, defaults: dict[tuple[str, int], dict]) -> int:
     table = parse_bench_log(path.read_text())
     if table["device"] != device["name"]:
         raise ValueError(f"{path.name} was measured on {table['device']}, not {device['name']}")
@@ -164,8 +168,13 @@ def _load_bench_log(store, path: Path, device: dict) -> int:
             continue  # a '-' cell says the provider did not run; there is nothing to chart
         problem = Problem.standard(r["seqlen"], r["head_dim"], causal=r["causal"])
         median_ms = problem.flops / (r["tflops"] * 1e12) * 1e3
-        cid = store.upsert_config(r["provider"], _default_config(r["provider"], problem),
-                                  _knob_cls(r["provider"], problem))
+        knob_cls = _knob_cls(r["provider"], problem)
+        config = None
+        if knob_cls is not None:
+            config = defaults.get((r["provider"], r["head_dim"]))
+            if config is None:
+                raise ValueError(f"no recorded default config of {r['provider']} at head_dim {r['head_dim']}")
+        cid = store.upsert_config(r["provider"], config, knob_cls)
         store.add_measurement(dev, store.upsert_problem(problem), cid, status="ok", median_ms=median_ms,
                               tflops=r["tflops"], is_default=True, versions=versions, created_at=created)
         n += 1
@@ -188,7 +197,7 @@ def build_demo_db(url: str, *, seed_db: Path = SEED_DB, ref_sweep: Path = REF_SW
         seed_dev = next(iter(devices.values()))
         ref_versions = json.loads(ref_sweep.read_text())["device"]["provider_versions"]
         device = {**seed_dev, "provider_versions": {**seed_dev["provider_versions"], **ref_versions}}
-        counts["bench_log"] = _load_bench_log(store, bench_log, device)
+        counts["bench_log"] = _load_bench_log(store, bench_log, device, _recorded_defaults(rows, ref_sweep))
     finally:
         store.close()
     return counts

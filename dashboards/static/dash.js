@@ -131,7 +131,8 @@ class View {
   }
 
   deviceControl() {
-    const opts = this.devices.map((d) => ({ value: d, label: d }));
+    const opts = this.devices.length ? this.devices.map((d) => ({ value: d, label: d }))
+      : [{ value: "", label: "(no device has results)" }];
     return selectControl("device", "device", opts, this.device, (v) => {
       this.device = v;
       this.filters = {};
@@ -374,8 +375,9 @@ class Determinism extends View {
       xAxis: { type: "category", data: shapes.map((s) => s.label), axisLabel: { interval: 0, rotate: 20 } },
       yAxis: [
         { type: "value", name: "TFLOP/s" },
-        { type: "value", name: "det / non-det", min: (v) => Math.min(0.8, v.min - 0.02),
-          max: (v) => Math.max(1.0, v.max + 0.02), splitLine: { show: false } },
+        // Always wide enough for the reference band and the goal, on round ticks.
+        { type: "value", name: "det / non-det", min: (v) => Math.min(0.8, Math.floor((v.min - 0.02) * 20) / 20),
+          max: (v) => Math.max(1.0, Math.ceil((v.max + 0.02) * 20) / 20), splitLine: { show: false } },
       ],
       series: [
         { type: "bar", name: "non-deterministic", data: shapes.map((s) => s.nondet), itemStyle: { color: "#5470c6" } },
@@ -384,7 +386,7 @@ class Determinism extends View {
           type: "line", name: "ratio", yAxisIndex: 1, data: shapes.map((s) => s.ratio), connectNulls: false,
           itemStyle: { color: "#ee6666" }, symbolSize: 8,
           markArea: { silent: true, itemStyle: { color: "rgba(250, 200, 88, 0.25)" },
-            label: { position: "insideTopLeft" },
+            label: { position: "insideTopLeft", color: "#8a6d00" },
             data: [[{ yAxis: 0.85, name: "FA4 paper 0.85-0.90" }, { yAxis: 0.9 }]] },
           markLine: { silent: true, symbol: "none", lineStyle: { type: "dashed", color: "#3ba272" },
             label: { formatter: "goal 0.95", position: "insideEndTop" }, data: [{ yAxis: 0.95 }] },
