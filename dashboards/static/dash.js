@@ -291,7 +291,7 @@ class Gain extends View {
     const lo = Math.min(1, ...gains);
     const hi = Math.max(lo + 0.01, ...gains);
     draw("chart-gain", {
-      grid: { left: 140, right: 30, top: 20, bottom: 90 },
+      grid: { left: 140, right: 30, top: 20, bottom: 110 },
       tooltip: {
         formatter: (p) => `${p.data.provider} hd${p.data.head_dim}, seqlen ${p.data.seqlen}<br>` +
           `tuned ${fmt(p.data.best)} / default ${fmt(p.data.default)} TFLOP/s = <b>${fmt(p.value[2], 3)}x</b>` +

@@ -27,6 +27,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--no-first-run"]
 VIEWS = ("throughput", "gain", "determinism", "study")
 TOKEN = "dashboard-test-token"
+TWIN = "test-twin-gpu"  # a second device name posted by the backward-data fixture
 
 
 def _chromium() -> str | None:
@@ -421,6 +422,12 @@ def bwd_server(tmp_path_factory):
                                 "deterministic": det, "pass": "bwd"}}
             r = s.http.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
             assert r.status_code == 201, r.text
+        # A second device with one forward row, for the device selector.
+        body = {"device": {**device, "name": TWIN}, "provider": "cudnn", "status": "ok", "median_ms": 1.0,
+                "tflops": 123.0, "problem": {"batch": 4, "seqlen_q": 4096, "seqlen_k": 4096, "heads_q": 16,
+                                             "heads_kv": 16, "head_dim": 128, "head_dim_v": 128}}
+        r = s.http.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 201, r.text
         yield s
     finally:
         s.stop()
@@ -465,6 +472,29 @@ def test_empty_database_shows_every_empty_state_with_its_command(browser, empty_
             assert "fa4-tune --seqlen" in text, (view, text)
             assert page.page.eval_on_selector_all(f"#{view} .chart", "cs => cs.every(c => c.hidden)")
         assert "--pass bwd --deterministic" in page.page.inner_text("#determinism .empty")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_device_selector_switches_every_view_to_that_device(browser, bwd_server):
+    page = Page(browser, bwd_server.url + "/")
+    try:
+        assert TWIN in page.filter_options("throughput", "device")
+        before = _by_name(page.series("chart-throughput"))
+        for view in VIEWS:
+            page.choose(view, "device", TWIN)
+        page.settle("throughput", raw_has=f"device={TWIN}")
+        page.settle()
+        params = _query(page.raw("throughput"))
+        assert params["device"] == TWIN
+        after = _by_name(page.series("chart-throughput"))
+        _assert_points(after, expected_throughput(bwd_server.results(**params)))
+        assert after != before and after
+        # The twin has no backward rows and no study: those views say so for this device.
+        assert [page.state(v) for v in VIEWS] == ["ready", "empty", "empty", "empty"]
+        assert TWIN in page.page.inner_text("#determinism .empty")
+        page.screenshot("device-twin")
         assert page.problems == []
     finally:
         page.close()
