@@ -117,11 +117,15 @@ def open_storage(spec: str, heartbeat_s: int | None = None, max_retry: int = MAX
     grace = hb * GRACE_FACTOR
     callback = _retry_callback(max_retry)
     if "://" in spec:
+        import warnings
+
         engine_kwargs = _sqlite_wal(spec) if spec.startswith("sqlite") else {"pool_pre_ping": True}
-        return optuna.storages.RDBStorage(
-            spec, engine_kwargs=engine_kwargs, heartbeat_interval=hb, grace_period=grace,
-            heartbeat_stale_trial_callback=callback,
-        )
+        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                spec, engine_kwargs=engine_kwargs, heartbeat_interval=hb, grace_period=grace,
+                heartbeat_stale_trial_callback=callback,
+            )
     path = Path(spec).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     cls = _journal_class()
