@@ -21,6 +21,7 @@ import atexit
 import json
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from datetime import datetime
@@ -207,6 +208,10 @@ def temporary_demo_db() -> str:
     """A fresh SQLite file holding the demo data, deleted when this process exits (``fa4-serve --demo``)."""
     tmp = tempfile.mkdtemp(prefix="fa4-demo-")
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; with the default handler
+    # that kills the process before atexit runs, so turn it into a normal exit.
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     url = f"sqlite:///{Path(tmp) / 'demo.db'}"
     build_demo_db(url)
     return url

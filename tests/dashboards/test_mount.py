@@ -43,3 +43,20 @@ def test_demo_flag_refuses_a_database_too():
     r = subprocess.run([sys.executable, "-m", "service.cli", "--demo", "--db", "sqlite:///x.db"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--demo serves its own temporary database" in r.stderr
+
+
+def test_demo_serves_the_recorded_data_and_removes_it_on_exit(tmp_path):
+    from dashboards.demo import build_demo_db
+    from tests.dashboards.test_browser import Server
+
+    server = Server("--demo")
+    try:
+        total = server.get("/v1/results", limit=1)["total"]
+        providers = {p["name"]: p["n_results"] for p in server.get("/v1/providers")}
+    finally:
+        server.stop()
+    db = Path(re.search(r"demo data in sqlite:///(\S+);", server.proc.stderr.read()).group(1))
+    assert not db.parent.exists(), "the temporary demo database outlived fa4-serve"
+    # The served database holds what the loader takes from the recordings, nothing else.
+    assert total == sum(build_demo_db(f"sqlite:///{tmp_path / 'again.db'}").values())
+    assert all(providers[p] > 0 for p in ("fa4", "flash-attn-4", "cudnn", "fa2"))
