@@ -33,8 +33,10 @@ def _exp2_row(
     m_scaled: Float32,
     emulated: cutlass.Constexpr,  # frozenset of column indices done on the FMA pipe
 ) -> Float32:
-    acc = Float32(0.0)
     ncol = cute.size(s_mn, mode=[1])
+    # Four independent partial sums: one serial FADD chain over the row would put its
+    # latency (ncol x 4 cycles) on the softmax critical path.
+    parts = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
     for c in cutlass.range_constexpr(ncol):
         x = s_mn[r, c] * scale_log2 - m_scaled
         if cutlass.const_expr(c in emulated):
@@ -42,8 +44,27 @@ def _exp2_row(
         else:
             p = exp2_mufu(x)
         s_mn[r, c] = p
-        acc += p
-    return acc
+        parts[c % 4] = parts[c % 4] + p
+    return (parts[0] + parts[1]) + (parts[2] + parts[3])
+
+
+def _tree(vals, op):
+    """Reduce a static list of traced values as a balanced tree (plain Python: runs at trace time)."""
+    vals = list(vals)
+    while len(vals) > 1:
+        nxt = [op(vals[i], vals[i + 1]) for i in range(0, len(vals) - 1, 2)]
+        if len(vals) % 2:
+            nxt.append(vals[-1])
+        vals = nxt
+    return vals[0]
+
+
+def _row_max(s_mn: cute.Tensor, r: int, init) -> Float32:
+    """Max over a thread's part of row r as a tree of fmax (short dependency chain)."""
+    vals = [s_mn[r, c] for c in range(cute.size(s_mn, mode=[1]))]
+    if init is not None:
+        vals.append(init)
+    return _tree(vals, cute.arch.fmax)
 
 
 @cute.jit
@@ -57,10 +78,7 @@ def softmax_first(
     nrow = cute.size(s_mn, mode=[0])
     ncol = cute.size(s_mn, mode=[1])
     for r in cutlass.range_constexpr(nrow):
-        m = s_mn[r, 0]
-        for c in cutlass.range_constexpr(1, ncol):
-            m = cute.arch.fmax(m, s_mn[r, c])
-        m = _quad_max(m)
+        m = _quad_max(_row_max(s_mn, r, None))
         row_max[r] = m
         # A row with every key masked so far has max -inf; exponentiate against 0 so
         # that exp2(-inf) = 0 instead of exp2(NaN).
@@ -86,10 +104,7 @@ def softmax_next(
     need = cutlass.Boolean(False)
     m_new = cute.make_rmem_tensor_like(row_max, Float32)
     for r in cutlass.range_constexpr(nrow):
-        m = row_max[r]
-        for c in cutlass.range_constexpr(ncol):
-            m = cute.arch.fmax(m, s_mn[r, c])
-        m = _quad_max(m)
+        m = _quad_max(_row_max(s_mn, r, row_max[r]))
         m_new[r] = m
         # NaN (both -inf) compares false: nothing to rescale.
         need = need | ((m - row_max[r]) * scale_log2 > tau)
