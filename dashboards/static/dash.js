@@ -2,7 +2,8 @@
  * so the page and any API client see the same data. No build step: plain script + ECharts. */
 "use strict";
 
-const API = "/v1";
+// Relative to the page, so the dashboard also works behind a proxy that serves it under a prefix.
+const API = new URL("v1", document.baseURI).pathname;
 const PAGE = 1000; // the largest page /v1/results serves
 // Problem fields offered as filters; knob filters come from /v1/providers/{name}/knobs instead.
 const PROBLEM_FILTERS = ["pass", "dtype", "head_dim", "causal", "deterministic"];

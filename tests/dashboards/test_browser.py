@@ -498,3 +498,40 @@ def test_device_selector_switches_every_view_to_that_device(browser, bwd_server)
         assert page.problems == []
     finally:
         page.close()
+
+
+def test_dashboard_works_under_a_path_prefix(browser, tmp_path):
+    """Behind a proxy that serves the service under /fa4/, the page asks for /fa4/v1/... and /fa4/static/..."""
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    from dashboards.demo import build_demo_db
+    from service.app import create_app
+
+    url = f"sqlite:///{tmp_path / 'prefixed.db'}"
+    build_demo_db(url)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(Starlette(routes=[Mount("/fa4", app=create_app(url))]), host="127.0.0.1",
+                                           port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        page = Page(browser, f"http://127.0.0.1:{port}/fa4/")
+        try:
+            assert [page.state(v) for v in VIEWS] == ["ready", "ready", "empty", "ready"]
+            urls = page.page.evaluate("() => performance.getEntriesByType('resource').map(e => e.name)")
+            assert all(urlsplit(u).path.startswith("/fa4/") for u in urls if not u.startswith("data:")), urls
+            assert urlsplit(page.raw("throughput")).path == "/fa4/v1/results"
+            assert page.problems == []
+        finally:
+            page.close()
+    finally:
+        server.should_exit = True
+        thread.join(10)
