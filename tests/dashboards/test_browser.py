@@ -130,8 +130,10 @@ def empty_server(tmp_path_factory):
 class Page:
     """A loaded dashboard page that records console errors, page errors and failed requests."""
 
-    def __init__(self, browser, url: str):
+    def __init__(self, browser, url: str, routes: dict | None = None):
         self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        for pattern, handler in (routes or {}).items():
+            self.page.route(pattern, handler)
         self.problems: list[str] = []
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
@@ -383,6 +385,33 @@ def test_knob_filter_narrows_the_study_charts(demo_page, demo_server):
     demo_page.choose("study", f"knob:{knob}", "")
     demo_page.settle("study")
     assert demo_page.problems == []
+
+
+def test_a_new_knob_appears_as_axis_and_filter_without_dashboard_change(browser, demo_server):
+    """The knob endpoint, amended in flight with one more knob: the page picks it up by itself."""
+    probe = {"name": "probe_knob", "type": "int", "choices": [1, 2, 4], "default": 2, "doc": "added by the test"}
+
+    def add_knob(route):
+        response = route.fetch()
+        doc = response.json()
+        for p in doc["passes"].values():
+            p["knobs"].append(probe)
+        route.fulfill(response=response, json=doc)
+
+    page = Page(browser, demo_server.url + "/", routes={"**/v1/providers/*/knobs": add_knob})
+    try:
+        study = demo_server.get(f"/v1/studies/{page.filter_value('study', 'study')}")
+        knobs = demo_server.get(f"/v1/providers/{study['provider']}/knobs")["passes"][study["problem"]["pass"]]["knobs"]
+        axes = page.option("chart-parallel", "parallelAxis")
+        assert [a["name"] for a in axes] == [k["name"] for k in knobs] + ["probe_knob", "TFLOP/s"]
+        assert axes[-2]["data"] == ["1", "2", "4"]
+        assert page.filter_options("study", "knob:probe_knob") == ["", "1", "2", "4"]
+        # No stored config has it: every trial is drawn at its default.
+        (lines,) = page.series("chart-parallel")
+        assert lines["data"] and all(row[-2] == "2" for row in lines["data"])
+        assert page.problems == []
+    finally:
+        page.close()
 
 
 def test_every_raw_json_link_answers(demo_page, demo_server):
