@@ -414,6 +414,21 @@ def test_a_new_knob_appears_as_axis_and_filter_without_dashboard_change(browser,
         page.close()
 
 
+def test_an_api_failure_is_shown_in_each_view_not_thrown(browser, demo_server):
+    def unavailable(route):
+        route.fulfill(status=503, json={"error": "database unavailable: OperationalError"})
+
+    page = Page(browser, demo_server.url + "/", routes={"**/v1/results?*": unavailable})
+    try:
+        assert [page.state(v) for v in VIEWS] == ["error"] * len(VIEWS)
+        for view in VIEWS:
+            assert "database unavailable: OperationalError" in page.page.inner_text(f"#{view} .empty")
+        # The browser logs the 503s themselves; nothing else may go wrong on the page.
+        assert [p for p in page.problems if "503" not in p] == []
+    finally:
+        page.close()
+
+
 def test_every_raw_json_link_answers(demo_page, demo_server):
     links = demo_page.page.eval_on_selector_all("a.raw:not([hidden])", "as => as.map(a => a.href)")
     assert len(links) >= len(VIEWS)
