@@ -129,6 +129,18 @@ class View {
     } catch (e) {
       if (token === this.token) this.empty("error", `Could not load this view: ${e.message}`, []);
     }
+    if (token === this.token) writeHash();
+  }
+
+  // What the URL hash keeps of this view, and taking it back.
+  state() {
+    return { device: this.device, ...this.filters };
+  }
+
+  restore(saved) {
+    const { device, ...filters } = saved;
+    if (this.devices.includes(device)) this.device = device;
+    this.filters = filters;
   }
 
   deviceControl() {
@@ -431,6 +443,21 @@ class StudyView extends View {
     this.knobFilter = {};
   }
 
+  state() {
+    const knobs = Object.fromEntries(Object.entries(this.knobFilter).map(([k, v]) => [`knob.${k}`, v]));
+    return { ...super.state(), ...knobs };
+  }
+
+  restore(saved) {
+    const plain = {};
+    this.knobFilter = {};
+    for (const [k, v] of Object.entries(saved)) {
+      if (k.startsWith("knob.")) this.knobFilter[k.slice(5)] = v;
+      else plain[k] = v;
+    }
+    super.restore(plain);
+  }
+
   empty(state, message, commands) {
     super.empty(state, message, commands);
     this.knobFiltersEl.replaceChildren();
@@ -583,11 +610,38 @@ function knobValues(k, trials) {
   return vals;
 }
 
+// -- shareable links: every view's device and filters live in the URL hash ---------------------
+
+const ALL_VIEWS = [];
+
+function readHash() {
+  const saved = {};
+  for (const [key, value] of new URLSearchParams(location.hash.slice(1))) {
+    const dot = key.indexOf(".");
+    if (dot < 0) continue;
+    const view = key.slice(0, dot);
+    (saved[view] = saved[view] || {})[key.slice(dot + 1)] = value;
+  }
+  return saved;
+}
+
+function writeHash() {
+  const q = new URLSearchParams();
+  for (const v of ALL_VIEWS) {
+    for (const [k, value] of Object.entries(v.state())) {
+      if (value !== null && value !== undefined && value !== "") q.set(`${v.id}.${k}`, value);
+    }
+  }
+  history.replaceState(null, "", `#${q}`);
+}
+
 // -- start ------------------------------------------------------------------------------------
 
 async function start() {
   const views = [new Throughput("throughput"), new Gain("gain"), new Determinism("determinism"),
     new StudyView("study")];
+  ALL_VIEWS.push(...views);
+  const saved = readHash();
   let devices;
   try {
     devices = await getJSON(`${API}/devices`);
@@ -601,6 +655,7 @@ async function start() {
   for (const v of views) {
     v.devices = names;
     v.device = names[0] || null;
+    if (saved[v.id]) v.restore(saved[v.id]);
     v.refresh();
   }
 }

@@ -414,6 +414,38 @@ def test_a_new_knob_appears_as_axis_and_filter_without_dashboard_change(browser,
         page.close()
 
 
+def test_the_url_hash_keeps_and_restores_every_views_filters(browser, demo_server):
+    page = Page(browser, demo_server.url + "/")
+    try:
+        hd = page.filter_options("throughput", "head_dim")[-1]
+        studies = page.filter_options("study", "study")
+        page.choose("throughput", "head_dim", hd)
+        page.settle("throughput", raw_has=f"head_dim={hd}")
+        page.choose("study", "study", studies[-1])
+        page.settle("study", raw_has=quote(studies[-1], safe=""))
+        study = demo_server.get(f"/v1/studies/{studies[-1]}")
+        knob, value = next((k, js_str(v)) for k, v in study["best"]["config"].items())
+        page.choose("study", f"knob:{knob}", value)
+        page.page.wait_for_function("(k) => location.hash.includes(k)", arg=f"study.knob.{knob}")
+        link = page.page.evaluate("() => location.href")
+    finally:
+        page.close()
+    # A fresh page from that link shows the same selection.
+    page = Page(browser, link)
+    try:
+        assert page.filter_value("throughput", "head_dim") == hd
+        assert _query(page.raw("throughput"))["head_dim"] == hd
+        assert page.filter_value("study", "study") == studies[-1]
+        assert page.filter_value("study", f"knob:{knob}") == value
+        history = _by_name(page.series("chart-history"))
+        assert sorted(history["TFLOP/s"] + history["default config"]) == sorted(
+            [t["trial_number"], t["tflops"]] for t in study["trials"]
+            if t["status"] == "ok" and js_str(t["config"][knob]) == value)
+        assert page.problems == []
+    finally:
+        page.close()
+
+
 def test_an_api_failure_is_shown_in_each_view_not_thrown(browser, demo_server):
     def unavailable(route):
         route.fulfill(status=503, json={"error": "database unavailable: OperationalError"})
