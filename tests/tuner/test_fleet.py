@@ -240,3 +240,25 @@ def test_study_names_match_the_single_gpu_runs(tmp_path):
     assert a["study_name"] == b["study_name"] == study_name(REC.device_info()["name"], "replay",
                                                             Problem.standard(8192, 128))
     assert b["trials"] == 9 and b["resumed_with"] == 5
+
+
+def test_fleet_scaling_bench_runs_and_compares_without_a_gpu(tmp_path):
+    """bench/fleet_scaling.py end to end on virtual slots: the lead's GPU command takes the same path."""
+    out = tmp_path / "scaling"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", FA4_LOCK_DIR=str(tmp_path / "locks"))
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "fleet_scaling.py"), "--virtual", "--provider", "replay",
+                        "--seqlens", "8192", "--hdims", "64,128", "--trials", "10", "--out", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    runs = {n: json.loads((out / f"run_{n}gpu" / "run.json").read_text()) for n in (1, 2)}
+    assert summary["speedup"] == pytest.approx(runs[1]["wall_s"] / runs[2]["wall_s"])
+    assert "--devices cpu0,cpu1" in runs[2]["command"] and "--devices cpu0 " in runs[1]["command"]
+    assert [s["key"] for s in summary["shapes"]] == [Problem.standard(8192, d).key() for d in (64, 128)]
+    for s in summary["shapes"]:
+        # Both runs replay the same recording: their winners' numbers are the recording's.
+        problem = Problem.standard(8192, 64 if "_d64_" in s["key"] else 128)
+        for b in (s["best_1"], s["best_2"]):
+            assert b["tflops"] == pytest.approx(recorded(problem, b["config"])["tflops"])
+        assert s["agree"] == (s["same_config"] or s["rel_diff"] <= s["noise"])
+    assert "| shape | 1-GPU winner |" in r.stdout and "wall time: 1 GPU" in r.stdout
