@@ -20,6 +20,7 @@ import math
 
 import cuda.bindings.driver as cuda
 import cutlass
+import cutlass.memory
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
@@ -173,7 +174,7 @@ class FlashFwdSm90:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, 2)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, stages)
