@@ -78,7 +78,7 @@ def _usable_config(provider, problem: Problem, arch: Arch, row: dict) -> tuple[d
 
 def _answer(provenance: str, stale: bool, notes: list[str], device: str, provider_name: str,
             problem: Problem, running_fp: str | None, row: dict | None = None,
-            config: dict | None = None, distance: float | None = None) -> dict:
+            config: dict | None = None, distance: float | None = None, device_row: dict | None = None) -> dict:
     out = {
         "provenance": provenance,
         "stale": stale,
@@ -96,6 +96,7 @@ def _answer(provenance: str, stale: bool, notes: list[str], device: str, provide
         "n_samples": None,
         "measured_at": None,
         "versions": None,
+        "device_versions": None,
         "measurement_id": None,
         "source_fingerprint": None,
         "running_fingerprint": running_fp,
@@ -115,6 +116,10 @@ def _answer(provenance: str, stale: bool, notes: list[str], device: str, provide
             measurement_id=row["id"],
             source_fingerprint=row["source_fingerprint"],
         )
+    if device_row is not None:
+        # The software stack of the measuring machine: a driver or library upgrade is a new device row.
+        out["device_versions"] = {k: device_row[k] for k in ("driver", "cuda", "torch", "cutlass_dsl",
+                                                              "provider_versions")}
     return out
 
 
@@ -168,10 +173,13 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
         return rank_nearest(problem, have)
 
     # 1. Exact shape, current source.
+    def measured_on(row: dict) -> dict | None:
+        return store.get_device(row["device_id"])
+
     hit = try_rows([problem], running_fp)
     if hit:
         row, cfg, _ = hit
-        return _answer("exact", False, notes, device, name, problem, running_fp, row, cfg, 0.0)
+        return _answer("exact", False, notes, device, name, problem, running_fp, row, cfg, 0.0, measured_on(row))
 
     stale_exact = None
     if running_fp is not None:
@@ -188,7 +196,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
         row, cfg, cand = hit
         notes.append(f"nearest measured shape {cand.key()} (this shape has no current measurement)")
         return _answer("nearest", False, notes, device, name, problem, running_fp, row, cfg,
-                       seqlen_distance(problem, cand) + shape_distance(problem, cand))
+                       seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row))
 
     # 3. Stale rows still beat a heuristic (the knob class and feasibility were re-checked),
     #    but they are labelled: nearest in code version, if not in shape.
@@ -201,7 +209,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                 f"of shape {cand.key()}; re-tune to refresh it"
             )
             return _answer("nearest", True, notes, device, name, problem, running_fp, row, cfg,
-                           seqlen_distance(problem, cand) + shape_distance(problem, cand))
+                           seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row))
 
     # 4. The provider's own heuristic.
     notes.append("nothing usable was measured for this device, provider and problem family: heuristic default")

@@ -202,6 +202,9 @@ class BestConfig(BaseModel):
     n_samples: Optional[int]
     measured_at: Optional[str]
     versions: Optional[dict[str, Any]] = Field(description="Library versions the measurement was taken with")
+    device_versions: Optional[dict[str, Any]] = Field(
+        description="Software stack of the measuring machine: driver, CUDA, torch, CuTe DSL, provider versions"
+    )
     measurement_id: Optional[int]
     source_fingerprint: Optional[str] = Field(description="Kernel source the measurement was taken from")
     running_fingerprint: Optional[str] = Field(description="Kernel source staleness was judged against")

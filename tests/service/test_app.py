@@ -256,6 +256,8 @@ def test_best_exact_serves_the_fastest_current_row(client):
     assert b["config"] == {"tile_m": 128, "tile_n": 128, "overlap": True}
     assert b["tflops"] == 620.0 and b["n_samples"] == 3 and b["error"] == 1e-3 and b["ref_error"] == 2e-3
     assert b["versions"] == {"torch": "2.13.0", "cutlass_dsl": "4.8.1"}
+    assert b["device_versions"] == {k: DEVICE[k] for k in ("driver", "cuda", "torch", "cutlass_dsl",
+                                                            "provider_versions")}
     assert b["measured_problem"] == b["problem"] == problem(4096)
     assert b["source_fingerprint"] == b["running_fingerprint"] == "toysrc-1"
     assert b["measured_at"] and b["distance"] == 0.0
