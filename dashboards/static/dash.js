@@ -159,7 +159,10 @@ class View {
     for (const f of fields) {
       const values = uniqSorted(rows.map((r) => r.problem[f])).map(String);
       if (f === "head_dim") values.sort((a, b) => Number(a) - Number(b));
-      if (!values.length) continue;
+      if (!values.length) {
+        delete this.filters[f];
+        continue;
+      }
       if (!values.includes(this.filters[f])) {
         this.filters[f] = values.includes(PREFERRED[f]) ? PREFERRED[f] : values[0];
       }
@@ -167,6 +170,11 @@ class View {
         this.filters[f], (v) => { this.filters[f] = v; this.refresh(); }));
     }
     return out;
+  }
+
+  // The filters among `fields` that are set (a link may carry others, or stale ones).
+  pick(fields) {
+    return Object.fromEntries(fields.filter((f) => f in this.filters).map((f) => [f, this.filters[f]]));
   }
 
   setControls(...nodes) {
@@ -212,7 +220,7 @@ class Throughput extends View {
     const all = await allResults(base);
     if (stale()) return;
     this.setControls(...this.problemControls(all, PROBLEM_FILTERS));
-    const params = { ...base, ...this.filters };
+    const params = { ...base, ...this.pick(PROBLEM_FILTERS) };
     this.raw(resultsURL(params));
     const rows = all.length ? await allResults(params) : [];
     if (stale()) return;
@@ -287,9 +295,9 @@ class Gain extends View {
     const base = { device: this.device, status: "ok" };
     const all = await allResults(base);
     if (stale()) return;
-    this.setControls(...this.problemControls(all.filter((r) => r.study_name),
-      PROBLEM_FILTERS.filter((f) => f !== "head_dim")));
-    const params = { ...base, ...this.filters };
+    const fields = PROBLEM_FILTERS.filter((f) => f !== "head_dim");
+    this.setControls(...this.problemControls(all.filter((r) => r.study_name), fields));
+    const params = { ...base, ...this.pick(fields) };
     this.raw(resultsURL(params));
     const rows = all.length ? await allResults(params) : [];
     if (stale()) return;

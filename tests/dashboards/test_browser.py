@@ -446,6 +446,18 @@ def test_the_url_hash_keeps_and_restores_every_views_filters(browser, demo_serve
         page.close()
 
 
+def test_a_stale_link_falls_back_to_valid_filters(browser, demo_server):
+    page = Page(browser, demo_server.url + "/#throughput.head_dim=999&throughput.bogus=1&study.study=gone")
+    try:
+        assert [page.state(v) for v in VIEWS] == ["ready", "ready", "empty", "ready"]
+        params = _query(page.raw("throughput"))
+        assert "bogus" not in params and params["head_dim"] in page.filter_options("throughput", "head_dim")
+        assert page.filter_value("study", "study") in page.filter_options("study", "study")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
 def test_an_api_failure_is_shown_in_each_view_not_thrown(browser, demo_server):
     def unavailable(route):
         route.fulfill(status=503, json={"error": "database unavailable: OperationalError"})
