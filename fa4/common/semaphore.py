@@ -1,0 +1,89 @@
+"""Global-memory ordering primitives for the deterministic backward, as inline PTX.
+
+A turn semaphore is one int32 in global memory per accumulated tile. The CTA whose turn
+is ``t`` spins (one thread) with an acquire load until the counter reads ``t``; the
+acquire makes every earlier holder's reductions visible before this CTA adds its own.
+After its adds (and a CTA barrier so all threads' adds precede it in program order of the
+signalling thread, which the fence makes cumulative), one thread increments the counter
+with a release reduction, handing the tile to the next turn.
+
+The fp32 reductions (red.global.add[.v2].f32) are the relaxed adds used for dQ, dK and dV
+accumulation; the semaphore is what fixes their order.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+def _addr(ptr: cute.Pointer, loc=None, ip=None):
+    return ptr.toint(loc=loc, ip=ip).ir_value()
+
+
+@dsl_user_op
+def ld_acquire(ptr: cute.Pointer, *, loc=None, ip=None) -> Int32:
+    """ld.acquire.gpu: later reads of this thread see every write released before the value read."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(), [_addr(ptr, loc, ip)], "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l",
+            has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def red_release_add(ptr: cute.Pointer, val: Int32, *, loc=None, ip=None) -> None:
+    """red.release.gpu add: publishes this thread's (and, after a fence, the CTA's) earlier writes."""
+    llvm.inline_asm(
+        None, [_addr(ptr, loc, ip), Int32(val).ir_value(loc=loc, ip=ip)],
+        "red.release.gpu.global.add.s32 [$0], $1;", "l,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def fence_acq_rel_gpu(*, loc=None, ip=None) -> None:
+    """fence.acq_rel.gpu: makes the CTA's reductions observed through a bar.sync cumulative."""
+    llvm.inline_asm(
+        None, [], "fence.acq_rel.gpu;", "",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def red_add_f32(ptr: cute.Pointer, a: Float32, *, loc=None, ip=None) -> None:
+    llvm.inline_asm(
+        None, [_addr(ptr, loc, ip), Float32(a).ir_value(loc=loc, ip=ip)],
+        "red.relaxed.gpu.global.add.f32 [$0], $1;", "l,f",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def red_add_f32x2(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
+    """Two adjacent fp32 adds in one instruction (sm_90; the address must be 8-byte aligned)."""
+    llvm.inline_asm(
+        None,
+        [_addr(ptr, loc, ip), Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        "red.relaxed.gpu.global.add.v2.f32 [$0], {$1, $2};", "l,f,f",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@cute.jit
+def wait_turn(ptr: cute.Pointer, turn: Int32, is_leader) -> None:
+    """The leader thread spins until the counter equals ``turn``; the caller then barriers."""
+    if is_leader:
+        seen = ld_acquire(ptr)
+        while seen != turn:
+            seen = ld_acquire(ptr)
+
+
+@cute.jit
+def pass_turn(ptr: cute.Pointer, is_leader) -> None:
+    """Called after a barrier that follows every thread's adds: fence, then release the next turn."""
+    if is_leader:
+        fence_acq_rel_gpu()
+        red_release_add(ptr, Int32(1))

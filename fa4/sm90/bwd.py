@@ -1,0 +1,557 @@
+"""FlashAttention backward for Hopper (sm_90a): the main kernel.
+
+One CTA per (key tile n, query head, batch); 3 warpgroups, 384 threads:
+  * warpgroup 0, producer: one warp loads K and V of the tile once, then walks the query
+    tiles m of the CTA's range and streams Q[m] and dO[m] through mbarrier rings (TMA).
+  * warpgroups 1 and 2, consumers: each owns 64 of the 128 key rows. Per query tile:
+        S^T  = K Q^T        (SS WGMMA; keys on M)       P^T  = exp2(S^T*scale*log2e - LSE*log2e)
+        dP^T = V dO^T       (SS)                        dS^T = P^T * (dP^T - D)
+        dV  += P^T dO       (RS: P^T straight from the S^T accumulator registers)
+        dK  += dS^T Q       (RS)
+        dQ   = dS K         (SS: dS^T goes through shared memory, both consumers' halves,
+                             each consumer computes half of dQ's columns)
+    and adds its dQ tile to an fp32 accumulator in global memory with red.global.add.
+    dV and dP^T are issued while P^T is computed; dK overlaps the dS shared-memory store.
+
+The preprocess (D = rowsum(dO * O), LSE * log2e, zeroed dQ accumulator) and postprocess
+(dQ accumulator * scale -> dtype) kernels are in fa4.sm90.bwd_prepost.
+
+Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
+until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn after.
+Turns follow the launch order so that a waiting CTA only waits for CTAs launched before it
+(no deadlock while CTAs wait for free SMs). Under GQA the same is done for dK/dV, which are
+then fp32 accumulators summed over the query heads of a KV head.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from fa4.common import scheduling, semaphore
+from fa4.common.exp2 import exp2_mufu
+from fa4.common.layout import acc_as_rows_cols
+from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
+
+# Named barrier ids (0 is __syncthreads); all span the 256 consumer threads.
+BAR_DS_FREE = 1  # both consumers' dQ GEMMs have finished reading sdS
+BAR_DS_FULL = 2  # both halves of dS^T are in sdS
+BAR_SEM = 3  # semaphore turn acquired / all adds issued
+NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a shared-memory tensor (same bytes, other operand role)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+class FlashBwdSm90:
+    def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, config: BwdConfigSm90):
+        self.dtype = dtype
+        self.head_dim = head_dim
+        self.causal = causal
+        self.gqa = gqa
+        self.config = config
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        # Q and dO tiles of one query tile travel together: one ring depth, one pipeline state.
+        self.q_stages = config.stages
+        self.do_stages = config.stages
+        self.deterministic = config.deterministic
+        self.red_v2 = config.dq_accum == "red_v2"
+        self.num_threads = THREADS_PER_WG * 3
+        self.regs_consumer, self.regs_producer = REG_SPLIT
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, d)
+        mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, d)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, d)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, d)
+        mLSE2: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: LSE * log2(e), +inf where no key
+        mDsum: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: rowsum(dO * O)
+        mdQacc: cute.Tensor,  # (batch, heads_q, seqlen_q_pad, d) fp32, zeroed
+        mdK: cute.Tensor,  # gqa: (batch, heads_kv, seqlen_k_pad, d) fp32 zeroed; else like mK
+        mdV: cute.Tensor,  # same as mdK
+        mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
+        mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
+        scale_log2: Float32,  # softmax_scale * log2(e)
+        scale: Float32,  # softmax_scale
+        head_swizzle: Int32,
+        spt: Int32,
+        stream: cuda.CUstream,
+    ):
+        # Sequence first, then head_dim, heads, batch: a tile is a plain 2-D TMA box.
+        mQ = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[1, 3, 2, 0]))
+        mK = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
+        mV = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
+        mdO = cute.make_tensor(mdO.iterator, cute.select(mdO.layout, mode=[1, 3, 2, 0]))
+        d = self.head_dim
+        kmaj = warpgroup.OperandMajorMode.K
+        mnmaj = warpgroup.OperandMajorMode.MN
+        # S^T = K Q^T and dP^T = V dO^T: keys on M, one 64-row atom per consumer warpgroup.
+        sdp_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, kmaj, kmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.tile_m)
+        )
+        # dV += P^T dO and dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous).
+        dkv_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, d),
+            warpgroup.OperandSource.RMEM,
+        )
+        # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
+        # B = K^T (head_dim contiguous); the two consumers split head_dim.
+        dq_mma = sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, mnmaj, mnmaj, Float32, (1, 2, 1), (ROWS_PER_WG, d // 2)
+        )
+        row_major = utils.LayoutEnum.ROW_MAJOR
+        sdp_tiler = (self.tile_n, self.tile_m, d)
+        sK_layout = sm90_utils.make_smem_layout_a(row_major, sdp_tiler, self.dtype, 1)
+        sV_layout = sm90_utils.make_smem_layout_a(row_major, sdp_tiler, self.dtype, 1)
+        sQ_layout = sm90_utils.make_smem_layout_b(row_major, sdp_tiler, self.dtype, self.q_stages)
+        sdO_layout = sm90_utils.make_smem_layout_b(row_major, sdp_tiler, self.dtype, self.do_stages)
+        sdS_layout = sm90_utils.make_smem_layout_a(
+            utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, 1
+        )
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, d))
+        tma_do, mdO_tma = cpasync.make_tiled_tma_atom(
+            g2s, mdO, cute.slice_(sdO_layout, (None, None, 0)), (self.tile_m, d)
+        )
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, d))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, d))
+        # Row statistics ride with Q (LSE) and dO (D) on the same mbarrier: one fp32 per query row.
+        mLSE2 = cute.make_tensor(mLSE2.iterator, cute.select(mLSE2.layout, mode=[2, 1, 0]))
+        mDsum = cute.make_tensor(mDsum.iterator, cute.select(mDsum.layout, mode=[2, 1, 0]))
+        sStat_layout = cute.make_layout((self.tile_m, self.q_stages))
+        sDsum_layout = cute.make_layout((self.tile_m, self.do_stages))
+        tma_lse, mLSE2_tma = cpasync.make_tiled_tma_atom(g2s, mLSE2, cute.make_layout(self.tile_m), (self.tile_m,))
+        tma_dsum, mDsum_tma = cpasync.make_tiled_tma_atom(g2s, mDsum, cute.make_layout(self.tile_m), (self.tile_m,))
+        stat_bytes = self.tile_m * 4
+        self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0))) + stat_bytes
+        self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sdO_layout, (None, None, 0))) + stat_bytes
+        self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+
+        @cute.struct
+        class SharedStorage:
+            mbar_kv: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_q: cute.struct.MemRange[cutlass.Int64, self.q_stages * 2]
+            mbar_do: cute.struct.MemRange[cutlass.Int64, self.do_stages * 2]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sStat_layout)], 128]
+            sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
+
+        self.shared_storage = SharedStorage
+
+        seqlen_k = mK.shape[0]
+        num_heads = mQ.shape[2]
+        num_bh = num_heads * mQ.shape[3]
+        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        self.kernel(
+            sdp_mma, dkv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
+            tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, mSemQ, mSemKV,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sStat_layout, sDsum_layout,
+            scale_log2, scale, head_swizzle, spt,
+        ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    @cute.kernel
+    def kernel(
+        self,
+        sdp_mma: cute.TiledMma,
+        dkv_mma: cute.TiledMma,
+        dq_mma: cute.TiledMma,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,  # (seqlen_q, d, heads_q, batch), TMA view
+        tma_do: cute.CopyAtom,
+        mdO: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,  # (seqlen_k, d, heads_kv, batch), TMA view
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        tma_lse: cute.CopyAtom,
+        mLSE2: cute.Tensor,  # (seqlen_q_pad, heads_q, batch), TMA view
+        tma_dsum: cute.CopyAtom,
+        mDsum: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        mSemQ: cute.Tensor,
+        mSemKV: cute.Tensor,
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sdS_layout: cute.ComposedLayout,
+        sStat_layout: cute.Layout,
+        sDsum_layout: cute.Layout,
+        scale_log2: Float32,
+        scale: Float32,
+        head_swizzle: Int32,
+        spt: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+
+        smem = utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (m, d, stages)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, 1)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (m, n, 1)
+        sLSE = storage.sLSE.get_tensor(sStat_layout)  # (m, q_stages)
+        sDsum = storage.sDsum.get_tensor(sDsum_layout)  # (m, do_stages)
+
+        producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_THREADS // 32)
+        pipe_kv = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_kv.data_ptr(), num_stages=1, producer_group=producer_group,
+            consumer_group=consumers, tx_count=self.kv_bytes, defer_sync=True,
+        )
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=self.q_stages, producer_group=producer_group,
+            consumer_group=consumers, tx_count=self.q_bytes, defer_sync=True,
+        )
+        pipe_do = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_do.data_ptr(), num_stages=self.do_stages, producer_group=producer_group,
+            consumer_group=consumers, tx_count=self.do_bytes, defer_sync=True,
+        )
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        num_heads = mQ.shape[2]
+        num_bh = num_heads * mQ.shape[3]
+        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        qhead_per_kvhead = num_heads // mK.shape[2]
+        n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
+        head_kv = head // qhead_per_kvhead
+        m_start, m_masked_end, m_end = self.m_block_range(n_block, seqlen_q, seqlen_k)
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.regs_producer)
+            if warp_idx == 0:
+                self.producer(
+                    tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
+                    sQ, sdO, sK, sV, sLSE, sDsum,
+                    pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+                )
+        else:
+            cute.arch.setmaxregister_increase(self.regs_consumer)
+            ctid = tidx - THREADS_PER_WG
+            self.consumer(
+                sdp_mma, dkv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
+                sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do, ctid,
+                n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
+                m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
+            )
+
+    @cute.jit
+    def m_block_range(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
+        """[m_start, m_end) query tiles that see key tile n_block; [m_start, m_masked_end) need masks.
+
+        Causal is bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q.
+        The key tile that crosses seqlen_k masks every query tile (zero-filled K rows would
+        otherwise give P = 2^(-LSE), which may overflow).
+        """
+        m_end = (seqlen_q + self.tile_m - 1) // self.tile_m
+        m_start = Int32(0)
+        m_masked_end = Int32(0)
+        if cutlass.const_expr(self.causal):
+            shift = seqlen_k - seqlen_q
+            m_start = cutlass.max(n_block * self.tile_n - shift, 0) // self.tile_m
+            last_key = (n_block + 1) * self.tile_n - 1
+            m_masked_end = (cutlass.max(last_key - shift, 0) + self.tile_m - 1) // self.tile_m
+        if (n_block + 1) * self.tile_n > seqlen_k:
+            m_masked_end = m_end
+        m_start = cutlass.min(m_start, m_end)
+        m_masked_end = cutlass.min(cutlass.max(m_masked_end, m_start), m_end)
+        return m_start, m_masked_end, m_end
+
+    # ---------------------------------------------------------------- producer
+    @cute.jit
+    def producer(
+        self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
+        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+    ):
+        d = self.head_dim
+        for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
+            cpasync.prefetch_descriptor(atom)
+        one = cute.make_layout(1)
+        gK = cute.flat_divide(mK, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
+        gV = cute.flat_divide(mV, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
+        gQ = cute.flat_divide(mQ, (self.tile_m, d))[None, None, None, 0, head, batch]
+        gdO = cute.flat_divide(mdO, (self.tile_m, d))[None, None, None, 0, head, batch]
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+        tdOsdO, tdOgdO = cpasync.tma_partition(
+            tma_do, 0, one, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2)
+        )
+        gLSE = cute.flat_divide(mLSE2, (self.tile_m,))[None, None, head, batch]
+        gDsum = cute.flat_divide(mDsum, (self.tile_m,))[None, None, head, batch]
+        tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, one, cute.group_modes(sLSE, 0, 1), cute.group_modes(gLSE, 0, 1))
+        tDsD, tDgD = cpasync.tma_partition(
+            tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
+        )
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        pipe_kv.producer_acquire(kv_state)
+        bar = pipe_kv.producer_get_barrier(kv_state)
+        cute.copy(tma_k, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
+        cute.copy(tma_v, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
+        for m in cutlass.range(m_start, m_end, unroll=1):
+            pipe_q.producer_acquire(state)
+            bar_q = pipe_q.producer_get_barrier(state)
+            cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=bar_q)
+            cute.copy(tma_lse, tLgL[None, m], tLsL[None, state.index], tma_bar_ptr=bar_q)
+            pipe_do.producer_acquire(state)
+            bar_do = pipe_do.producer_get_barrier(state)
+            cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
+            cute.copy(tma_dsum, tDgD[None, m], tDsD[None, state.index], tma_bar_ptr=bar_do)
+            state.advance()
+
+    # ---------------------------------------------------------------- consumers
+    @cute.jit
+    def consumer(
+        self, sdp_mma, dkv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
+        sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do, ctid,
+        n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
+        m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
+    ):
+        d = self.head_dim
+        sdp_thr = sdp_mma.get_slice(ctid)
+        dkv_thr = dkv_mma.get_slice(ctid)
+        dq_thr = dq_mma.get_slice(ctid)
+        tSrK = sdp_thr.make_fragment_A(sdp_thr.partition_A(sK))  # (MMA, 1, d/16, 1)
+        tSrQ = sdp_thr.make_fragment_B(sdp_thr.partition_B(sQ))  # (MMA, m/8.., d/16, stages)
+        tdPrV = sdp_thr.make_fragment_A(sdp_thr.partition_A(sV))
+        tdPrdO = sdp_thr.make_fragment_B(sdp_thr.partition_B(sdO))
+        tdVrdOt = dkv_thr.make_fragment_B(dkv_thr.partition_B(transpose_view(sdO)))  # (MMA, d.., m/16, stages)
+        tdKrQt = dkv_thr.make_fragment_B(dkv_thr.partition_B(transpose_view(sQ)))
+        tdQrdS = dq_thr.make_fragment_A(dq_thr.partition_A(sdS))  # (MMA, m/64, n/16, 1)
+        tdQrKt = dq_thr.make_fragment_B(dq_thr.partition_B(transpose_view(sK)))
+        tdSsdS = sdp_thr.partition_C(transpose_view(sdS)[None, None, 0])  # where this thread's dS^T goes
+
+        acc_S = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
+        acc_dP = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
+        acc_dV = dkv_thr.make_fragment_C(dkv_thr.partition_shape_C((self.tile_n, d)))
+        acc_dK = dkv_thr.make_fragment_C(dkv_thr.partition_shape_C((self.tile_n, d)))
+        acc_dQ = dq_thr.make_fragment_C(dq_thr.partition_shape_C((self.tile_m, d)))
+        # The A-operand register order of a 16-bit WGMMA equals the accumulator order of two
+        # adjacent 8-column blocks, so P^T and dS^T are the accumulators converted in place.
+        tdVrP = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+        tdKrdS = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+        tdVrP_as_S = cute.make_tensor(tdVrP.iterator, acc_S.layout)
+        tdKrdS_as_S = cute.make_tensor(tdKrdS.iterator, acc_S.layout)
+        # Static element offsets of thread 0 (see fa4.common.masking) + this thread's first element.
+        cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
+        c0_mn = acc_as_rows_cols(sdp_mma.get_slice(0).partition_C(cS))
+        row0, col0 = acc_as_rows_cols(sdp_thr.partition_C(cS))[0, 0]
+        s_mn = acc_as_rows_cols(acc_S)
+        dp_mn = acc_as_rows_cols(acc_dP)
+        acc_dV.fill(0.0)
+        acc_dK.fill(0.0)
+
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        pipe_kv.consumer_wait(kv_state)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        key_base = n_block * self.tile_n + row0
+        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS)
+        accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
+        for m in cutlass.range(m_start, m_masked_end, unroll=1):
+            state = self.step(
+                sdp_mma, dkv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_base, sLSE, sDsum, mdQacc,
+                mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
+                seqlen_q, seqlen_k, scale_log2, spt, True,
+            )
+        for m in cutlass.range(m_masked_end, m_end, unroll=1):
+            state = self.step(
+                sdp_mma, dkv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_base, sLSE, sDsum, mdQacc,
+                mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
+                seqlen_q, seqlen_k, scale_log2, spt, False,
+            )
+        self.epilogue(
+            dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
+            qhead_per_kvhead, seqlen_k, scale,
+        )
+
+    @cute.jit
+    def step(
+        self, sdp_mma, dkv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_base, sLSE, sDsum, mdQacc,
+        mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
+        seqlen_q, seqlen_k, scale_log2, spt, masked: cutlass.Constexpr,
+    ):
+        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS = frag
+        acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
+        nrow = cute.size(s_mn, mode=[0])
+        ncol = cute.size(s_mn, mode=[1])
+        q_base = m * self.tile_m + col0
+
+        pipe_q.consumer_wait(state)
+        self.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
+        warpgroup.commit_group()
+        pipe_do.consumer_wait(state)
+        self.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index], zero_init=True)
+        warpgroup.commit_group()
+
+        warpgroup.wait_group(1)
+        if cutlass.const_expr(masked):
+            self.apply_mask_t(s_mn, c0_mn, key_base, q_base, seqlen_q, seqlen_k)
+        for r in cutlass.range_constexpr(nrow):
+            for c in cutlass.range_constexpr(ncol):
+                s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - sLSE[col0 + c0_mn[0, c][1], state.index])
+        tdVrP_as_S.store(acc_S.load().to(self.dtype))
+        self.gemm(dkv_mma, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], zero_init=False)
+        warpgroup.commit_group()
+
+        p16_mn = acc_as_rows_cols(tdVrP_as_S)
+        # Waiting for dV too (not only dP^T) frees P^T's registers for dS^T: with both live the
+        # consumer exceeds its 240 registers at head_dim 128.
+        warpgroup.wait_group(0)
+        for r in cutlass.range_constexpr(nrow):
+            for c in cutlass.range_constexpr(ncol):
+                dp_mn[r, c] = p16_mn[r, c].to(Float32) * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
+        tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
+        self.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
+        warpgroup.commit_group()
+
+        # dS^T to shared memory for dQ: wait until both consumers' previous dQ GEMMs are done.
+        cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
+        cute.autovec_copy(tdKrdS_as_S, tdSsdS)
+        # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)
+        self.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, 0], tdQrKt[None, None, None, 0], zero_init=True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(state)
+        pipe_do.consumer_release(state)
+        state.advance()
+        self.add_dq(dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
+        return state
+
+    @cute.jit
+    def add_dq(self, dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt):
+        gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
+        g_mn = acc_as_rows_cols(dq_thr.partition_C(gdQ))
+        r_mn = acc_as_rows_cols(acc_dQ)
+        if cutlass.const_expr(self.deterministic):
+            sem = mSemQ[batch, head, None].iterator + m
+            semaphore.wait_turn(sem, self.dq_turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), ctid == 0)
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+        self.red_tile(r_mn, g_mn)
+        if cutlass.const_expr(self.deterministic):
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)
+
+    @cute.jit
+    def dq_turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt):
+        """Position of this key tile among the contributors to query tile m, in launch order.
+
+        The contributors to m are key tiles 0..n_hi(m) (all of them non-causal). Natural order
+        gives turn n_block; SPT launches high n_block first, so turns count down from n_hi.
+        """
+        n_hi = num_n - 1
+        if cutlass.const_expr(self.causal):
+            last_visible = (m + 1) * self.tile_m + seqlen_k - seqlen_q
+            n_hi = cutlass.min(n_hi, (last_visible - 1) // self.tile_n)
+        turn = n_block
+        if spt != 0:
+            turn = n_hi - n_block
+        return turn
+
+    @cute.jit
+    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor):
+        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions."""
+        nrow = cute.size(r_mn, mode=[0])
+        ncol = cute.size(r_mn, mode=[1])
+        base = g_mn.iterator
+        for r in cutlass.range_constexpr(nrow):
+            if cutlass.const_expr(self.red_v2):
+                # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
+                for c in cutlass.range_constexpr(ncol // 2):
+                    off = cute.crd2idx((r, 2 * c), g_mn.layout)
+                    semaphore.red_add_f32x2(base + off, r_mn[r, 2 * c], r_mn[r, 2 * c + 1])
+            else:
+                for c in cutlass.range_constexpr(ncol):
+                    semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
+
+    @cute.jit
+    def apply_mask_t(self, s_mn, c0_mn, key_base, q_base, seqlen_q, seqlen_k):
+        """-inf where key >= seqlen_k or (causal) key > query + seqlen_k - seqlen_q; rows are keys."""
+        nrow = cute.size(s_mn, mode=[0])
+        ncol = cute.size(s_mn, mode=[1])
+        for c in cutlass.range_constexpr(ncol):
+            limit = seqlen_k - key_base
+            if cutlass.const_expr(self.causal):
+                limit = cutlass.min(limit, q_base + c0_mn[0, c][1] + 1 + seqlen_k - seqlen_q - key_base)
+            for r in cutlass.range_constexpr(nrow):
+                if c0_mn[r, 0][0] >= limit:
+                    s_mn[r, c] = -Float32.inf
+
+    # ---------------------------------------------------------------- epilogue
+    @cute.jit
+    def epilogue(
+        self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
+        qhead_per_kvhead, seqlen_k, scale,
+    ):
+        d = self.head_dim
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            acc_dK[i] = acc_dK[i] * scale
+        if cutlass.const_expr(self.gqa):
+            # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
+            gdK = cute.local_tile(mdK[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(mdV[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
+            if cutlass.const_expr(self.deterministic):
+                sem = mSemKV[batch, head_kv, None].iterator + n_block
+                semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
+                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)))
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dkv_thr.partition_C(gdV)))
+            if cutlass.const_expr(self.deterministic):
+                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
+        else:
+            # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped.
+            gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
+            cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
+            tcD = dkv_thr.partition_C(cD)
+            tdKg = dkv_thr.partition_C(gdK)
+            tdVg = dkv_thr.partition_C(gdV)
+            rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+            rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+            rdK.store(acc_dK.load().to(self.dtype))
+            rdV.store(acc_dV.load().to(self.dtype))
+            for i in cutlass.range_constexpr(cute.size(rdK)):
+                if tcD[i][0] < seqlen_k:
+                    tdKg[i] = rdK[i]
+                    tdVg[i] = rdV[i]
+
+    # ---------------------------------------------------------------- helpers
+    @cute.jit
+    def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
+        # wgmma.fence: accumulators / A registers were written by ordinary instructions.
+        warpgroup.fence()
+        # A private atom per call: setting ACCUMULATE on the shared tiled MMA inside a dynamic
+        # loop would leak an SSA value out of the loop body.
+        atom = cute.make_mma_atom(tiled_mma.op)
+        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            atom.set(warpgroup.Field.ACCUMULATE, (not zero_init) or k != 0)
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)

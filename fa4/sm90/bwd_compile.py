@@ -1,0 +1,135 @@
+"""Compiling the Hopper backward kernels: one compiled object per (problem class, config).
+
+Three kernels: preprocess and postprocess depend only on (dtype, head_dim); the main kernel
+on dtype, head_dim, causal, whether K/V heads are shared (GQA: dK/dV become fp32
+accumulators) and the compile-time knobs. Shapes stay dynamic. Compiles without a GPU
+(CUTE_DSL_ARCH=sm_90a, fake tensors), like fa4.sm90.compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.compile import DTYPES, ensure_target
+
+# Sequence padding of the fp32 side buffers (LSE, D, dQ/dK/dV accumulators): a multiple of
+# every tile size, so the main kernel reads and reduces whole tiles without bounds checks.
+SEQ_PAD = 128
+
+
+@dataclass(frozen=True)
+class BwdKernelKey:
+    dtype: str
+    head_dim: int
+    causal: bool
+    gqa: bool
+    config: BwdConfigSm90  # runtime knobs normalised away
+
+
+def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, config: BwdConfigSm90) -> BwdKernelKey:
+    defaults = {f.name: f.default for f in dataclasses.fields(BwdConfigSm90)}
+    base = dataclasses.replace(config, **{k: defaults[k] for k in BwdConfigSm90.RUNTIME_KNOBS})
+    return BwdKernelKey(dtype, head_dim, causal, gqa, base)
+
+
+def padded(seqlen: int) -> int:
+    return (seqlen + SEQ_PAD - 1) // SEQ_PAD * SEQ_PAD
+
+
+def _fake(cutlass_dtype, shape_static: tuple, row_major_static: bool = False, tma: bool = True):
+    """Fake tensor with dynamic shape/strides except the static entries given (None = dynamic).
+
+    ``row_major_static``: the tensor is compact with static inner extents, so its strides
+    below the batch/head modes are compile-time constants (the fp32 side buffers).
+    """
+    import cutlass.cute as cute
+
+    rank = len(shape_static)
+    shape = tuple(cute.sym_int() if s is None else s for s in shape_static)
+    if row_major_static:
+        # (batch, heads, seq_pad, d): strides (dyn, dyn, d, 1) or (batch, heads, n): (dyn, dyn, 1).
+        # The host allocates them 16-byte aligned with padded extents (see padded()).
+        div = 128 // cutlass_dtype.width
+        if rank == 4:
+            stride = (cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), shape_static[3], 1)
+        else:
+            stride = (cute.sym_int64(divisibility=div), cute.sym_int64(divisibility=div), 1)
+    else:
+        div = 128 // cutlass_dtype.width if tma else 1
+        stride = tuple(cute.sym_int64(divisibility=div) for _ in range(rank - 1)) + (1,)
+    return cute.runtime.make_fake_tensor(cutlass_dtype, shape, stride=stride, assumed_align=16)
+
+
+def _opts(options: str) -> str:
+    return options if "--gpu-arch" in options else f"--gpu-arch=sm_90a {options}"
+
+
+def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
+    ensure_target()
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4.sm90.bwd import FlashBwdSm90
+
+    dt = getattr(cutlass, DTYPES[key.dtype])
+    d = key.head_dim
+    f32 = cutlass.Float32
+    q = _fake(dt, (None, None, None, d))
+    k = _fake(dt, (None, None, None, d))
+    v = _fake(dt, (None, None, None, d))
+    do = _fake(dt, (None, None, None, d))
+    lse2 = _fake(f32, (None, None, None), row_major_static=True)
+    dsum = _fake(f32, (None, None, None), row_major_static=True)
+    dqacc = _fake(f32, (None, None, None, d), row_major_static=True)
+    if key.gqa:
+        dk = _fake(f32, (None, None, None, d), row_major_static=True)
+        dv = _fake(f32, (None, None, None, d), row_major_static=True)
+    else:
+        dk = _fake(dt, (None, None, None, d))
+        dv = _fake(dt, (None, None, None, d))
+    det = key.config.deterministic
+    sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
+    sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and key.gqa else None
+    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.config)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv, sem_q, sem_kv,
+        f32(1.0), f32(1.0), cutlass.Int32(1), cutlass.Int32(1), stream,
+        options=_opts(options),
+    )
+
+
+def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):
+    ensure_target()
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4.sm90.bwd_prepost import BwdPreprocess
+
+    dt = getattr(cutlass, DTYPES[dtype])
+    f32 = cutlass.Float32
+    o = _fake(dt, (None, None, None, head_dim))
+    do = _fake(dt, (None, None, None, head_dim))
+    lse = _fake(f32, (None, None, None), tma=False)
+    lse2 = _fake(f32, (None, None, None), row_major_static=True)
+    dsum = _fake(f32, (None, None, None), row_major_static=True)
+    dqacc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(BwdPreprocess(dt, head_dim), o, do, lse, lse2, dsum, dqacc, stream, options=_opts(options))
+
+
+def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):
+    ensure_target()
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4.sm90.bwd_prepost import BwdPostprocess
+
+    dt = getattr(cutlass, DTYPES[dtype])
+    f32 = cutlass.Float32
+    acc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
+    out = _fake(dt, (None, None, None, head_dim))
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(BwdPostprocess(dt, head_dim), acc, out, f32(1.0), stream, options=_opts(options))
