@@ -72,6 +72,17 @@ def red_add_f32x2(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=Non
     )
 
 
+@dsl_user_op
+def bulk_reduce_add_f32(gmem: cute.Pointer, smem: cute.Pointer, nbytes, *, loc=None, ip=None) -> None:
+    """One thread: global[0:nbytes] += shared[0:nbytes] (fp32, async bulk reduction, bulk_group)."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [$0], [$1], $2;", "l,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
 @cute.jit
 def wait_turn(ptr: cute.Pointer, turn: Int32, is_leader) -> None:
     """The leader thread spins until the counter equals ``turn``; the caller then barriers."""

@@ -43,7 +43,10 @@ from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfi
 BAR_DS_FREE = 1  # both consumers' dQ GEMMs have finished reading sdS
 BAR_DS_FULL = 2  # both halves of dS^T are in sdS
 BAR_SEM = 3  # semaphore turn acquired / all adds issued
+BAR_DQ_FULL = 4  # consumers -> dQ writer warp: the fp32 dQ tile is in sdQ
+BAR_DQ_EMPTY = 5  # dQ writer warp -> consumers: the bulk reduction has read sdQ
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
+NUM_DQ_SYNC_THREADS = NUM_CONSUMER_THREADS + 32
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -67,6 +70,10 @@ class FlashBwdSm90:
         self.do_stages = config.stages
         self.deterministic = config.deterministic
         self.red_v2 = config.dq_accum == "red_v2"
+        # 'bulk': consumers stage dQ in shared memory and a producer-side warp reduces it into
+        # global memory with one cp.reduce.async.bulk (and owns the semaphore wait), so the
+        # MMA warpgroups never spin on a lock.
+        self.dq_bulk = config.dq_accum == "bulk"
         self.num_threads = THREADS_PER_WG * 3
         self.regs_consumer, self.regs_producer = REG_SPLIT
 
@@ -150,6 +157,7 @@ class FlashBwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * d if self.dq_bulk else 1], 128]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sStat_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
 
@@ -215,6 +223,9 @@ class FlashBwdSm90:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (m, n, 1)
         sLSE = storage.sLSE.get_tensor(sStat_layout)  # (m, q_stages)
         sDsum = storage.sDsum.get_tensor(sDsum_layout)  # (m, do_stages)
+        # Row-major fp32 dQ tile: the same byte order as the tile in the accumulator, so one
+        # linear bulk reduction adds it.
+        sdQ = storage.sdQ.get_tensor(cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1)))
 
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_THREADS // 32)
@@ -251,12 +262,18 @@ class FlashBwdSm90:
                     sQ, sdO, sK, sV, sLSE, sDsum,
                     pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
                 )
+            if cutlass.const_expr(self.dq_bulk):
+                if warp_idx == 1:
+                    self.dq_writer(
+                        sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
+                        m_start, m_end, seqlen_q, seqlen_k, spt,
+                    )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - THREADS_PER_WG
             self.consumer(
                 sdp_mma, dkv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
-                sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do, ctid,
+                sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
                 m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
             )
@@ -330,7 +347,7 @@ class FlashBwdSm90:
     @cute.jit
     def consumer(
         self, sdp_mma, dkv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
-        sQ, sdO, sK, sV, sdS, pipe_kv, pipe_q, pipe_do, ctid,
+        sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
         m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
     ):
@@ -372,7 +389,7 @@ class FlashBwdSm90:
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
         key_base = n_block * self.tile_n + row0
-        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS)
+        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS, sdQ)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
         for m in cutlass.range(m_start, m_masked_end, unroll=1):
             state = self.step(
@@ -397,7 +414,7 @@ class FlashBwdSm90:
         mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
         seqlen_q, seqlen_k, scale_log2, spt, masked: cutlass.Constexpr,
     ):
-        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS = frag
+        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS, sdQ = frag
         acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
         nrow = cute.size(s_mn, mode=[0])
         ncol = cute.size(s_mn, mode=[1])
@@ -420,13 +437,12 @@ class FlashBwdSm90:
         self.gemm(dkv_mma, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], zero_init=False)
         warpgroup.commit_group()
 
-        p16_mn = acc_as_rows_cols(tdVrP_as_S)
         # Waiting for dV too (not only dP^T) frees P^T's registers for dS^T: with both live the
         # consumer exceeds its 240 registers at head_dim 128.
         warpgroup.wait_group(0)
         for r in cutlass.range_constexpr(nrow):
             for c in cutlass.range_constexpr(ncol):
-                dp_mn[r, c] = p16_mn[r, c].to(Float32) * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
         tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
         self.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
         warpgroup.commit_group()
@@ -443,8 +459,47 @@ class FlashBwdSm90:
         pipe_q.consumer_release(state)
         pipe_do.consumer_release(state)
         state.advance()
-        self.add_dq(dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
+        if cutlass.const_expr(self.dq_bulk):
+            # Wait until the writer warp's previous bulk reduction has read sdQ, then refill it.
+            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+            cute.autovec_copy(acc_dQ, dq_thr.partition_C(sdQ))
+            # The bulk copy reads shared memory through the async proxy.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
+        else:
+            self.add_dq(dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
         return state
+
+    @cute.jit
+    def dq_writer(self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt):
+        """One warp of the producer warpgroup: adds each staged dQ tile into the fp32 accumulator."""
+        nbytes = self.tile_m * self.head_dim * 4
+        # sdQ starts empty.
+        cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+        for m in cutlass.range(m_start, m_end, unroll=1):
+            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
+            if cutlass.const_expr(self.deterministic):
+                semaphore.wait_turn(
+                    mSemQ[batch, head, None].iterator + m,
+                    self.dq_turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
+                )
+            if lane == 0:
+                gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
+                semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
+                cute.arch.cp_async_bulk_commit_group()
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
+            cute.arch.sync_warp()
+            # No arrive after the last tile: every arrive must meet a consumer wait.
+            if m + 1 < m_end:
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+            if cutlass.const_expr(self.deterministic):
+                if lane == 0:
+                    # The next turn may only start once our adds are performed, not just read.
+                    cute.arch.cp_async_bulk_wait_group(0, read=False)
+                    cute.arch.fence_proxy("async.global")
+                semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, lane == 0)
+        if lane == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def add_dq(self, dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt):

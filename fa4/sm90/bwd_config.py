@@ -49,10 +49,11 @@ class BwdConfigSm90:
         "The untransposed form is not built.",
     )
     dq_accum: str = knob(
-        ("red_v2", "red"), "red_v2",
-        "How a consumer adds its dQ tile to the fp32 accumulator in global memory: 'red_v2' issues "
-        "red.global.add.v2.f32 on pairs of adjacent columns (sm_90), 'red' one red.global.add.f32 per "
-        "element. A TMA bulk reduce-add path is not built yet.",
+        ("bulk", "red_v2", "red"), "bulk",
+        "How dQ tiles reach the fp32 accumulator in global memory: 'bulk' stages the tile in shared "
+        "memory and one warp of the producer warpgroup adds it with cp.reduce.async.bulk (it also owns "
+        "the deterministic lock wait); 'red_v2' / 'red': each consumer thread issues red.global.add "
+        "(.v2.f32 on pairs of adjacent columns, or .f32 per element) and the consumers take the lock.",
     )
     deterministic: bool = knob(
         (False, True), False,
@@ -85,7 +86,8 @@ def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
     stats = 2 * config.stages * config.tile_m * 4  # LSE and D rows beside Q and dO
     kv = config.tile_n * (d + problem.head_dim_v) * elt
     ds = config.tile_m * config.tile_n * elt
-    return q + do + kv + ds + stats + SMEM_RESERVED
+    dq = config.tile_m * d * 4 if config.dq_accum == "bulk" else 0
+    return q + do + kv + ds + dq + stats + SMEM_RESERVED
 
 
 def consumer_registers(config: BwdConfigSm90, problem: Problem) -> int:
