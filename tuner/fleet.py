@@ -269,8 +269,16 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
               sampler: str, trials: int, seed: int = 0, heartbeat_s: int | None = None,
               log=None, on_spawn=None) -> FleetOutcome:
     """Start one worker per slot, wait for all, and gather each problem's final result."""
+    from .storage import open_storage
+
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     fds = acquire_all(slots)
+    try:
+        open_storage(storage, heartbeat_s)  # make the schema / journal once, not in a race of workers
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
     root = str(Path(__file__).resolve().parents[1])
     procs, threads = [], []
     finals: dict[str, dict] = {}
@@ -348,4 +356,11 @@ if __name__ == "__main__":
 
     spec = json.loads(sys.stdin.read())
     die_with_parent(spec.get("parent_pid"))
-    sys.exit(worker_main(spec))
+    try:
+        code = worker_main(spec)
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent says what to do
+        code = 130
+    except Exception as e:  # one line in the fleet's log, not a traceback per worker
+        print(f"[{spec.get('slot')}] worker failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        code = 1
+    sys.exit(code)

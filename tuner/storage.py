@@ -39,7 +39,6 @@ def _retry_callback(max_retry: int):
 
 def _journal_class():
     """Defined lazily so importing this module does not import Optuna (CLI start-up time)."""
-    import optuna
     from optuna.storages._heartbeat import BaseHeartbeat
     from optuna.storages.journal import JournalStorage
     from optuna.trial import TrialState
@@ -103,6 +102,16 @@ def _sqlite_wal(url: str) -> dict:
     return {"connect_args": {"timeout": 60}}
 
 
+def rdb_url(spec: str) -> str:
+    """``postgresql://`` means psycopg2 to SQLAlchemy; we ship psycopg 3, so say so when psycopg2 is absent."""
+    import importlib.util
+
+    for prefix in ("postgresql://", "postgres://"):
+        if spec.startswith(prefix) and importlib.util.find_spec("psycopg2") is None:
+            return "postgresql+psycopg://" + spec[len(prefix):]
+    return spec
+
+
 def heartbeat_interval(heartbeat_s: int | None = None) -> int:
     """Seconds between beats: the argument, else $FA4_HEARTBEAT_S (tests use 1), else 10."""
     return int(heartbeat_s or os.environ.get("FA4_HEARTBEAT_S") or HEARTBEAT_S)
@@ -119,13 +128,25 @@ def open_storage(spec: str, heartbeat_s: int | None = None, max_retry: int = MAX
     if "://" in spec:
         import warnings
 
+        import random
+
+        from sqlalchemy.exc import DBAPIError
+
         engine_kwargs = _sqlite_wal(spec) if spec.startswith("sqlite") else {"pool_pre_ping": True}
-        with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
-                spec, engine_kwargs=engine_kwargs, heartbeat_interval=hb, grace_period=grace,
-                heartbeat_stale_trial_callback=callback,
-            )
+        for attempt in range(6):
+            try:
+                with warnings.catch_warnings():  # heartbeats are "experimental" since Optuna 2.9
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    return optuna.storages.RDBStorage(
+                        rdb_url(spec), engine_kwargs=engine_kwargs, heartbeat_interval=hb, grace_period=grace,
+                        heartbeat_stale_trial_callback=callback,
+                    )
+            except DBAPIError:
+                # Hosts starting together on an empty database race to create Optuna's tables
+                # and types (PostgreSQL: duplicate key on pg_type); the loser finds them made.
+                if attempt == 5:
+                    raise
+                time.sleep(0.2 + random.random() * 0.5 * (attempt + 1))
     path = Path(spec).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     cls = _journal_class()
@@ -141,6 +162,18 @@ def fail_stale(study) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+
+
+def masked_storage(spec: str) -> str:
+    """The storage as it may be printed: a URL's password hidden."""
+    if "://" not in spec:
+        return spec
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(spec).render_as_string(hide_password=True)
+    except Exception:  # not a SQLAlchemy URL: show only its scheme
+        return spec.split("://", 1)[0] + "://..."
 
 
 def storage_kind(spec: str) -> str:

@@ -24,7 +24,7 @@ from fa4.problem import Problem
 
 from .harness import INFEASIBLE, Settings
 from .providers import Provider, ProviderError, get_provider
-from .storage import fail_stale, heartbeat_interval, open_storage
+from .storage import fail_stale, heartbeat_interval, masked_storage, open_storage
 
 SAMPLERS = ("tpe", "grid", "random")
 
@@ -342,8 +342,6 @@ class Tuner:
         full (it waits for other workers' running trials and takes over retries of dead
         ones); without, it returns as soon as nothing is left for it to start.
         """
-        import optuna
-
         self.device_id = self.store.upsert_device(self.device_info)
         self.problem_id = self.store.upsert_problem(self.problem)
         study = self.open_study()
@@ -407,7 +405,7 @@ class Tuner:
             speedup = best["tflops"] / default["tflops"]
         return TuneResult(
             study_name=self.name,
-            storage=self.storage_spec,
+            storage=masked_storage(self.storage_spec),
             db_url=self.store.url,
             provider=self.provider.name,
             device=self.device_info["name"],

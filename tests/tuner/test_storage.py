@@ -81,3 +81,20 @@ def test_rdb_storage_gets_heartbeats_and_the_retry_callback(tmp_path):
                                        ("postgresql+psycopg://u@h/db", "postgresql"), ("sqlite:///a.db", "sqlite")])
 def test_storage_kind(spec, kind):
     assert storage_kind(spec) == kind
+
+
+def test_printed_storage_hides_the_password():
+    from tuner.storage import masked_storage
+
+    assert masked_storage("postgresql://tuner:s3cret@db:5432/optuna") == "postgresql://tuner:***@db:5432/optuna"
+    assert masked_storage("/data/results.optuna.journal") == "/data/results.optuna.journal"
+
+
+def test_plain_postgresql_urls_use_the_installed_psycopg3():
+    import importlib.util
+
+    from tuner.storage import rdb_url
+
+    want = "postgresql://u@h/db" if importlib.util.find_spec("psycopg2") else "postgresql+psycopg://u@h/db"
+    assert rdb_url("postgresql://u@h/db") == want
+    assert rdb_url("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"
