@@ -75,6 +75,8 @@ class _State:
         self._fingerprints: dict[str, str | None] = {}
         # Answers of /v1/configs/best as JSON bytes, valid for the database generation below.
         self._best: dict[tuple, bytes] = {}
+        # The same answers by raw query string, for _BestFastPath (repeat queries skip validation).
+        self._by_query: dict[bytes, bytes] = {}
         # Rows behind the answers, per (device, provider, family) and per device name: one
         # query serves every shape of a family until the database changes.
         self._family: dict[tuple, list[dict]] = {}
@@ -125,6 +127,7 @@ class _State:
     def _clear(self) -> None:
         self._epoch += 1
         self._best.clear()
+        self._by_query.clear()
         self._family.clear()
         self._devices.clear()
 
@@ -150,6 +153,32 @@ class _State:
                 self._best.clear()
             self._best[key] = body
         return body
+
+
+class _BestFastPath:
+    """Answers a repeated GET /v1/configs/best from the cache before routing and validation.
+
+    Only query strings that the route itself answered with 200 since the last database
+    change are in the cache, so this serves exactly what the route would; when a database
+    check is due, the request goes to the route, which makes it.
+    """
+
+    PATH = f"/{API_VERSION}/configs/best"
+
+    def __init__(self, app, state: _State):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == self.PATH and scope["method"] == "GET":
+            body = self.state._by_query.get(scope["query_string"])
+            if body is not None and not self.state.refresh_due():
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 def _provider(name: str, status: int = 404):
@@ -202,6 +231,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         responses={422: {"model": sch.Error}},
     )
     app.state.fa4 = state
+    app.add_middleware(_BestFastPath, state=state)
     bearer = HTTPBearer(auto_error=False, description="The service's API token (FA4_API_TOKEN)")
 
     @app.exception_handler(ApiError)
@@ -249,6 +279,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
     @app.get(f"/{API_VERSION}/configs/best", response_model=sch.BestConfig, tags=["configs"],
              responses={404: {"model": sch.Error}})
     async def get_best(
+        request: Request,
         device: str = Query(..., min_length=1, description="GPU name, e.g. 'NVIDIA H200'", examples=["NVIDIA H200"],
                             **_TEXT),
         provider: str = Query("fa4", min_length=1, max_length=64, pattern=r"^[^\x00]*$", examples=["fa4"]),
@@ -285,9 +316,12 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         key = (device, provider, problem, running, arch)
         if state.refresh_due():
             await run_in_threadpool(state.refresh)
+        epoch = state._epoch
         body = state._best.get(key)
         if body is None:
             body = await run_in_threadpool(state.answer, key, prov, device, problem, running, arch)
+        if epoch == state._epoch and len(state._by_query) < settings.best_cache_size:
+            state._by_query[request.scope["query_string"]] = body
         # Served as cached bytes: the hot path skips re-validating an answer built from the schema.
         return Response(content=body, media_type="application/json")
 

@@ -422,3 +422,22 @@ def test_rows_written_straight_into_the_db_are_noticed(db_url, toy, ttl):
             assert b["provenance"] == "default"
             post(c, result(prob=problem(8192)))
             assert best(c, seqlen_q=4096, batch=4)["tflops"] == 321.0
+
+
+def test_repeat_queries_skip_validation_but_not_freshness(client):
+    post(client, result(tflops=500.0))
+    url = "/v1/configs/best?device=NVIDIA%20H200&provider=toy&head_dim=128&heads_q=16&seqlen_q=4096&batch=4"
+    first = client.get(url)
+    state = client.app.state.fa4
+    assert list(state._by_query) == [url.partition("?")[2].encode()]
+    again = client.get(url)
+    assert again.status_code == 200 and again.content == first.content
+    assert again.headers["content-type"] == "application/json"
+    # Errors are never cached: the route answers them every time.
+    bad = url.replace("provider=toy", "provider=nope")
+    assert client.get(bad).status_code == 404 and client.get(bad).status_code == 404
+    assert len(state._by_query) == 1
+    # A write empties the cache: the next answer is fresh.
+    post(client, result(tflops=800.0, config={"overlap": False}))
+    assert state._by_query == {}
+    assert client.get(url).json()["tflops"] == 800.0
