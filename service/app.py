@@ -29,7 +29,7 @@ from fa4.arch import ARCHES
 from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
 from service import schemas as sch
-from service.best import best_config
+from service.best import best_config, index_rows
 from service.db import ResultsStore, canonical_json
 from service.db.store import SORT_KEYS
 from service.settings import Settings
@@ -79,7 +79,7 @@ class _State:
         self._by_query: dict[bytes, bytes] = {}
         # Rows behind the answers, per (device, provider, family) and per device name: one
         # query serves every shape of a family until the database changes.
-        self._family: dict[tuple, list[dict]] = {}
+        self._family: dict[tuple, dict[Problem, list[dict]]] = {}
         self._devices: dict[str, dict | None] = {}
         self._generation: tuple | None = None
         self._epoch = 0
@@ -139,7 +139,7 @@ class _State:
                problem.causal, problem.deterministic)
         rows = self._family.get(fam)
         if rows is None:
-            rows = self.store.family_rows(device, prov.name, problem)
+            rows = index_rows(self.store.family_rows(device, prov.name, problem))
         device_row = self._devices[device] if device in self._devices else self.store.device_by_name(device)
         answer = best_config(self.store, prov, device, problem, running_fp=running,
                              arch=ARCHES[arch] if arch else None, rows=rows, device_row=device_row)

@@ -134,27 +134,31 @@ def _fastest(rows: list[dict], fp: str | None) -> dict | None:
     return best
 
 
+def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
+    """A family's rows grouped by the problem they measured."""
+    by_problem: dict[Problem, list[dict]] = {}
+    for r in rows:
+        by_problem.setdefault(Problem.from_dict(r["problem"]), []).append(r)
+    return by_problem
+
+
 def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
-                running_fp: str | None, arch: Arch | None = None, rows: list[dict] | None = None,
+                running_fp: str | None, arch: Arch | None = None, rows: dict[Problem, list[dict]] | None = None,
                 device_row=_UNSET) -> dict:
     """The answer of GET /v1/configs/best (a dict shaped like ``schemas.BestConfig``).
 
     ``running_fp`` is the source fingerprint of the kernel code that will use the
     answer; rows from other source are stale and never served as exact. None means
     the fingerprint is unknown and every row counts as current. ``rows`` (the
-    family's rows, ``store.family_rows``) and ``device_row`` may be passed by a caller
-    that caches them; otherwise they are read from ``store``.
+    family's rows, ``index_rows(store.family_rows(...))``) and ``device_row`` may be
+    passed by a caller that caches them; otherwise they are read from ``store``.
     """
     name = provider.name
     notes: list[str] = []
     if device_row is _UNSET:
         device_row = store.device_by_name(device)
     arch = arch_for(device_row, device, arch, notes)
-    if rows is None:
-        rows = store.family_rows(device, name, problem)
-    by_problem: dict[Problem, list[dict]] = {}
-    for r in rows:
-        by_problem.setdefault(Problem.from_dict(r["problem"]), []).append(r)
+    by_problem = rows if rows is not None else index_rows(store.family_rows(device, name, problem))
 
     def try_rows(candidates, fp) -> tuple[dict, dict | None, Problem] | None:
         for cand in candidates:
