@@ -45,3 +45,34 @@ def fwd_entry(arch: Arch) -> FwdEntry:
             f"{', '.join(k for k, v in _FWD.items() if v is not None)})"
         )
     return make()
+
+
+@dataclass(frozen=True)
+class BwdEntry:
+    config_cls: type
+    violations: Callable
+    default_config: Callable
+    compile_key: Callable
+    compile: Callable
+    run: Callable  # flash_attn_bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+
+
+def _sm90_bwd() -> BwdEntry:
+    from fa4.sm90 import bwd_compile as c
+    from fa4.sm90 import bwd_config as f
+    from fa4.sm90 import bwd_launch as run
+
+    return BwdEntry(f.BwdConfigSm90, f.violations, f.default_config, c.compile_key, c.compile_bwd_main,
+                    run.flash_attn_bwd)
+
+
+# The Hopper backward exists but is not yet checked on a GPU (bench/check_bwd.py); it is not
+# wired into fa4.flash_attn_func's autograd until it is.
+_BWD: dict[str, Callable[[], BwdEntry] | None] = {"sm90": _sm90_bwd, "sm100": None}
+
+
+def bwd_entry(arch: Arch) -> BwdEntry:
+    make = _BWD.get(arch.name)
+    if make is None:
+        raise NotImplementedError(f"fa4 has no backward kernel for {arch.name} yet")
+    return make()

@@ -1,20 +1,27 @@
 """FlashAttention backward for Hopper (sm_90a): the main kernel.
 
 One CTA per (key tile n, query head, batch); 3 warpgroups, 384 threads:
-  * warpgroup 0, producer: one warp loads K and V of the tile once, then walks the query
-    tiles m of the CTA's range and streams Q[m] and dO[m] through mbarrier rings (TMA).
+  * warpgroup 0, producer: warp 0 loads K and V of the tile once, then walks the query tiles
+    m of the CTA's range and streams Q[m] + LSE[m] and dO[m] + D[m] through mbarrier rings
+    (TMA). Warp 1 (dq_accum 'bulk') adds each staged dQ tile into the fp32 accumulator in
+    global memory with one cp.reduce.async.bulk and, deterministic, owns the lock wait.
   * warpgroups 1 and 2, consumers: each owns 64 of the 128 key rows. Per query tile:
         S^T  = K Q^T        (SS WGMMA; keys on M)       P^T  = exp2(S^T*scale*log2e - LSE*log2e)
         dP^T = V dO^T       (SS)                        dS^T = P^T * (dP^T - D)
-        dV  += P^T dO       (RS: P^T straight from the S^T accumulator registers)
+        dV  += P^T dO       (RS: P^T from the S^T accumulator registers; or SS from a copy)
         dK  += dS^T Q       (RS)
-        dQ   = dS K         (SS: dS^T goes through shared memory, both consumers' halves,
+        dQ   = dS K         (SS: dS^T goes through shared memory, both consumers' halves;
                              each consumer computes half of dQ's columns)
-    and adds its dQ tile to an fp32 accumulator in global memory with red.global.add.
-    dV and dP^T are issued while P^T is computed; dK overlaps the dS shared-memory store.
+    S^T and dP^T are in flight together; dV is issued while dP^T completes, dK while dS^T is
+    stored, and the dQ reduction of step m runs in the writer warp during step m+1.
 
 The preprocess (D = rowsum(dO * O), LSE * log2e, zeroed dQ accumulator) and postprocess
-(dQ accumulator * scale -> dtype) kernels are in fa4.sm90.bwd_prepost.
+(dQ accumulator * scale -> dtype) kernels are in fa4.sm90.bwd_prepost; which query tiles a
+CTA visits and its deterministic turn are in fa4.common.bwd_schedule (tested on the host).
+
+Registers: the consumers are at their 240-register budget at head_dim 128 (dK, dV, S^T, dP^T
+and P^T fragments: 208). Loop-invariant per-element shared-memory addresses are recomputed in
+the loop (fa4.common.regs.opaque) instead of being held; see bwd_config.consumer_registers.
 
 Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
 until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn after.
@@ -34,9 +41,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4.common import scheduling, semaphore
+from fa4.common import bwd_schedule, scheduling, semaphore
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
+from fa4.common.regs import opaque
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
 
 # Named barrier ids (0 is __syncthreads); all span the 256 consumer threads.
@@ -45,6 +53,7 @@ BAR_DS_FULL = 2  # both halves of dS^T are in sdS
 BAR_SEM = 3  # semaphore turn acquired / all adds issued
 BAR_DQ_FULL = 4  # consumers -> dQ writer warp: the fp32 dQ tile is in sdQ
 BAR_DQ_EMPTY = 5  # dQ writer warp -> consumers: the bulk reduction has read sdQ
+BAR_P = 6  # 6..7: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
 NUM_DQ_SYNC_THREADS = NUM_CONSUMER_THREADS + 32
 
@@ -74,6 +83,9 @@ class FlashBwdSm90:
         # global memory with one cp.reduce.async.bulk (and owns the semaphore wait), so the
         # MMA warpgroups never spin on a lock.
         self.dq_bulk = config.dq_accum == "bulk"
+        self.p_smem = config.dv_operand == "smem"
+        # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
+        self.kv_v2 = config.dq_accum != "red"
         self.num_threads = THREADS_PER_WG * 3
         self.regs_consumer, self.regs_producer = REG_SPLIT
 
@@ -114,6 +126,8 @@ class FlashBwdSm90:
             self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, d),
             warpgroup.OperandSource.RMEM,
         )
+        # dV with P^T from shared memory (dv_operand 'smem'): P^T stored query-contiguous (K-major).
+        dv_mma = self.make_dv_mma(dkv_mma)
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
         # B = K^T (head_dim contiguous); the two consumers split head_dim.
         dq_mma = sm90_utils.make_trivial_tiled_mma(
@@ -128,6 +142,7 @@ class FlashBwdSm90:
         sdS_layout = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, 1
         )
+        sP_layout = sm90_utils.make_smem_layout_a(row_major, (self.tile_n, d, self.tile_m), self.dtype, 1)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, d))
         tma_do, mdO_tma = cpasync.make_tiled_tma_atom(
@@ -157,6 +172,7 @@ class FlashBwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout) if self.p_smem else 8], 1024]
             sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * d if self.dq_bulk else 1], 128]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sStat_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
@@ -168,17 +184,26 @@ class FlashBwdSm90:
         num_bh = num_heads * mQ.shape[3]
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
-            sdp_mma, dkv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
+            sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, mSemQ, mSemKV,
-            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sStat_layout, sDsum_layout,
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
             scale_log2, scale, head_swizzle, spt,
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+
+    def make_dv_mma(self, dkv_mma):
+        if not self.p_smem:
+            return dkv_mma
+        kmaj, mnmaj = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        return sm90_utils.make_trivial_tiled_mma(
+            self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.head_dim)
+        )
 
     @cute.kernel
     def kernel(
         self,
         sdp_mma: cute.TiledMma,
         dkv_mma: cute.TiledMma,
+        dv_mma: cute.TiledMma,
         dq_mma: cute.TiledMma,
         tma_q: cute.CopyAtom,
         mQ: cute.Tensor,  # (seqlen_q, d, heads_q, batch), TMA view
@@ -202,6 +227,7 @@ class FlashBwdSm90:
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sdS_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
         sStat_layout: cute.Layout,
         sDsum_layout: cute.Layout,
         scale_log2: Float32,
@@ -221,6 +247,9 @@ class FlashBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, 1)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (m, n, 1)
+        sP = sdS  # placeholder: only read when dv_operand is 'smem'
+        if cutlass.const_expr(self.p_smem):
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (n, m, 1)
         sLSE = storage.sLSE.get_tensor(sStat_layout)  # (m, q_stages)
         sDsum = storage.sDsum.get_tensor(sDsum_layout)  # (m, do_stages)
         # Row-major fp32 dQ tile: the same byte order as the tile in the accumulator, so one
@@ -246,16 +275,13 @@ class FlashBwdSm90:
 
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
-        num_heads = mQ.shape[2]
-        num_bh = num_heads * mQ.shape[3]
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
-        qhead_per_kvhead = num_heads // mK.shape[2]
-        n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
-        head_kv = head // qhead_per_kvhead
-        m_start, m_masked_end, m_end = self.m_block_range(n_block, seqlen_q, seqlen_k)
-
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
+            # Tile coordinates are derived after the register split in each branch, so that
+            # nothing computed before it stays live into the register-bound consumers.
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_end = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt)
+            )
             if warp_idx == 0:
                 self.producer(
                     tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
@@ -271,34 +297,30 @@ class FlashBwdSm90:
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - THREADS_PER_WG
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_end = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt)
+            )
             self.consumer(
-                sdp_mma, dkv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
-                sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
+                sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
+                sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
                 m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
             )
 
     @cute.jit
-    def m_block_range(self, n_block: Int32, seqlen_q: Int32, seqlen_k: Int32):
-        """[m_start, m_end) query tiles that see key tile n_block; [m_start, m_masked_end) need masks.
-
-        Causal is bottom-right aligned: query i sees key j iff j <= i + seqlen_k - seqlen_q.
-        The key tile that crosses seqlen_k masks every query tile (zero-filled K rows would
-        otherwise give P = 2^(-LSE), which may overflow).
-        """
-        m_end = (seqlen_q + self.tile_m - 1) // self.tile_m
-        m_start = Int32(0)
-        m_masked_end = Int32(0)
-        if cutlass.const_expr(self.causal):
-            shift = seqlen_k - seqlen_q
-            m_start = cutlass.max(n_block * self.tile_n - shift, 0) // self.tile_m
-            last_key = (n_block + 1) * self.tile_n - 1
-            m_masked_end = (cutlass.max(last_key - shift, 0) + self.tile_m - 1) // self.tile_m
-        if (n_block + 1) * self.tile_n > seqlen_k:
-            m_masked_end = m_end
-        m_start = cutlass.min(m_start, m_end)
-        m_masked_end = cutlass.min(cutlass.max(m_masked_end, m_start), m_end)
-        return m_start, m_masked_end, m_end
+    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt):
+        seqlen_q = mQ.shape[0]
+        seqlen_k = mK.shape[0]
+        num_heads = mQ.shape[2]
+        num_bh = num_heads * mQ.shape[3]
+        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        qhead_per_kvhead = num_heads // mK.shape[2]
+        n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
+        head_kv = head // qhead_per_kvhead
+        m_start, m_masked_end, m_end = bwd_schedule.m_block_range(
+            n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
+        )
+        return n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_end
 
     # ---------------------------------------------------------------- producer
     @cute.jit
@@ -346,8 +368,8 @@ class FlashBwdSm90:
     # ---------------------------------------------------------------- consumers
     @cute.jit
     def consumer(
-        self, sdp_mma, dkv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
-        sQ, sdO, sK, sV, sdS, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
+        self, sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
+        sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
         m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
     ):
@@ -359,11 +381,11 @@ class FlashBwdSm90:
         tSrQ = sdp_thr.make_fragment_B(sdp_thr.partition_B(sQ))  # (MMA, m/8.., d/16, stages)
         tdPrV = sdp_thr.make_fragment_A(sdp_thr.partition_A(sV))
         tdPrdO = sdp_thr.make_fragment_B(sdp_thr.partition_B(sdO))
-        tdVrdOt = dkv_thr.make_fragment_B(dkv_thr.partition_B(transpose_view(sdO)))  # (MMA, d.., m/16, stages)
+        dv_thr = dv_mma.get_slice(ctid)
+        tdVrdOt = dv_thr.make_fragment_B(dv_thr.partition_B(transpose_view(sdO)))  # (MMA, d.., m/16, stages)
         tdKrQt = dkv_thr.make_fragment_B(dkv_thr.partition_B(transpose_view(sQ)))
         tdQrdS = dq_thr.make_fragment_A(dq_thr.partition_A(sdS))  # (MMA, m/64, n/16, 1)
         tdQrKt = dq_thr.make_fragment_B(dq_thr.partition_B(transpose_view(sK)))
-        tdSsdS = sdp_thr.partition_C(transpose_view(sdS)[None, None, 0])  # where this thread's dS^T goes
 
         acc_S = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
         acc_dP = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
@@ -375,6 +397,9 @@ class FlashBwdSm90:
         tdVrP = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
         tdKrdS = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
         tdVrP_as_S = cute.make_tensor(tdVrP.iterator, acc_S.layout)
+        tdVA = tdVrP  # the dV A operand: P^T registers, or its shared-memory copy
+        if cutlass.const_expr(self.p_smem):
+            tdVA = dv_thr.make_fragment_A(dv_thr.partition_A(sP))[None, None, None, 0]
         tdKrdS_as_S = cute.make_tensor(tdKrdS.iterator, acc_S.layout)
         # Static element offsets of thread 0 (see fa4.common.masking) + this thread's first element.
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
@@ -387,20 +412,22 @@ class FlashBwdSm90:
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.q_stages)
+        # Mask limits relative to this thread's first key row, loop-invariant (one register each).
         key_base = n_block * self.tile_n + row0
-        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS, sdQ)
+        key_limit = seqlen_k - key_base
+        diag = seqlen_k - seqlen_q - key_base
+        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
         for m in cutlass.range(m_start, m_masked_end, unroll=1):
-            state = self.step(
-                sdp_mma, dkv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_base, sLSE, sDsum, mdQacc,
-                mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
+            self.step(
+                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_limit, diag, sLSE, sDsum, mdQacc,
+                mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
                 seqlen_q, seqlen_k, scale_log2, spt, True,
             )
         for m in cutlass.range(m_masked_end, m_end, unroll=1):
-            state = self.step(
-                sdp_mma, dkv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_base, sLSE, sDsum, mdQacc,
-                mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
+            self.step(
+                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_limit, diag, sLSE, sDsum, mdQacc,
+                mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
                 seqlen_q, seqlen_k, scale_log2, spt, False,
             )
         self.epilogue(
@@ -410,16 +437,20 @@ class FlashBwdSm90:
 
     @cute.jit
     def step(
-        self, sdp_mma, dkv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_base, sLSE, sDsum, mdQacc,
-        mSemQ, pipe_q, pipe_do, state, ctid, m, n_block, head, batch, num_n,
+        self, sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_limit, diag, sLSE, sDsum, mdQacc,
+        mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
         seqlen_q, seqlen_k, scale_log2, spt, masked: cutlass.Constexpr,
     ):
-        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, tdSsdS, sdQ = frag
+        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag
         acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
         nrow = cute.size(s_mn, mode=[0])
         ncol = cute.size(s_mn, mode=[1])
         q_base = m * self.tile_m + col0
 
+        # The ring position follows from the step number: no pipeline state carried across
+        # iterations (two fewer live registers in a loop that is at the register limit).
+        i = m - m_start
+        state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
         pipe_q.consumer_wait(state)
         self.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
@@ -429,16 +460,22 @@ class FlashBwdSm90:
 
         warpgroup.wait_group(1)
         if cutlass.const_expr(masked):
-            self.apply_mask_t(s_mn, c0_mn, key_base, q_base, seqlen_q, seqlen_k)
+            self.apply_mask_t(s_mn, c0_mn, key_limit, diag, q_base)
         for r in cutlass.range_constexpr(nrow):
             for c in cutlass.range_constexpr(ncol):
                 s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - sLSE[col0 + c0_mn[0, c][1], state.index])
         tdVrP_as_S.store(acc_S.load().to(self.dtype))
-        self.gemm(dkv_mma, acc_dV, tdVrP, tdVrdOt[None, None, None, state.index], zero_init=False)
+        if cutlass.const_expr(self.p_smem):
+            # Only this warpgroup's 64 rows of P^T feed its dV WGMMA: a warpgroup-local barrier.
+            tPsP = sdp_mma.get_slice(opaque(ctid)).partition_C(sP[None, None, 0])
+            cute.autovec_copy(tdVrP_as_S, tPsP)
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=BAR_P + ctid // THREADS_PER_WG, number_of_threads=THREADS_PER_WG)
+        self.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
         warpgroup.commit_group()
 
-        # Waiting for dV too (not only dP^T) frees P^T's registers for dS^T: with both live the
-        # consumer exceeds its 240 registers at head_dim 128.
+        # Waiting for dV too (not only dP^T): P^T's 16-bit registers are free before dS^T's are
+        # written, which keeps the two from being live together (register budget at hd128).
         warpgroup.wait_group(0)
         for r in cutlass.range_constexpr(nrow):
             for c in cutlass.range_constexpr(ncol):
@@ -449,6 +486,8 @@ class FlashBwdSm90:
 
         # dS^T to shared memory for dQ: wait until both consumers' previous dQ GEMMs are done.
         cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
+        # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
+        tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, 0])
         cute.autovec_copy(tdKrdS_as_S, tdSsdS)
         # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
         cute.arch.fence_proxy("async.shared", space="cta")
@@ -458,7 +497,6 @@ class FlashBwdSm90:
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
         pipe_do.consumer_release(state)
-        state.advance()
         if cutlass.const_expr(self.dq_bulk):
             # Wait until the writer warp's previous bulk reduction has read sdQ, then refill it.
             cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
@@ -468,20 +506,20 @@ class FlashBwdSm90:
             cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
         else:
             self.add_dq(dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
-        return state
 
     @cute.jit
     def dq_writer(self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt):
         """One warp of the producer warpgroup: adds each staged dQ tile into the fp32 accumulator."""
         nbytes = self.tile_m * self.head_dim * 4
-        # sdQ starts empty.
-        cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+        # sdQ starts empty (no arrive for an empty range: every arrive must meet a consumer wait).
+        if m_start < m_end:
+            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
         for m in cutlass.range(m_start, m_end, unroll=1):
             cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
             if cutlass.const_expr(self.deterministic):
                 semaphore.wait_turn(
                     mSemQ[batch, head, None].iterator + m,
-                    self.dq_turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
+                    self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
                 )
             if lane == 0:
                 gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
@@ -508,37 +546,24 @@ class FlashBwdSm90:
         r_mn = acc_as_rows_cols(acc_dQ)
         if cutlass.const_expr(self.deterministic):
             sem = mSemQ[batch, head, None].iterator + m
-            semaphore.wait_turn(sem, self.dq_turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), ctid == 0)
+            semaphore.wait_turn(sem, self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), ctid == 0)
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-        self.red_tile(r_mn, g_mn)
+        self.red_tile(r_mn, g_mn, self.red_v2)
         if cutlass.const_expr(self.deterministic):
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)
 
-    @cute.jit
-    def dq_turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt):
-        """Position of this key tile among the contributors to query tile m, in launch order.
-
-        The contributors to m are key tiles 0..n_hi(m) (all of them non-causal). Natural order
-        gives turn n_block; SPT launches high n_block first, so turns count down from n_hi.
-        """
-        n_hi = num_n - 1
-        if cutlass.const_expr(self.causal):
-            last_visible = (m + 1) * self.tile_m + seqlen_k - seqlen_q
-            n_hi = cutlass.min(n_hi, (last_visible - 1) // self.tile_n)
-        turn = n_block
-        if spt != 0:
-            turn = n_hi - n_block
-        return turn
+    def turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt):
+        return bwd_schedule.dq_turn(m, n_block, self.tile_m, self.tile_n, num_n, seqlen_q, seqlen_k, self.causal, spt)
 
     @cute.jit
-    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor):
+    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):
         """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions."""
         nrow = cute.size(r_mn, mode=[0])
         ncol = cute.size(r_mn, mode=[1])
         base = g_mn.iterator
         for r in cutlass.range_constexpr(nrow):
-            if cutlass.const_expr(self.red_v2):
+            if cutlass.const_expr(v2):
                 # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
                 for c in cutlass.range_constexpr(ncol // 2):
                     off = cute.crd2idx((r, 2 * c), g_mn.layout)
@@ -548,14 +573,14 @@ class FlashBwdSm90:
                     semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
 
     @cute.jit
-    def apply_mask_t(self, s_mn, c0_mn, key_base, q_base, seqlen_q, seqlen_k):
+    def apply_mask_t(self, s_mn, c0_mn, key_limit, diag, q_base):
         """-inf where key >= seqlen_k or (causal) key > query + seqlen_k - seqlen_q; rows are keys."""
         nrow = cute.size(s_mn, mode=[0])
         ncol = cute.size(s_mn, mode=[1])
         for c in cutlass.range_constexpr(ncol):
-            limit = seqlen_k - key_base
+            limit = key_limit
             if cutlass.const_expr(self.causal):
-                limit = cutlass.min(limit, q_base + c0_mn[0, c][1] + 1 + seqlen_k - seqlen_q - key_base)
+                limit = cutlass.min(limit, q_base + c0_mn[0, c][1] + 1 + diag)
             for r in cutlass.range_constexpr(nrow):
                 if c0_mn[r, 0][0] >= limit:
                     s_mn[r, c] = -Float32.inf
@@ -577,8 +602,8 @@ class FlashBwdSm90:
                 sem = mSemKV[batch, head_kv, None].iterator + n_block
                 semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)))
-            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dkv_thr.partition_C(gdV)))
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dkv_thr.partition_C(gdV)), self.kv_v2)
             if cutlass.const_expr(self.deterministic):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
                 semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)

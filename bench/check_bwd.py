@@ -1,0 +1,233 @@
+"""GPU check of our Hopper backward: correctness grid, determinism, then a timing table.
+
+Correctness: out/lse from our forward (checked by bench/check_fwd.py), a random dO; dq, dk,
+dv from fa4.sm90.bwd_launch.flash_attn_bwd against PyTorch autograd in fp32. The error rule
+(FlashAttention's): max |ours - fp32| <= 2 x max |PyTorch same-dtype autograd - fp32| plus
+twice the dtype rounding of the fp32 gradient. NaN never passes.
+Determinism: deterministic configs run 10 times on the same inputs; all results bitwise equal.
+Timing (backward only; triton do_bench median, peers in the same process, S=8192, 16k tokens,
+heads*hd=2048): ours non-deterministic and deterministic, reference FA4 (both modes when it
+takes deterministic=), cuDNN and FA2 through SDPA.
+
+    python bench/check_bwd.py [--quick] [--no-check] [--no-bench] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+
+import torch
+
+import fa4
+from fa4.problem import Problem
+from fa4.sm90.bwd_config import default_config, violations
+from fa4.sm90.bwd_launch import bwd_problem, flash_attn_bwd
+
+
+def attention(q, k, v, causal, scale):
+    """softmax(q k^T scale) v in q's dtype with autograd; (B, S, H, D) layout, GQA by repeat."""
+    Sq, Sk = q.shape[1], k.shape[1]
+    rep = q.shape[2] // k.shape[2]
+    qq = q.transpose(1, 2)
+    kk = k.transpose(1, 2).repeat_interleave(rep, dim=1)
+    vv = v.transpose(1, 2).repeat_interleave(rep, dim=1)
+    s = torch.matmul(qq, kk.transpose(-1, -2)) * scale
+    if causal:
+        i = torch.arange(Sq, device=q.device)[:, None]
+        j = torch.arange(Sk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + (Sk - Sq), float("-inf"))
+    p = torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=-1)  # fp32 or wider
+    p = torch.nan_to_num(p, nan=0.0).to(q.dtype)  # rows with no visible key: zero output
+    return torch.matmul(p, vv).transpose(1, 2)
+
+
+def reference_grads(q, k, v, dout, causal, scale, dtype):
+    qq, kk, vv = (t.detach().to(dtype).requires_grad_() for t in (q, k, v))
+    o = attention(qq, kk, vv, causal, scale)
+    return torch.autograd.grad(o, (qq, kk, vv), dout.to(dtype))
+
+
+def make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype, generator=g)
+    dout = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype, generator=g)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    return q, k, v, dout, out, lse
+
+
+def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config):
+    seed = int(time.time() * 1e6) % (2**31)
+    q, k, v, dout, out, lse = make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed)
+    scale = 1.0 / math.sqrt(D)
+    grads = flash_attn_bwd(dout, q, k, v, out, lse, scale, causal, config.deterministic, config)
+    torch.cuda.synchronize()
+    ref = reference_grads(q, k, v, dout, causal, scale, torch.float32)
+    low = reference_grads(q, k, v, dout, causal, scale, dtype)
+    info, ok = {"seed": seed}, True
+    for name, g, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
+        err = (g.float() - r).abs().max().item()
+        err_pt = (lo.float() - r).abs().max().item()
+        ulp = (r.to(dtype).float() - r).abs().max().item()
+        nan = bool(torch.isnan(g).any().item())
+        good = (not nan) and err <= 2 * err_pt + 2 * ulp + 1e-5
+        info[name] = dict(err=err, err_torch=err_pt, nan=nan, ok=good)
+        ok &= good
+    return ok, info
+
+
+def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, runs=10):
+    q, k, v, dout, out, lse = make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, 1234)
+    first = flash_attn_bwd(dout, q, k, v, out, lse, None, causal, True, config)
+    same = 0
+    for _ in range(runs - 1):
+        again = flash_attn_bwd(dout, q, k, v, out, lse, None, causal, True, config)
+        same += all(torch.equal(a, b) for a, b in zip(first, again))
+    torch.cuda.synchronize()
+    return same == runs - 1, dict(identical_runs=same + 1, runs=runs)
+
+
+SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (2, 128, 128, 2, 2), (3, 65, 1, 2, 1)]
+VARIANTS = [
+    {}, dict(tile_m=128, dv_operand="smem"), dict(dv_operand="smem"), dict(stages=1), dict(dq_accum="red_v2"),
+    dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4),
+]
+
+
+def correctness(quick):
+    cases = []
+    for D in (64, 128):
+        for causal in (False, True):
+            for det in (False, True):
+                base = default_config(Problem.standard(1024, D, causal=causal, deterministic=det, pass_="bwd"))
+                shapes = SHAPES[:3] if quick else SHAPES + [(1, 4096, 4096, 8, 8)]
+                for sh in shapes:
+                    cases.append(("grad", sh, D, causal, base))
+                for var in VARIANTS[1:]:
+                    cases.append(("grad", (1, 1000, 1000, 8, 2), D, causal, dataclasses.replace(base, **var)))
+                if det:
+                    for sh in ((2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 2048, 2048, 16, 16)):
+                        cases.append(("det", sh, D, causal, base))
+                        cases.append(("det", sh, D, causal, dataclasses.replace(base, dq_accum="red_v2")))
+    results, n_ok = [], 0
+    for kind, sh, D, causal, cfg in cases:
+        B, Sq, Sk, Hq, Hkv = sh
+        q = torch.empty(B, Sq, Hq, D, device="meta", dtype=torch.bfloat16)
+        k = torch.empty(B, Sk, Hkv, D, device="meta", dtype=torch.bfloat16)
+        if violations(cfg, bwd_problem(q, k, k, causal, cfg.deterministic)):
+            continue
+        try:
+            fn = check_case if kind == "grad" else check_deterministic
+            ok, info = fn(B, Sq, Sk, Hq, Hkv, D, causal, torch.bfloat16, cfg)
+        except Exception as e:  # noqa: BLE001 - report and keep going
+            ok, info = False, dict(exception=f"{type(e).__name__}: {e}"[:400])
+        n_ok += ok
+        rec = dict(kind=kind, shape=sh, D=D, causal=causal, config=dataclasses.asdict(cfg), ok=ok, **info)
+        results.append(rec)
+        print(("PASS " if ok else "FAIL ") + json.dumps({k: rec[k] for k in rec if k != "config"}, default=str)
+              + ("" if ok else "  cfg=" + json.dumps(rec["config"])), flush=True)
+    print(f"correctness: {n_ok}/{len(results)} passed", flush=True)
+    return results
+
+
+def bench(seqlen, hds):
+    import triton.testing as tt
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def timed(run):
+        run()
+        return tt.do_bench(run, warmup=20, rep=200, return_mode="median")
+
+    rows = []
+    for D in hds:
+        for causal in (False, True):
+            B, H = max(1, 16384 // seqlen), 2048 // D
+            q, k, v, dout, out, lse = make_inputs(B, seqlen, seqlen, H, H, D, causal, torch.bfloat16, 7)
+            flops = Problem(B, seqlen, seqlen, H, H, D, D, causal=causal, pass_="bwd").flops
+            row = dict(S=seqlen, D=D, causal=causal)
+            runs = {}
+            for det in (False, True):
+                runs[f"ours{' det' if det else ''}"] = (
+                    lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
+                )
+            try:
+                from flash_attn.cute import flash_attn_func as ref_fa4
+
+                for det in (False, True):
+                    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+                    o = ref_fa4(qr, kr, vr, causal=causal, deterministic=det)
+                    o = o[0] if isinstance(o, tuple) else o
+                    runs[f"ref FA4{' det' if det else ''}"] = (
+                        lambda o=o, qr=qr, kr=kr, vr=vr: torch.autograd.grad(o, (qr, kr, vr), dout, retain_graph=True)
+                    )
+            except Exception as e:  # noqa: BLE001
+                print("reference FA4 unavailable:", str(e)[:200])
+            for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
+                try:
+                    qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+                    with sdpa_kernel(backend):
+                        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+                    dos = dout.transpose(1, 2)
+                    runs[name] = lambda o=o, qs=qs, ks=ks, vs=vs, dos=dos: torch.autograd.grad(
+                        o, (qs, ks, vs), dos, retain_graph=True
+                    )
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name} unavailable:", str(e)[:200])
+            for name, run in runs.items():
+                try:
+                    row[name] = flops / timed(run) / 1e9
+                except Exception as e:  # noqa: BLE001
+                    row[name] = None
+                    print(f"{name} failed at S={seqlen} D={D} causal={causal}: {e}"[:300])
+            rows.append(row)
+            ours, det, ref = row.get("ours"), row.get("ours det"), row.get("ref FA4")
+            extra = ""
+            if ours and ref:
+                extra += f" ours/ref={ours / ref:.3f}"
+            if ours and det:
+                extra += f" det/non-det={det / ours:.3f}"
+            print("BENCH " + json.dumps(row) + extra, flush=True)
+    print("\n| hd | causal | ours | ours det | det/non-det | ref FA4 | ref FA4 det | ours/ref | cuDNN | FA2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def f(x):
+        return f"{x:.0f}" if x else "-"
+
+    for r in rows:
+        o, d, rf = r.get("ours"), r.get("ours det"), r.get("ref FA4")
+        print(f"| {r['D']} | {r['causal']} | {f(o)} | {f(d)} | {d / o if o and d else 0:.3f} | {f(rf)} | "
+              f"{f(r.get('ref FA4 det'))} | {o / rf if o and rf else 0:.3f} | {f(r.get('cuDNN'))} | {f(r.get('FA2'))} |")
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--hds", default="64,128")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    res = {}
+    if not a.no_check:
+        res["correctness"] = correctness(a.quick)
+    if not a.no_bench:
+        res["bench"] = bench(a.seqlen, [int(s) for s in a.hds.split(",")])
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(res, fh, indent=1, default=str)
+    if "correctness" in res and not all(r["ok"] for r in res["correctness"]):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

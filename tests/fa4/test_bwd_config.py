@@ -1,0 +1,136 @@
+"""The backward's knob declaration, feasibility function and tile schedule (CPU only).
+
+The schedule functions (fa4.common.bwd_schedule) are the ones the kernel traces; here they
+run on Python ints and are checked against a brute-force scan of the causal mask, and the
+deterministic turns against the launch order (a CTA may only wait for CTAs launched before
+it, or the lock could deadlock while CTAs wait for free SMs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from fa4.arch import SM90, SM100
+from fa4.common.bwd_schedule import dq_turn, m_block_range
+from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs
+from fa4.problem import Problem
+from fa4.sm90.bwd_config import BwdConfigSm90, default_config, smem_bytes, violations
+
+ISSUE_SHAPES = [(8192, hd, causal) for hd in (64, 128) for causal in (False, True)]
+
+
+def bwd(seqlen, hd, causal=False, det=False, **kw) -> Problem:
+    return Problem.standard(seqlen, hd, causal=causal, deterministic=det, pass_="bwd", **kw)
+
+
+@pytest.mark.parametrize("seqlen,hd,causal", ISSUE_SHAPES)
+@pytest.mark.parametrize("det", [False, True])
+def test_default_config_is_feasible(seqlen, hd, causal, det):
+    prob = bwd(seqlen, hd, causal, det)
+    cfg = default_config(prob)
+    assert violations(cfg, prob) == []
+    assert cfg.deterministic == det
+
+
+def test_violations_name_the_problem():
+    cfg = BwdConfigSm90()
+    assert any("backward pass only" in v for v in violations(cfg, Problem.standard(1024, 128)))
+    assert any("sm90" in v for v in violations(cfg, bwd(1024, 128), SM100))
+    assert any("head_dim 96" in v for v in violations(cfg, bwd(1024, 96)))
+    assert any("deterministic" in v for v in violations(cfg, bwd(1024, 128, det=True)))
+    prob = bwd(1024, 128)
+    big = BwdConfigSm90(tile_m=128, stages=2)
+    assert smem_bytes(big, prob) > SM90.smem_per_cta
+    assert any("shared memory" in v for v in violations(big, prob))
+    # Fits in shared memory, but the consumer state does not fit its registers (it spills).
+    regs = BwdConfigSm90(tile_m=128, stages=1, dq_accum="red_v2", dv_operand="smem")
+    assert smem_bytes(regs, prob) <= SM90.smem_per_cta
+    assert any("registers" in v for v in violations(regs, prob))
+
+
+def test_unbuilt_choices_are_single_valued():
+    specs = {s.name: s for s in knob_specs(BwdConfigSm90)}
+    assert specs["cluster_exchange"].choices == (False,) and "not built" in specs["cluster_exchange"].doc
+    assert specs["sdp_swap_ab"].choices == (True,)
+
+
+def test_register_model_matches_measurements():
+    """The compile-only sweep (ptxas 13.0): these fit without spills or C7512, those do not."""
+    fits = [(64, BwdConfigSm90()), (128, BwdConfigSm90()), (128, BwdConfigSm90(dq_accum="red")),
+            (128, BwdConfigSm90(dv_operand="smem")), (64, BwdConfigSm90(tile_m=128, dv_operand="smem")),
+            (64, BwdConfigSm90(tile_m=128, dv_operand="smem", dq_accum="red_v2"))]
+    spills = [(64, BwdConfigSm90(tile_m=128)), (128, BwdConfigSm90(tile_m=128, dv_operand="smem")),
+              (64, BwdConfigSm90(tile_m=128, dq_accum="red_v2"))]
+    for hd, c in fits:
+        assert not [v for v in violations(c, bwd(1024, hd)) if "registers" in v], (hd, c)
+    for hd, c in spills:
+        assert [v for v in violations(c, bwd(1024, hd)) if "registers" in v], (hd, c)
+
+
+def test_knobs_roundtrip_and_schema():
+    for c in iter_configs(BwdConfigSm90):
+        assert config_from_dict(BwdConfigSm90, config_to_dict(c)) == c
+    names = set(json_schema(BwdConfigSm90)["properties"])
+    assert names == {f.name for f in dataclasses.fields(BwdConfigSm90)}
+
+
+def test_some_config_feasible_for_every_supported_problem():
+    for hd, causal, det, gqa in itertools.product((64, 128), (False, True), (False, True), (False, True)):
+        prob = bwd(4096, hd, causal, det, heads_kv=4 if gqa else None)
+        assert any(not violations(c, prob) for c in iter_configs(BwdConfigSm90)), (hd, causal, det, gqa)
+
+
+# ------------------------------------------------------------------------------------------ schedule
+
+SEQS = [(1, 1), (65, 1), (1, 300), (128, 128), (333, 777), (777, 333), (1000, 1000), (257, 129), (64, 640)]
+
+
+def visible(i, j, sq, sk, causal):
+    return j < sk and i < sq and (not causal or j <= i + sk - sq)
+
+
+@pytest.mark.parametrize("sq,sk", SEQS)
+@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_m_block_range_matches_the_mask(sq, sk, tile_m, causal):
+    tile_n = 128
+    num_n = -(-sk // tile_n)
+    for n in range(num_n):
+        m_start, m_masked_end, m_end = m_block_range(n, tile_m, tile_n, sq, sk, causal)
+        keys = range(n * tile_n, (n + 1) * tile_n)
+        for m in range(-(-sq // tile_m)):
+            rows = range(m * tile_m, (m + 1) * tile_m)
+            any_visible = any(visible(i, j, sq, sk, causal) for i in rows for j in keys)
+            # A pair that must be masked: a real query row and a key it may not see.
+            any_masked = any(i < sq and not visible(i, j, sq, sk, causal) for i in rows for j in keys)
+            visited = m_start <= m < m_end
+            if any_visible:
+                assert visited, (n, m)
+            if visited and any_masked:
+                assert m < m_masked_end, (n, m, "masked pairs in an unmasked tile")
+        # Visiting more than the visible tiles is allowed only at the range ends, never skipped inside.
+        assert 0 <= m_start <= m_masked_end <= m_end
+
+
+@pytest.mark.parametrize("sq,sk", SEQS)
+@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("spt", [0, 1])
+def test_dq_turns_are_a_launch_ordered_permutation(sq, sk, tile_m, causal, spt):
+    tile_n = 128
+    num_n = -(-sk // tile_n)
+    # Launch position of key tile n within one head (fa4.common.scheduling.decode_tile: SPT
+    # reverses the order, like LPT reverses m in the forward).
+    launch = {n: (num_n - 1 - n if spt else n) for n in range(num_n)}
+    for m in range(-(-sq // tile_m)):
+        visitors = [n for n in range(num_n) if m_block_range(n, tile_m, tile_n, sq, sk, causal)[0] <= m
+                    < m_block_range(n, tile_m, tile_n, sq, sk, causal)[2]]
+        if not visitors:
+            continue
+        turns = {n: dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt) for n in visitors}
+        assert sorted(turns.values()) == list(range(len(visitors))), (m, turns)
+        by_turn = sorted(visitors, key=turns.get)
+        assert [launch[n] for n in by_turn] == sorted(launch[n] for n in visitors), (m, turns)
