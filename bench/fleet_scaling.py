@@ -77,7 +77,9 @@ def tune(n: int, a) -> dict:
         tail = (d / "stderr.log").read_text().splitlines()[-15:]
         raise SystemExit(f"fleet_scaling: the {n}-GPU run failed (exit {p.returncode}):\n" + "\n".join(tail))
     doc = json.loads(p.stdout)
-    run = {"gpus": n, "wall_s": wall, "command": " ".join(cmd[1:]), "results": doc["results"],
+    # fa4-tune prints one result for one shape, {"results": [...]} for several.
+    results = doc["results"] if "results" in doc else [{k: v for k, v in doc.items() if k not in ("workers", "push")}]
+    run = {"gpus": n, "wall_s": wall, "command": " ".join(cmd[1:]), "results": results,
            "workers": doc.get("workers"), "db": str(d / "results.db"),
            "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     (d / "run.json").write_text(json.dumps(run, indent=2, default=str))
@@ -176,7 +178,19 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help=f"where runs and the summary go (default {OUT.relative_to(ROOT)}; "
                     "with --virtual a temp dir)")
     a = ap.parse_args(argv)
-    a.argv = list(argv if argv is not None else sys.argv[1:])
+    # For the "Reproduce" line: the options that shape the runs, not which half ran when.
+    raw = list(argv if argv is not None else sys.argv[1:])
+    a.argv = []
+    skip = False
+    for x in raw:
+        if skip or x == "--report":
+            skip = False
+            continue
+        if x == "--runs":
+            skip = True
+            continue
+        if not x.startswith("--runs="):
+            a.argv.append(x)
     if a.out or a.virtual:
         import tempfile
 

@@ -137,7 +137,7 @@ def print_no_gpu(report: dict, console) -> None:
         )
         for e in comp["errors"][:5]:
             console.print(escape(f"  {e['config']}: {e['error']}"))
-    console.print(f"[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
+    console.print("[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
 
 
 def print_result(res, console) -> None:
@@ -169,6 +169,14 @@ def print_result(res, console) -> None:
     console.print(escape(f"Optuna study: {res.study_name} in {res.storage}"))
 
 
+def _shape_label(p: Problem) -> str:
+    """Short enough for a table row; the full key is in the study name and --json."""
+    kv = f"/{p.heads_kv}" if p.heads_kv != p.heads_q else ""
+    sk = f"x{p.seqlen_k}" if p.seqlen_k != p.seqlen_q else ""
+    flags = "".join(f" {f}" for f, on in (("causal", p.causal), ("det", p.deterministic)) if on)
+    return f"b{p.batch} s{p.seqlen_q}{sk} h{p.heads_q}{kv} d{p.head_dim} {p.dtype} {p.pass_}{flags}"
+
+
 def print_summary(results: list[dict], console) -> None:
     """One line per shape for multi-shape runs."""
     from rich.markup import escape
@@ -182,7 +190,7 @@ def print_summary(results: list[dict], console) -> None:
         t.add_column(col, justify="left" if col in ("shape", "best config") else "right", no_wrap=True)
     for r in results:
         d, b = r["default"] or {}, r["best"] or {}
-        t.add_row(Problem.from_dict(r["problem"]).key(), _fmt(d.get("tflops"), ".1f"), _fmt(b.get("tflops"), ".1f"),
+        t.add_row(_shape_label(Problem.from_dict(r["problem"])), _fmt(d.get("tflops"), ".1f"), _fmt(b.get("tflops"), ".1f"),
                   "-" if r["speedup"] is None else f"{r['speedup']:.3f}x", escape(b.get("label", "-")),
                   str(r["trials"]))
     console.print(t)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 from importlib.metadata import PackageNotFoundError, version
 
@@ -13,7 +14,8 @@ def _pkg_version(name: str) -> str | None:
         return None
 
 
-def _driver_version() -> str | None:
+@functools.lru_cache(maxsize=1)
+def _driver_version() -> str | None:  # cached: a fleet worker asks once per shape
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],

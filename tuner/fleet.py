@@ -211,7 +211,7 @@ def worker_main(spec: dict) -> int:
 
     def on_trial(t, study, trial):
         ua = trial.user_attrs
-        what = f"{ua.get('tflops'):.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
+        what = f"{trial.value:.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
         dup = f" (= trial {ua['duplicate_of']})" if "duplicate_of" in ua else ""
         print(f"[{slot}] {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
               f"{what}{dup}", file=sys.stderr, flush=True)

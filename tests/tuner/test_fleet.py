@@ -143,7 +143,9 @@ def test_two_workers_grid_two_shapes_like_the_recording(tmp_path):
         best = recorded_best(problem)
         # The whole grid was measured across two processes, so the recorded best must win.
         assert res["best"]["config"] == best["config"] and res["best"]["tflops"] == pytest.approx(best["tflops"])
-        assert res["trials"] == res["budget"] == n_space + 1 and res["failed"] == 0
+        # The grid plus the enqueued default; two workers can be handed the same point at the
+        # same instant (Optuna's GridSampler says so), which costs at most one extra trial.
+        assert res["budget"] == n_space + 1 <= res["trials"] <= n_space + 2 and res["failed"] == 0
         study = load(res["storage"], res["study_name"])
         workers_seen |= {t.user_attrs.get("worker") for t in study.trials}
         grid_points = {json.dumps(t.params, sort_keys=True) for t in study.trials}
@@ -176,14 +178,14 @@ def test_sigkill_mid_trial_is_retried_and_the_db_stays_whole(tmp_path):
     budget = 6
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                CUDA_VISIBLE_DEVICES="", FA4_LOCK_DIR=str(tmp_path / "locks"), FA4_TEST_MARKERS=str(markers),
-               FA4_TEST_SLOW_S="1.0", FA4_HEARTBEAT_S="1")
+               FA4_TEST_SLOW_S="1.5", FA4_HEARTBEAT_S="2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner.cli", "--shapes", shapes_file(tmp_path, problems), "--provider",
          "tests.tuner.fake_providers:SlowReplay", "--devices", "cpu0,cpu1,cpu2", "--trials", str(budget),
          "--db", db, "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Wait until every worker is measuring, then kill the one that started last: it is
-        # 1 s from done, inside the provider's measure(), before anything is stored.
+        # up to 1.5 s from done, inside the provider's measure(), before anything is stored.
         deadline = time.monotonic() + 120
         while len({p.name.split("-")[0] for p in markers.iterdir()}) < 3:
             assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() else ""
@@ -238,7 +240,8 @@ def test_study_names_match_the_single_gpu_runs(tmp_path):
     a, b = json.loads(first.stdout), json.loads(more.stdout)
     assert a["study_name"] == b["study_name"] == study_name(REC.device_info()["name"], "replay",
                                                             Problem.standard(8192, 128))
-    assert b["trials"] == 9 and b["resumed_with"] == 5
+    # Two workers that both see one trial left may both start one: at most one extra.
+    assert 9 <= b["trials"] <= 10 and b["resumed_with"] == 5
 
 
 def test_fleet_scaling_bench_runs_and_compares_without_a_gpu(tmp_path):

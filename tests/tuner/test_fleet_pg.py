@@ -64,7 +64,7 @@ def _host(tmp_path, name, devices, storage, shapes, budget):
     (d / "markers").mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                CUDA_VISIBLE_DEVICES="", FA4_LOCK_DIR=str(d / "locks"), FA4_TEST_MARKERS=str(d / "markers"),
-               FA4_TEST_SLOW_S="1.0", FA4_HEARTBEAT_S="1")
+               FA4_TEST_SLOW_S="1.5", FA4_HEARTBEAT_S="2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner.cli", "--shapes", shapes, "--provider", "tests.tuner.fake_providers:SlowReplay",
          "--devices", devices, "--trials", str(budget), "--storage", storage, "--db", f"sqlite:///{d / 'r.db'}",
