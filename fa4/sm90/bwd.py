@@ -522,6 +522,9 @@ class FlashBwdSm90:
                     self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
                 )
             if lane == 0:
+                if cutlass.const_expr(self.deterministic):
+                    # The previous turn's adds were made by the async proxy: order ours after them.
+                    cute.arch.fence_proxy("async.global")
                 gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
                 semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
                 cute.arch.cp_async_bulk_commit_group()
