@@ -65,6 +65,8 @@ class FlashFwdSm90:
         self.pingpong_mma = config.pingpong in ("mma", "mma_exp")
         self.pingpong_exp = config.pingpong == "mma_exp"
         self.overlap = config.intra_wg_overlap
+        # One mainloop step, chosen at trace time: QK(j) and PV(j-1) in flight together, or serial.
+        self.step = self.step_overlap if self.overlap else self.step_serial
         # Columns of a thread's S row evaluated on the FMA pipe: the row has tile_n / 4
         # elements per thread (two per 8-column block).
         self.emulated = frozenset(emulated_indices(self.tile_n // 4, config.exp2_emu_frac))
@@ -344,48 +346,30 @@ class FlashFwdSm90:
         tOrP_as_S.store(acc_S.load().to(self.dtype))
         acc_O.fill(0.0)
 
+        # Masked tiles first (n descending reaches the diagonal first), then the rest.
+        for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
+            k_state, v_state = self.step(
+                qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
+            )
+        n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
+        for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
+            k_state, v_state = self.step(
+                qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
+            )
+        # The last PV (with overlap it takes its ping-pong turn like every GEMM issue).
+        pipe_v.consumer_wait(v_state)
         if cutlass.const_expr(self.overlap):
-            # Masked tiles first (n descending reaches the diagonal first), then the rest.
-            for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
-                k_state, v_state = self.step_overlap(
-                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
-                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
-                )
-            n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
-            for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
-                k_state, v_state = self.step_overlap(
-                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
-                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
-                )
-            # The last PV.
-            pipe_v.consumer_wait(v_state)
             self.mma_turn_wait(cwg)
-            self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
-            warpgroup.commit_group()
+        self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        warpgroup.commit_group()
+        if cutlass.const_expr(self.overlap):
             self.mma_turn_pass(cwg)
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(v_state)
-        else:
-            for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
-                k_state, v_state = self.step_serial(
-                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
-                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
-                )
-            n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
-            for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
-                k_state, v_state = self.step_serial(
-                    qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
-                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
-                )
-            pipe_v.consumer_wait(v_state)
-            self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe_v.consumer_release(v_state)
+        warpgroup.wait_group(0)
+        pipe_v.consumer_release(v_state)
 
         # ---- epilogue
         lse = cute.make_rmem_tensor((nrow,), Float32)
