@@ -338,14 +338,5 @@ def _run_with_progress(tuner, console):
         return tuner.run(on_trial=on_trial, on_start=on_start)
 
 
-def serve_placeholder(argv=None) -> int:
-    print(
-        "fa4-serve: the results service (REST API over the results DB) arrives with issue 5; "
-        "it is not implemented yet.",
-        file=sys.stderr,
-    )
-    return 2
-
-
 if __name__ == "__main__":
     sys.exit(main())

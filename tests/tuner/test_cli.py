@@ -95,9 +95,3 @@ def test_replay_end_to_end_and_resume(tmp_path):
     assert table.returncode == 0
     for needle in ("default", "best", "speedup best/default", "results DB:", "Optuna study:", "128x160 RS OL"):
         assert needle in table.stdout
-
-
-def test_serve_placeholder_says_what_and_exits_2():
-    r = subprocess.run([sys.executable, "-c", "import sys, tuner.cli as c; sys.exit(c.serve_placeholder())"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "issue 5" in r.stderr
