@@ -41,7 +41,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4.common import bwd_schedule, scheduling, semaphore
+from fa4.common import bwd_schedule, mma, scheduling, semaphore
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
@@ -452,10 +452,10 @@ class FlashBwdSm90:
         i = m - m_start
         state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
         pipe_q.consumer_wait(state)
-        self.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
+        mma.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
         pipe_do.consumer_wait(state)
-        self.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index], zero_init=True)
+        mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
 
         warpgroup.wait_group(1)
@@ -471,7 +471,7 @@ class FlashBwdSm90:
             cute.autovec_copy(tdVrP_as_S, tPsP)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=BAR_P + ctid // THREADS_PER_WG, number_of_threads=THREADS_PER_WG)
-        self.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
+        mma.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
         warpgroup.commit_group()
 
         # Waiting for dV too (not only dP^T): P^T's 16-bit registers are free before dS^T's are
@@ -481,7 +481,7 @@ class FlashBwdSm90:
             for c in cutlass.range_constexpr(ncol):
                 dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
         tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
-        self.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
+        mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
         warpgroup.commit_group()
 
         # dS^T to shared memory for dQ: wait until both consumers' previous dQ GEMMs are done.
@@ -492,7 +492,7 @@ class FlashBwdSm90:
         # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)
-        self.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, 0], tdQrKt[None, None, None, 0], zero_init=True)
+        mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, 0], tdQrKt[None, None, None, 0], zero_init=True)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
@@ -628,13 +628,3 @@ class FlashBwdSm90:
                     tdVg[i] = rdV[i]
 
     # ---------------------------------------------------------------- helpers
-    @cute.jit
-    def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
-        # wgmma.fence: accumulators / A registers were written by ordinary instructions.
-        warpgroup.fence()
-        # A private atom per call: setting ACCUMULATE on the shared tiled MMA inside a dynamic
-        # loop would leak an SSA value out of the loop body.
-        atom = cute.make_mma_atom(tiled_mma.op)
-        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            atom.set(warpgroup.Field.ACCUMULATE, (not zero_init) or k != 0)
-            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)

@@ -16,7 +16,6 @@ conditional rescaling, and the tile order (LPT, head swizzle).
 
 from __future__ import annotations
 
-import math
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -28,7 +27,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4.common import masking, scheduling, softmax
+from fa4.common import masking, mma, scheduling, softmax
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
 from fa4.sm90.fwd_config import (
@@ -333,7 +332,7 @@ class FlashFwdSm90:
         n_first = n_block_max - 1
         pipe_k.consumer_wait(k_state)
         self.mma_turn_wait(cwg)
-        self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        mma.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
         warpgroup.commit_group()
         self.mma_turn_pass(cwg)
         warpgroup.wait_group(0)
@@ -364,7 +363,7 @@ class FlashFwdSm90:
         pipe_v.consumer_wait(v_state)
         if cutlass.const_expr(self.overlap):
             self.mma_turn_wait(cwg)
-        self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
         if cutlass.const_expr(self.overlap):
             self.mma_turn_pass(cwg)
@@ -409,11 +408,11 @@ class FlashFwdSm90:
         """Issue QK(n) and PV(previous) back to back; softmax of S(n) runs under PV."""
         pipe_k.consumer_wait(k_state)
         self.mma_turn_wait(cwg)
-        self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        mma.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
         # Two commit groups, so that wait_group(1) below retires S(n) while PV keeps running.
         warpgroup.commit_group()
         pipe_v.consumer_wait(v_state)
-        self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
         self.mma_turn_pass(cwg)
         warpgroup.wait_group(1)
@@ -440,11 +439,11 @@ class FlashFwdSm90:
     ):
         """PV(previous) to completion, then QK(n) to completion, then softmax(n)."""
         pipe_v.consumer_wait(v_state)
-        self.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
         pipe_k.consumer_wait(k_state)
         self.mma_turn_wait(cwg)
-        self.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
+        mma.gemm(qk_mma, acc_S, tSrQ_wg, tSrK[None, None, None, k_state.index], zero_init=True)
         warpgroup.commit_group()
         self.mma_turn_pass(cwg)
         warpgroup.wait_group(0)
@@ -461,17 +460,6 @@ class FlashFwdSm90:
         return k_state, v_state
 
     # ---------------------------------------------------------------- helpers
-    @cute.jit
-    def gemm(self, tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
-        # wgmma.fence: the accumulator / A registers were written by ordinary instructions.
-        warpgroup.fence()
-        # A private atom per call: setting ACCUMULATE on the shared tiled MMA inside a
-        # dynamic loop would leak an SSA value out of the loop body.
-        atom = cute.make_mma_atom(tiled_mma.op)
-        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-            atom.set(warpgroup.Field.ACCUMULATE, (not zero_init) or k != 0)
-            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-
     @cute.jit
     def next_wg(self, cwg):
         nxt = cwg + 1
