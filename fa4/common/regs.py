@@ -1,4 +1,5 @@
-"""Keeping loop-invariant address arithmetic out of the register file.
+"""Register-file rules: the setmaxnreg split a CTA can be granted, and keeping loop-invariant
+address arithmetic out of the register file.
 
 A thread's stores into a swizzled shared-memory tile go to addresses that are a function of
 the thread index, with no common base + immediate form (the swizzle XORs thread bits into
@@ -11,6 +12,42 @@ makes the addresses loop-variant: they are recomputed (a few integer ops) and di
 from cutlass import Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+REGISTER_FILE = 65536  # 32-bit registers per SM on sm_90 (and what one CTA may own)
+
+
+def launch_registers(threads: int) -> int:
+    """Registers per thread a kernel of `threads` threads gets at launch with one CTA per SM.
+
+    ptxas allocates in units of 8 per thread; with __launch_bounds__(threads, 1) it may use at
+    most the whole register file divided by the threads.
+    """
+    return REGISTER_FILE // threads // 8 * 8
+
+
+def reg_split_violation(consumer_wgs: int, consumer: int, producer: int) -> str | None:
+    """Why a setmaxnreg split (registers per consumer / producer thread) cannot be granted.
+
+    The registers released by setmaxnreg.dec go into a pool owned by the CTA, which holds what
+    the CTA got at launch (launch_registers x threads). setmaxnreg.inc blocks until the pool can
+    pay for the request, so a split whose total exceeds the launch allocation never completes:
+    the consumer warpgroups hang at their first instruction. (240, 32) at 3 warpgroups is such
+    a split: 65,536 > 64,512.
+    """
+    threads = 128 * (consumer_wgs + 1)
+    pool = launch_registers(threads) * threads
+    need = 128 * (consumer_wgs * consumer + producer)
+    for r in (consumer, producer):
+        if r % 8 or not 24 <= r <= 256:
+            return f"setmaxnreg count {r} must be a multiple of 8 in [24, 256]"
+    if need > pool:
+        return (
+            f"register split {consumer}/{producer} over {consumer_wgs}+1 warpgroups needs {need} registers, "
+            f"the CTA owns {pool} ({launch_registers(threads)} x {threads} threads at launch): setmaxnreg.inc "
+            "would wait forever"
+        )
+    return None
+
 
 
 @dsl_user_op

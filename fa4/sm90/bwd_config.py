@@ -31,9 +31,12 @@ CONSUMER_WGS = 2
 # (fa4.common.regs.opaque): hoisted, they held 16 registers and hd128 spilled.
 CONSUMER_REG_BUDGET = 240
 PATH_OVERHEAD = {"bulk": 24, "red_v2": 32, "red": 32}
-# setmaxnreg (consumer, producer): 2 x 240 + 32 = 512 registers x 128 threads = the whole 64K file.
-# The producer keeps 32, not 24: its dQ writer warp holds the lock and address state.
-REG_SPLIT = (240, 32)
+# setmaxnreg (consumer, producer): the CTA owns 168 x 384 = 64,512 registers from its launch,
+# and setmaxnreg.inc can only hand out what the producer's .dec gave back into that pool:
+# 2 x 240 + 24 = 504 per lane-slot x 128 = 64,512. The first version kept 32 for the producer
+# (65,536 in all) and hung on the H200: the consumers waited forever for 1,024 registers
+# (fa4.common.regs.reg_split_violation; a CPU test checks both kernels' splits).
+REG_SPLIT = (240, 24)
 SMEM_RESERVED = 2048
 
 

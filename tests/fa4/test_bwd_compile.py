@@ -111,7 +111,14 @@ def test_main_kernel_codegen(hd, causal, gqa, config):
     ops = cc.count_ops(cc.sass_opcodes(sass), ["HGMMA", "MUFU.EX2", "LDL", "STL"])
     assert ops["HGMMA"] > 0, "no WGMMA in the kernel"
     assert ops["LDL"] == 0 and ops["STL"] == 0, f"local memory traffic (spills): {ops}"
-    assert all(not k.frame_bytes for k in cc.cubin_resources(cubin).values())
+    res = cc.cubin_resources(cubin)
+    assert all(not k.frame_bytes for k in res.values())
+    # setmaxnreg can only redistribute what the CTA got at launch (a split over it hangs).
+    from fa4.common.regs import launch_registers, reg_split_violation
+    from fa4.sm90.bwd_config import REG_SPLIT
+
+    assert max(k.registers for k in res.values() if k.registers) == launch_registers(384)
+    assert reg_split_violation(2, *REG_SPLIT) is None
     per, log = cc.ptxas_verbose(ptx)
     assert "C7512" not in log and "serialized" not in log, log[-800:]
     for name, kr in per.items():

@@ -134,3 +134,16 @@ def test_dq_turns_are_a_launch_ordered_permutation(sq, sk, tile_m, causal, spt):
         assert sorted(turns.values()) == list(range(len(visitors))), (m, turns)
         by_turn = sorted(visitors, key=turns.get)
         assert [launch[n] for n in by_turn] == sorted(launch[n] for n in visitors), (m, turns)
+
+
+def test_register_splits_fit_the_launch_allocation():
+    from fa4.common.regs import launch_registers, reg_split_violation
+    from fa4.sm90 import bwd_config, fwd_config
+
+    assert launch_registers(384) == 168 and launch_registers(512) == 128
+    assert reg_split_violation(2, *bwd_config.REG_SPLIT) is None
+    for wgs, split in fwd_config.REG_SPLIT.items():
+        assert reg_split_violation(wgs, *split) is None
+    # The split the first backward used: 2 x 240 + 32 over 128 lanes = 65,536 > 168 x 384.
+    assert "wait forever" in reg_split_violation(2, 240, 32)
+    assert "multiple of 8" in reg_split_violation(2, 236, 24)

@@ -97,6 +97,14 @@ def test_kernel_codegen(hd, causal, config):
     assert "C7512" not in log and "serialized" not in log, log[-800:]
     for name, kr in per.items():
         assert not kr.spill_store_bytes and not kr.spill_load_bytes, (name, kr)
+    # setmaxnreg can only redistribute what the CTA got at launch (a split over it hangs).
+    from fa4.common.regs import launch_registers, reg_split_violation
+    from fa4.sm90.fwd_config import REG_SPLIT
+
+    wgs = config.tile_m // 64
+    regs = [k.registers for k in cc.cubin_resources(cubin).values() if k.registers]
+    assert max(regs) == launch_registers(128 * (wgs + 1))
+    assert reg_split_violation(wgs, *REG_SPLIT[wgs]) is None
     # exp2 split: each softmax code path (first tile, masked loop, unmasked loop) evaluates a
     # thread's 2 rows x tile_n/4 elements; ex2s not in those paths (the rescale factors, at
     # most 2 per step path) are counted by the remainder.
