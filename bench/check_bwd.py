@@ -9,7 +9,7 @@ Timing (backward only; triton do_bench median, peers in the same process, S=8192
 heads*hd=2048): ours non-deterministic and deterministic, reference FA4 (both modes when it
 takes deterministic=), cuDNN and FA2 through SDPA.
 
-    python bench/check_bwd.py [--quick] [--no-check] [--no-bench] [--out results.json]
+    python bench/check_bwd.py [--quick] [--no-check] [--no-bench] [--out results.json] [--variants JSON]
 """
 
 from __future__ import annotations
@@ -68,15 +68,22 @@ def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config):
     scale = 1.0 / math.sqrt(D)
     grads = flash_attn_bwd(dout, q, k, v, out, lse, scale, causal, config.deterministic, config)
     torch.cuda.synchronize()
+    ok, info = grads_match_reference(grads, q, k, v, dout, causal, scale)
+    return ok, {"seed": seed, **info}
+
+
+def grads_match_reference(grads, q, k, v, dout, causal, scale):
+    """The error rule above for (dq, dk, dv) of attention(q, k, v) with upstream gradient dout."""
+    dtype = q.dtype
     ref = reference_grads(q, k, v, dout, causal, scale, torch.float32)
     low = reference_grads(q, k, v, dout, causal, scale, dtype)
-    info, ok = {"seed": seed}, True
+    info, ok = {}, True
     for name, g, r, lo in zip(("dq", "dk", "dv"), grads, ref, low):
         err = (g.float() - r).abs().max().item()
         err_pt = (lo.float() - r).abs().max().item()
         ulp = (r.to(dtype).float() - r).abs().max().item()
         nan = bool(torch.isnan(g).any().item())
-        good = (not nan) and err <= 2 * err_pt + 2 * ulp + 1e-5
+        good = (not nan) and g.shape == r.shape and err <= 2 * err_pt + 2 * ulp + 1e-5
         info[name] = dict(err=err, err_torch=err_pt, nan=nan, ok=good)
         ok &= good
     return ok, info
@@ -95,7 +102,8 @@ def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, runs=10):
 
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (2, 128, 128, 2, 2), (3, 65, 1, 2, 1)]
 VARIANTS = [
-    {}, dict(tile_m=128, dv_operand="smem"), dict(dv_operand="smem"), dict(stages=1), dict(dq_accum="red_v2"),
+    {}, dict(tile_m=128, dv_operand="smem", ds_stages=1), dict(dv_operand="smem"), dict(stages=1), dict(ds_stages=1),
+    dict(dq_accum="red_v2"),
     dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4),
 ]
 
@@ -136,7 +144,7 @@ def correctness(quick):
     return results
 
 
-def bench(seqlen, hds):
+def bench(seqlen, hds, variants=()):
     import triton.testing as tt
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -157,6 +165,13 @@ def bench(seqlen, hds):
                 runs[f"ours{' det' if det else ''}"] = (
                     lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
                 )
+            prob = bwd_problem(q, k, v, causal, False)
+            for var in variants:
+                cfg = dataclasses.replace(default_config(prob), **var)
+                if not violations(cfg, prob):
+                    runs["ours " + json.dumps(var, separators=(",", ":"))] = (
+                        lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, False, cfg)
+                    )
             try:
                 from flash_attn.cute import flash_attn_func as ref_fa4
 
@@ -215,13 +230,15 @@ def main():
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--hds", default="64,128")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default="[]",
+                    help='JSON list of knob overrides of the default, each timed non-deterministic: [{"ds_stages":1}]')
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     res = {}
     if not a.no_check:
         res["correctness"] = correctness(a.quick)
     if not a.no_bench:
-        res["bench"] = bench(a.seqlen, [int(s) for s in a.hds.split(",")])
+        res["bench"] = bench(a.seqlen, [int(s) for s in a.hds.split(",")], json.loads(a.variants))
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(res, fh, indent=1, default=str)

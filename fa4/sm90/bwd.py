@@ -46,16 +46,17 @@ from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
+from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 
-# Named barrier ids (0 is __syncthreads); all span the 256 consumer threads.
-BAR_DS_FREE = 1  # both consumers' dQ GEMMs have finished reading sdS
-BAR_DS_FULL = 2  # both halves of dS^T are in sdS
-BAR_SEM = 3  # semaphore turn acquired / all adds issued
-BAR_DQ_FULL = 4  # consumers -> dQ writer warp: the fp32 dQ tile is in sdQ
-BAR_DQ_EMPTY = 5  # dQ writer warp -> consumers: the bulk reduction has read sdQ
-BAR_P = 6  # 6..7: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
+# Named barrier ids (0 is __syncthreads).
+BAR_DS_FREE = 1  # 256 consumers: both dQ GEMMs have finished reading sdS (ds_stages 1 only)
+BAR_DS_FULL = 2  # 256 consumers: both halves of dS^T are in sdS
+BAR_SEM = 3  # 256 consumers: semaphore turn acquired / all adds issued
+BAR_DQ_FULL = 4  # 4..5, per consumer warpgroup + the writer warp: its dQ chunk is in sdQ
+BAR_DQ_EMPTY = 6  # 6..7, writer warp -> one consumer warpgroup: the bulk reduction has read sdQ
+BAR_P = 8  # 8..9: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
-NUM_DQ_SYNC_THREADS = NUM_CONSUMER_THREADS + 32
+NUM_DQ_SYNC_THREADS = THREADS_PER_WG + 32
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -84,6 +85,7 @@ class FlashBwdSm90:
         # MMA warpgroups never spin on a lock.
         self.dq_bulk = config.dq_accum == "bulk"
         self.p_smem = config.dv_operand == "smem"
+        self.ds_stages = config.ds_stages
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
         self.kv_v2 = config.dq_accum != "red"
         self.num_threads = THREADS_PER_WG * 3
@@ -130,9 +132,7 @@ class FlashBwdSm90:
         dv_mma = self.make_dv_mma(dkv_mma)
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
         # B = K^T (head_dim contiguous); the two consumers split head_dim.
-        dq_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, mnmaj, mnmaj, Float32, (1, 2, 1), (ROWS_PER_WG, d // 2)
-        )
+        dq_mma = make_dq_mma(self.dtype, d)
         row_major = utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
         sK_layout = sm90_utils.make_smem_layout_a(row_major, sdp_tiler, self.dtype, 1)
@@ -140,7 +140,7 @@ class FlashBwdSm90:
         sQ_layout = sm90_utils.make_smem_layout_b(row_major, sdp_tiler, self.dtype, self.q_stages)
         sdO_layout = sm90_utils.make_smem_layout_b(row_major, sdp_tiler, self.dtype, self.do_stages)
         sdS_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, 1
+            utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.ds_stages
         )
         sP_layout = sm90_utils.make_smem_layout_a(row_major, (self.tile_n, d, self.tile_m), self.dtype, 1)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
@@ -246,15 +246,15 @@ class FlashBwdSm90:
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, 1)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
-        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (m, n, 1)
+        sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (m, n, ds_stages)
         sP = sdS  # placeholder: only read when dv_operand is 'smem'
         if cutlass.const_expr(self.p_smem):
             sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (n, m, 1)
         sLSE = storage.sLSE.get_tensor(sStat_layout)  # (m, q_stages)
         sDsum = storage.sDsum.get_tensor(sDsum_layout)  # (m, do_stages)
-        # Row-major fp32 dQ tile: the same byte order as the tile in the accumulator, so one
-        # linear bulk reduction adds it.
-        sdQ = storage.sdQ.get_tensor(cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim, 1)))
+        # fp32 dQ tile in fragment order ((4, F/4), (thread, warpgroup)): the byte order of the tile
+        # in the accumulator too, so one linear bulk reduction adds it (fa4.sm90.bwd_prepost).
+        sdQ = cute.make_tensor(storage.sdQ.data_ptr(), dq_frag_layout(self.tile_m, self.head_dim))
 
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_THREADS // 32)
@@ -303,8 +303,9 @@ class FlashBwdSm90:
             self.consumer(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
-                n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
+                n_block, head, batch, num_n,
                 m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
+                (bidx, mQ, mK, head_swizzle),
             )
 
     @cute.jit
@@ -370,8 +371,8 @@ class FlashBwdSm90:
     def consumer(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
-        n_block, head, head_kv, batch, qhead_per_kvhead, num_n,
-        m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
+        n_block, head, batch, num_n,
+        m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args,
     ):
         d = self.head_dim
         sdp_thr = sdp_mma.get_slice(ctid)
@@ -430,9 +431,15 @@ class FlashBwdSm90:
                 mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
                 seqlen_q, seqlen_k, scale_log2, spt, False,
             )
+        # The tile coordinates again, from the block index: recomputing them here is a few
+        # integer ops, holding them through the mainloop cost registers the loop needs.
+        bidx, mQ, mK, head_swizzle = coord_args
+        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _ = self.tile_coords(
+            opaque(bidx), mQ, mK, head_swizzle, spt
+        )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, seqlen_k, scale,
+            qhead_per_kvhead, mK.shape[0], scale,
         )
 
     @cute.jit
@@ -451,6 +458,7 @@ class FlashBwdSm90:
         # iterations (two fewer live registers in a loop that is at the register limit).
         i = m - m_start
         state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
+        ds_buf = i % self.ds_stages
         pipe_q.consumer_wait(state)
         mma.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
@@ -464,48 +472,61 @@ class FlashBwdSm90:
         for r in cutlass.range_constexpr(nrow):
             for c in cutlass.range_constexpr(ncol):
                 s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - sLSE[col0 + c0_mn[0, c][1], state.index])
+        warpgroup.wait_group(0)
+        for r in cutlass.range_constexpr(nrow):
+            for c in cutlass.range_constexpr(ncol):
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
+        # Both 16-bit conversions after the pointwise loops: P^T and dS^T are never live beside
+        # the fp32 S^T and dP^T (the register budget at head_dim 128).
         tdVrP_as_S.store(acc_S.load().to(self.dtype))
+        tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
         if cutlass.const_expr(self.p_smem):
             # Only this warpgroup's 64 rows of P^T feed its dV WGMMA: a warpgroup-local barrier.
             tPsP = sdp_mma.get_slice(opaque(ctid)).partition_C(sP[None, None, 0])
             cute.autovec_copy(tdVrP_as_S, tPsP)
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=BAR_P + ctid // THREADS_PER_WG, number_of_threads=THREADS_PER_WG)
+        # dV runs while dS^T is stored and the consumers meet at the barrier.
         mma.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
         warpgroup.commit_group()
 
-        # Waiting for dV too (not only dP^T): P^T's 16-bit registers are free before dS^T's are
-        # written, which keeps the two from being live together (register budget at hd128).
-        warpgroup.wait_group(0)
-        for r in cutlass.range_constexpr(nrow):
-            for c in cutlass.range_constexpr(ncol):
-                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
-        tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
-        mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
-        warpgroup.commit_group()
-
-        # dS^T to shared memory for dQ: wait until both consumers' previous dQ GEMMs are done.
-        cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
+        if cutlass.const_expr(self.ds_stages == 1):
+            # One buffer: both consumers' previous dQ GEMMs must have read it.
+            cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
         # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
-        tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, 0])
+        tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
         cute.autovec_copy(tdKrdS_as_S, tdSsdS)
         # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)
-        mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, 0], tdQrKt[None, None, None, 0], zero_init=True)
+        mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt[None, None, None, 0], zero_init=True)
         warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        pipe_q.consumer_release(state)
+        mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
+        warpgroup.commit_group()
+        # dV and dQ done, dK may still run: dO is free, and dQ leaves while dK computes.
+        warpgroup.wait_group(1)
         pipe_do.consumer_release(state)
         if cutlass.const_expr(self.dq_bulk):
-            # Wait until the writer warp's previous bulk reduction has read sdQ, then refill it.
-            cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
-            cute.autovec_copy(acc_dQ, dq_thr.partition_C(sdQ))
+            # Wait until the writer warp's previous bulk reduction has read this warpgroup's
+            # chunk of sdQ, then refill it: 16-byte stores, consecutive threads on consecutive
+            # 16 bytes (no bank conflicts).
+            # Immediate barrier ids in two branches: a computed id would hold a register across
+            # the loop, and the consumers are at their register limit.
+            if ctid < THREADS_PER_WG:
+                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+            else:
+                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + 1, number_of_threads=NUM_DQ_SYNC_THREADS)
+            cute.autovec_copy(dq_frag_view(acc_dQ), sdQ[None, ctid])
             # The bulk copy reads shared memory through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
+            if ctid < THREADS_PER_WG:
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
+            else:
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + 1, number_of_threads=NUM_DQ_SYNC_THREADS)
         else:
-            self.add_dq(dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
+            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
+        warpgroup.wait_group(0)
+        pipe_q.consumer_release(state)
 
     @cute.jit
     def dq_writer(self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt):
@@ -513,9 +534,11 @@ class FlashBwdSm90:
         nbytes = self.tile_m * self.head_dim * 4
         # sdQ starts empty (no arrive for an empty range: every arrive must meet a consumer wait).
         if m_start < m_end:
-            cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+            for wg in cutlass.range_constexpr(2):
+                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
         for m in cutlass.range(m_start, m_end, unroll=1):
-            cute.arch.barrier(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
+            for wg in cutlass.range_constexpr(2):
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
             if cutlass.const_expr(self.deterministic):
                 semaphore.wait_turn(
                     mSemQ[batch, head, None].iterator + m,
@@ -526,13 +549,15 @@ class FlashBwdSm90:
                     # The previous turn's adds were made by the async proxy: order ours after them.
                     cute.arch.fence_proxy("async.global")
                 gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
+                # Both warpgroups' chunks: one contiguous tile in fragment order.
                 semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
             # No arrive after the last tile: every arrive must meet a consumer wait.
             if m + 1 < m_end:
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
+                for wg in cutlass.range_constexpr(2):
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
             if cutlass.const_expr(self.deterministic):
                 if lane == 0:
                     # The next turn may only start once our adds are performed, not just read.
@@ -543,15 +568,24 @@ class FlashBwdSm90:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def add_dq(self, dq_thr, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt):
+    def add_dq(self, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt):
         gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
-        g_mn = acc_as_rows_cols(dq_thr.partition_C(gdQ))
-        r_mn = acc_as_rows_cols(acc_dQ)
+        # This thread's values in the tile's fragment order (the accumulator's layout): value
+        # (a, b) of the (4, F/4) register view lies at thread_base + a + 512 b.
+        lay = dq_frag_layout(self.tile_m, self.head_dim)
+        base = gdQ.iterator + cute.crd2idx(((0, 0), ctid), lay)
+        r = dq_frag_view(acc_dQ)
         if cutlass.const_expr(self.deterministic):
             sem = mSemQ[batch, head, None].iterator + m
             semaphore.wait_turn(sem, self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), ctid == 0)
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-        self.red_tile(r_mn, g_mn, self.red_v2)
+        for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
+            if cutlass.const_expr(self.red_v2):
+                for a in cutlass.range_constexpr(2):
+                    semaphore.red_add_f32x2(base + (2 * a + 4 * THREADS_PER_WG * b), r[2 * a, b], r[2 * a + 1, b])
+            else:
+                for a in cutlass.range_constexpr(4):
+                    semaphore.red_add_f32(base + (a + 4 * THREADS_PER_WG * b), r[a, b])
         if cutlass.const_expr(self.deterministic):
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)

@@ -133,3 +133,21 @@ def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi
     out = _fake(dt, (None, None, None, head_dim))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(BwdPostprocess(dt, head_dim), acc, out, f32(1.0), stream, options=_opts(options))
+
+
+def compile_bwd_post_dq(dtype: str, head_dim: int, tile_m: int, options: str = "--enable-tvm-ffi"):
+    """dQ postprocess: reads the fragment-ordered accumulator of a main kernel with this tile_m."""
+    ensure_target()
+    import cutlass
+    import cutlass.cute as cute
+
+    from fa4.sm90.bwd_prepost import BwdPostprocessDq
+
+    dt = getattr(cutlass, DTYPES[dtype])
+    f32 = cutlass.Float32
+    acc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
+    out = _fake(dt, (None, None, None, head_dim), tma=False)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(
+        BwdPostprocessDq(dt, head_dim, tile_m), acc, out, f32(1.0), stream, options=_opts(options)
+    )

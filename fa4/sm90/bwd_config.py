@@ -56,6 +56,12 @@ class BwdConfigSm90:
         "Depth of the Q and dO shared-memory rings (one pipeline state for both: TMA runs this many "
         "query tiles ahead of the consumers).",
     )
+    ds_stages: int = knob(
+        (1, 2), 2,
+        "Shared-memory buffers of dS (the A operand of dQ = dS K, both consumers' halves). With 2, step m+1 "
+        "writes the other buffer while step m's dQ WGMMA may still read this one, so one consumer barrier "
+        "per step suffices; with 1 the consumers also wait for each other's dQ GEMM before overwriting.",
+    )
     sdp_swap_ab: bool = knob(
         (True,), True,
         "Compute S^T and dP^T (keys on the M axis) so P^T/dS^T feed the dV/dK WGMMAs from registers. "
@@ -104,7 +110,7 @@ def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
     do = config.stages * config.tile_m * problem.head_dim_v * elt
     stats = 2 * config.stages * config.tile_m * 4  # LSE and D rows beside Q and dO
     kv = config.tile_n * (d + problem.head_dim_v) * elt
-    ds = config.tile_m * config.tile_n * elt
+    ds = config.ds_stages * config.tile_m * config.tile_n * elt
     dq = config.tile_m * d * 4 if config.dq_accum == "bulk" else 0
     p = config.tile_m * config.tile_n * elt if config.dv_operand == "smem" else 0
     return q + do + kv + ds + dq + p + stats + SMEM_RESERVED
@@ -158,6 +164,10 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"shared memory {need} B (Q, dO {config.stages}x {config.tile_m}x"
             f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B"
         )
+    if config.tile_m == 128 and config.dq_accum != "bulk":
+        # Measured (ptxas 13.0): the per-thread dQ reductions hold their addresses beside the
+        # 128-column S^T/dP^T fragments and spill 1-2 registers.
+        out.append(f"tile_m 128 needs dq_accum 'bulk' (the '{config.dq_accum}' path spills at this tile)")
     regs = consumer_registers(config, problem)
     if regs > CONSUMER_REG_BUDGET:
         out.append(

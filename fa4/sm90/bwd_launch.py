@@ -2,8 +2,8 @@
 
     dq, dk, dv = flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
 
-Not wired into fa4.flash_attn_func's autograd yet: its numbers have not been checked on a
-GPU (bench/check_bwd.py does that).
+fa4.flash_attn_func's autograd calls it (through fa4.interface._backward, with the config
+from the lookup chain); bench/check_bwd.py checks it on a GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from fa4.problem import Problem
 from fa4.sm90.bwd_compile import (
     compile_bwd_main,
     compile_bwd_post,
+    compile_bwd_post_dq,
     compile_bwd_pre,
     compile_key,
     padded,
@@ -104,6 +105,9 @@ def flash_attn_bwd(
     main = _get(key, lambda: compile_bwd_main(key))
     pre = _get(("pre", problem.dtype, d), lambda: compile_bwd_pre(problem.dtype, d))
     post = _get(("post", problem.dtype, d), lambda: compile_bwd_post(problem.dtype, d))
+    post_dq = _get(
+        ("post_dq", problem.dtype, d, config.tile_m), lambda: compile_bwd_post_dq(problem.dtype, d, config.tile_m)
+    )
 
     dev = q.device
     f32 = torch.float32
@@ -132,7 +136,7 @@ def flash_attn_bwd(
             q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv,
             softmax_scale * _LOG2E, softmax_scale, config.head_swizzle, 1 if config.spt_order else 0,
         )
-        post(dq_acc, dq, softmax_scale)
+        post_dq(dq_acc, dq, softmax_scale)
         if gqa:
             dk = torch.empty_like(k)
             dv = torch.empty_like(v)

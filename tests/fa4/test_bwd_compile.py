@@ -21,7 +21,13 @@ import pytest
 
 from fa4.knobs import iter_configs, knob_specs
 from fa4.problem import Problem
-from fa4.sm90.bwd_compile import compile_bwd_main, compile_bwd_post, compile_bwd_pre, compile_key
+from fa4.sm90.bwd_compile import (
+    compile_bwd_main,
+    compile_bwd_post,
+    compile_bwd_post_dq,
+    compile_bwd_pre,
+    compile_key,
+)
 from fa4.sm90.bwd_config import BwdConfigSm90, violations
 from fa4.sm90.compile import ensure_target
 
@@ -157,6 +163,37 @@ def test_pre_and_postprocess_codegen(hd):
         ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "st.global.v4", "ld.local", "st.local"])
         assert ops["ld.global.v4"] > 0 and ops["st.global.v4"] > 0, (build.__name__, ops)
         assert ops["ld.local"] == 0 and ops["st.local"] == 0, (build.__name__, ops)
+
+
+@pytest.mark.parametrize("hd,tile_m", [(64, 64), (64, 128), (128, 64)])
+def test_dq_postprocess_codegen(hd, tile_m):
+    """The fragment-ordered dQ accumulator is read with 16-byte loads; nothing spills."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+
+    with tempfile.TemporaryDirectory() as d:
+        ptx = compile_bwd_post_dq(
+            "bf16", hd, tile_m, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}"
+        ).__ptx__
+    ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "ld.local", "st.local"])
+    assert ops["ld.global.v4"] == tile_m * hd // 256 // 4, ops
+    assert ops["ld.local"] == 0 and ops["st.local"] == 0, ops
+
+
+def test_dq_fragment_order_is_a_permutation_of_the_tile():
+    """Every (value, thread, warpgroup) of the dQ fragment order lands on a distinct element of
+    the tile (the accumulator is added whole, so a collision would add two values in one place
+    and leave another at zero), and a thread's 4-value groups are 16 contiguous bytes."""
+    from fa4.sm90.bwd_prepost import dq_frag_shape_stride
+
+    for tile_m, hd in ((64, 64), (64, 128), (128, 64)):
+        ((four, groups), (threads, wgs)), ((s_a, s_b), (s_t, s_w)) = dq_frag_shape_stride(tile_m, hd)
+        assert four == 4 and s_a == 1 and threads * wgs == 256 and 4 * groups * 256 == tile_m * hd
+        offs = [a * s_a + b * s_b + t * s_t + w * s_w
+                for a in range(4) for b in range(groups) for t in range(threads) for w in range(wgs)]
+        assert sorted(offs) == list(range(tile_m * hd))
+        # Consecutive threads of a warp store consecutive 16-byte groups (conflict-free STS.128).
+        assert s_t == 4
 
 
 def test_runtime_knobs_share_a_kernel():
