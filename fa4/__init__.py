@@ -10,8 +10,11 @@ def flash_attn_func(*args, **kwargs):
     return _f(*args, **kwargs)
 
 
-def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None):
+def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None,
+            pass_: str = "fwd", deterministic: bool = False):
     """Which config ``flash_attn_func(q, k, v, causal=...)`` would use, and why.
+
+    ``pass_="bwd"`` (with ``deterministic``) asks about the backward's config instead.
 
     Returns a :class:`fa4.lookup.Resolution`: ``.config``, ``.provenance`` and ``.steps``
     (every source asked, in order, with what it said); ``print()`` it for a summary.
@@ -26,7 +29,7 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
             raise TypeError("explain() needs q, k and v, or problem=")
         from fa4.interface import _arch_of, problem_of
 
-        problem = problem_of(q, k, v, causal)
+        problem = problem_of(q, k, v, causal, pass_=pass_, deterministic=deterministic)
         if arch is None and q.device.type == "cuda":
             arch = _arch_of(q.device)
     return lookup.explain_problem(problem, arch, device=device, config=config)

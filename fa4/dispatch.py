@@ -1,7 +1,7 @@
 """One dispatch table by architecture.
 
-Each entry names the module that builds the forward kernel for an arch, its knob
-dataclass and feasibility function. sm_100 (Blackwell: tensor memory, 2-CTA MMA)
+Each entry names the module that builds the forward (or backward) kernel for an arch, its
+knob dataclass and feasibility function. sm_100 (Blackwell: tensor memory, 2-CTA MMA)
 has a slot here but no kernel: it cannot be built or tested on the H200 we have,
 and asking for it says so instead of silently running the Hopper code.
 """
@@ -66,8 +66,7 @@ def _sm90_bwd() -> BwdEntry:
                     run.flash_attn_bwd)
 
 
-# The Hopper backward exists but is not yet checked on a GPU (bench/check_bwd.py); it is not
-# wired into fa4.flash_attn_func's autograd until it is.
+# fa4.flash_attn_func's autograd (and fa4::bwd under torch.compile) runs the entry's ``run``.
 _BWD: dict[str, Callable[[], BwdEntry] | None] = {"sm90": _sm90_bwd, "sm100": None}
 
 

@@ -10,6 +10,10 @@ Order (first that answers wins):
      per process, 0.5 s timeout; after a failure the service is left alone for 60 s;
   5. the heuristic default of the kernel's knob declaration.
 
+The same chain serves both passes: a Problem with ``pass_="bwd"`` (and its
+``deterministic`` flag) resolves to the backward's knob class through
+:func:`fa4.dispatch.bwd_entry`, measurements of the "fa4" provider's bwd pass.
+
 Nothing here may raise into a launch: every DB or HTTP problem becomes a step of
 the provenance chain (see :func:`explain_problem`) and the default is used.
 """
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fa4.arch import SM90, Arch
-from fa4.dispatch import fwd_entry
+from fa4.dispatch import bwd_entry, fwd_entry
 from fa4.problem import Problem
 
 PROVIDER = "fa4"
@@ -106,12 +110,30 @@ def reset() -> None:
             pass
 
 
-def resolve_fwd_config(problem: Problem, arch: Arch):
-    """The forward config a launch of ``problem`` on ``arch`` uses (no explicit config given)."""
+def entry_for(problem: Problem, arch: Arch):
+    """The dispatch entry (knob class, feasibility, default) of ``problem``'s pass on ``arch``."""
+    return bwd_entry(arch) if problem.pass_ == "bwd" else fwd_entry(arch)
+
+
+def _cached_or_resolved(problem: Problem, arch: Arch):
     hit = _state.cache.get((problem, arch))
     if hit is not None and (hit.expires == math.inf or hit.expires > time.monotonic()):
         return hit.config
     return _resolve(problem, arch, None).config
+
+
+def resolve_fwd_config(problem: Problem, arch: Arch):
+    """The forward config a launch of ``problem`` on ``arch`` uses (no explicit config given)."""
+    if problem.pass_ != "fwd":
+        raise ValueError(f"resolve_fwd_config needs a fwd problem, got pass {problem.pass_!r}")
+    return _cached_or_resolved(problem, arch)
+
+
+def resolve_bwd_config(problem: Problem, arch: Arch):
+    """The backward config (deterministic as ``problem`` asks) a backward of ``problem`` uses."""
+    if problem.pass_ != "bwd":
+        raise ValueError(f"resolve_bwd_config needs a bwd problem, got pass {problem.pass_!r}")
+    return _cached_or_resolved(problem, arch)
 
 
 def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str | None = None,
@@ -131,7 +153,7 @@ def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str |
 
 
 def _explicit(problem: Problem, arch: Arch, config):
-    entry = fwd_entry(arch)
+    entry = entry_for(problem, arch)
     if isinstance(config, dict):
         from fa4.knobs import config_from_dict
 
@@ -147,10 +169,8 @@ def _explicit(problem: Problem, arch: Arch, config):
 def _resolve(problem: Problem, arch: Arch, device: str | None, remember: bool = True) -> Resolution:
     key = (problem, arch)
     steps: list[Step] = [Step("cache", "miss")]
-    try:
-        entry = fwd_entry(arch)
-    except NotImplementedError:
-        raise  # no kernel for this arch at all: the launch must fail, with that message
+    # No kernel for this arch and pass at all (NotImplementedError): the launch must fail, with that message.
+    entry = entry_for(problem, arch)
     expires = math.inf
     found: tuple | None = None
 

@@ -71,3 +71,152 @@ def test_deterministic_bitwise(check_bwd, hd, causal, dq_accum, spt, shape):
     ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16,
                                              _config(hd, causal, True, dict(dq_accum=dq_accum, spt_order=spt)))
     assert ok, info
+
+
+# -- through fa4.flash_attn_func: autograd, deterministic mode, torch.compile, the custom ops ----
+
+SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1)]
+
+
+def _qkv(b, sq, sk, hq, hkv, hd, seed):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    return randn(b, sq, hq, hd), randn(b, sk, hkv, hd), randn(b, sk, hkv, hd), randn(b, sq, hq, hd)
+
+
+def _leaves(*ts):
+    return tuple(t.detach().clone().requires_grad_() for t in ts)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_autograd_grads_match_reference(check_bwd, hd, causal, det, shape):
+    import math
+
+    import torch
+
+    import fa4
+    from fa4.sm90.bwd_launch import flash_attn_bwd
+
+    q, k, v, dout = _qkv(*shape, hd, seed=11)
+    qg, kg, vg = _leaves(q, k, v)
+    out = fa4.flash_attn_func(qg, kg, vg, causal=causal, deterministic=det)
+    # Without grad, asking for LSE selects the same forward kernel the autograd path runs.
+    ref_out, ref_lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    assert torch.equal(out.detach(), ref_out)
+    out.backward(dout)
+    grads = (qg.grad, kg.grad, vg.grad)
+    ok, info = check_bwd.grads_match_reference(grads, q, k, v, dout, causal, 1.0 / math.sqrt(hd))
+    assert ok, info
+    if det:
+        # The backward ran the kernel with the config the lookup chain names for this problem.
+        cfg = fa4.explain(q, k, v, causal, pass_="bwd", deterministic=True).config
+        direct = flash_attn_bwd(dout, q, k, v, ref_out, ref_lse, None, causal, True, cfg)
+        assert all(torch.equal(a, b) for a, b in zip(grads, direct))
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 1500, 700, 8, 1)])
+def test_autograd_deterministic_bitwise_over_10_backwards(hd, causal, shape):
+    import torch
+
+    import fa4
+
+    q, k, v, dout = _qkv(*shape, hd, seed=3)
+    q, k, v = _leaves(q, k, v)
+    out = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=True)
+    first = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+    for run in range(9):
+        again = torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again)), f"run {run + 2} differs"
+
+
+def test_explicit_bwd_config_is_the_one_run():
+    import torch
+
+    import fa4
+    from fa4.sm90.bwd_config import violations
+    from fa4.sm90.bwd_launch import bwd_problem, flash_attn_bwd
+
+    q, k, v, dout = _qkv(1, 900, 900, 8, 2, 128, seed=5)
+    prob = bwd_problem(q, k, v, True, True)
+    cfg = dataclasses.replace(_config(128, True, True, {}), dq_accum="red_v2", spt_order=False)
+    assert not violations(cfg, prob) and cfg != fa4.explain(problem=prob).config
+    qg, kg, vg = _leaves(q, k, v)
+    out = fa4.flash_attn_func(qg, kg, vg, causal=True, deterministic=True, bwd_config=cfg)
+    out.backward(dout)
+    ref_out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    want = flash_attn_bwd(dout, q, k, v, ref_out, lse, None, True, True, cfg)
+    assert all(torch.equal(a, b) for a, b in zip((qg.grad, kg.grad, vg.grad), want))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "broadcast"])
+def test_non_contiguous_dout(check_bwd, layout):
+    import math
+
+    import torch
+
+    import fa4
+
+    q, k, v, _ = _qkv(2, 500, 600, 8, 4, 64, seed=9)
+    qg, kg, vg = _leaves(q, k, v)
+    out = fa4.flash_attn_func(qg, kg, vg, causal=True)
+    if layout == "transposed":  # dO with a strided last dimension
+        w = torch.randn(2, 500, 64, 8, device="cuda", dtype=torch.bfloat16)
+        (out.transpose(2, 3) * w).float().sum().backward()
+        dout = w.transpose(2, 3).contiguous()
+    else:  # out.sum(): a dO with every stride 0
+        out.float().sum().backward()
+        dout = torch.ones_like(q)
+    ok, info = check_bwd.grads_match_reference((qg.grad, kg.grad, vg.grad), q, k, v, dout, True, 1 / math.sqrt(64))
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd,causal,gqa,det", [(64, False, False, True), (128, True, True, True),
+                                               (128, False, True, False), (64, True, False, False)])
+def test_torch_compile_fullgraph_fwd_bwd_equals_eager(check_bwd, hd, causal, gqa, det):
+    import math
+
+    import torch
+
+    import fa4
+
+    def f(q, k, v, w):
+        o = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+        return (o.float() * w).sum(), o
+
+    q, k, v, dout = _qkv(2, 700, 900, 8, 2 if gqa else 8, hd, seed=21)
+    w = dout.float()  # d loss / d o = w, rounded to bf16 by the backward of .float(): dout exactly
+    eager = _leaves(q, k, v)
+    loss, o = f(*eager, w)
+    loss.backward()
+    comp = _leaves(q, k, v)
+    loss_c, o_c = torch.compile(f, fullgraph=True)(*comp, w)
+    loss_c.backward()
+    assert torch.equal(o_c, o)  # same forward kernel and config, no reduction in between
+    torch.testing.assert_close(loss_c, loss, rtol=1e-4, atol=1e-2)  # the sum may run in another order
+    grads_c = tuple(t.grad for t in comp)
+    if det:
+        assert all(torch.equal(a.grad, b) for a, b in zip(eager, grads_c))
+    ok, info = check_bwd.grads_match_reference(grads_c, q, k, v, dout, causal, 1 / math.sqrt(hd))
+    assert ok, info
+
+
+def test_custom_ops_opcheck():
+    import torch
+
+    import fa4.ops  # noqa: F401 - registers fa4::fwd / fa4::bwd
+
+    q, k, v, dout = _qkv(1, 200, 333, 4, 2, 128, seed=2)
+    # deterministic=True: the checks compare repeated backward runs with the eager one.
+    torch.library.opcheck(torch.ops.fa4.fwd, (*_leaves(q, k, v), None, True, None, True, None))
+    out, lse = torch.ops.fa4.fwd(q, k, v, None, True, None, True, None)
+    torch.library.opcheck(torch.ops.fa4.bwd, (dout, q, k, v, out, lse, None, True, True, None))

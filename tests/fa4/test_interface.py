@@ -44,3 +44,251 @@ def test_bad_inputs_name_the_problem(q, k, v, match):
 def test_non_contiguous_last_dim():
     q = t(1, 8, 2, 128)[..., ::2]
     check(q, t(1, 8, 2, 64), t(1, 8, 2, 64), "contiguous in its last dimension")
+
+
+# -- autograd, the backward's arguments, the custom ops (CPU: launches replaced, see cpu_kernels) --
+
+import dataclasses  # noqa: E402
+import math  # noqa: E402
+
+import fa4  # noqa: E402
+from fa4 import interface, ops  # noqa: E402
+from fa4.knobs import config_from_dict, iter_configs  # noqa: E402
+from fa4.problem import Problem  # noqa: E402
+from fa4.sm90.bwd_config import BwdConfigSm90  # noqa: E402
+from fa4.sm90.bwd_config import default_config as bwd_default  # noqa: E402
+from fa4.sm90.fwd_config import FwdConfigSm90  # noqa: E402
+from tests.fa4 import cpu_kernels  # noqa: E402
+from tests.fa4.cpu_kernels import check_bwd, forward_math, inputs  # noqa: E402
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    return cpu_kernels.install(monkeypatch)
+
+
+def bwd_problem(q, k, causal, det):
+    return Problem(q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], q.shape[3],
+                   causal=causal, deterministic=det, pass_="bwd")
+
+
+def assert_grads_match(grads, q, k, v, dout, causal, scale=None):
+    scale = scale or 1.0 / math.sqrt(q.shape[3])
+    ok, info = check_bwd().grads_match_reference(grads, q.detach(), k.detach(), v.detach(), dout, causal, scale)
+    assert ok, info
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(deterministic="yes"), "deterministic must be a bool"),
+        (dict(deterministic=1), "deterministic must be a bool"),
+        (dict(bwd_config="fast"), "bwd_config must be a BwdConfigSm90"),
+        (dict(bwd_config=FwdConfigSm90()), "bwd_config must be a BwdConfigSm90"),
+        (dict(bwd_config={"tile_m": 96}), "BwdConfigSm90.tile_m = 96"),
+        (dict(bwd_config={"tau": 1}), "unknown knob"),
+        (dict(bwd_config=BwdConfigSm90(deterministic=True)), "deterministic=False"),
+        (dict(deterministic=True, bwd_config={"deterministic": False}), "deterministic=True"),
+        (dict(bwd_config=dict(tile_m=128, stages=1, dv_operand="rmem")), "registers"),
+    ],
+)
+def test_backward_arguments_are_checked_at_the_forward_call(calls, kw, match):
+    q, k, v, _ = inputs(d=128)
+    with pytest.raises(ValueError, match=match):
+        fa4.flash_attn_func(q, k, v, **kw)
+    assert calls.fwd == []  # rejected before any launch
+
+
+def test_without_grad_no_backward_work(calls, monkeypatch):
+    def must_not_run(*a, **k):
+        raise AssertionError("backward config resolved for a call that needs no gradient")
+
+    monkeypatch.setattr(interface, "bwd_config_for", must_not_run)
+    q, k, v, _ = inputs(grad=False)
+    out = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True)
+    assert out.grad_fn is None and torch.equal(out, forward_math(q, k, v, 1 / 8, True)[0])
+    qg, kg, vg, _ = inputs()
+    with torch.no_grad():
+        out = fa4.flash_attn_func(qg, kg, vg, causal=True)
+    assert not out.requires_grad
+    assert calls.fwd == [(False, None, False)] * 2  # plain launches: no LSE asked for
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("shape", [(2, 33, 47, 4, 2), (1, 50, 19, 6, 1), (2, 64, 64, 2, 2)])
+def test_autograd_runs_our_backward_with_the_looked_up_config(calls, causal, det, shape):
+    b, sq, sk, hq, hkv = shape
+    q, k, v, dout = inputs(b, sq, sk, hq, hkv)
+    out = fa4.flash_attn_func(q, k, v, causal=causal, deterministic=det)
+    assert calls.fwd == [(True, None, False)]  # LSE produced for the backward though not asked for
+    assert torch.equal(out, forward_math(q, k, v, 1 / 8, causal)[0])
+    out.backward(dout)
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, causal)
+    (call,) = calls.bwd
+    want = bwd_default(bwd_problem(q, k, causal, det))
+    assert call["config"] == want and call["deterministic"] is det and call["causal"] is causal
+    assert call["scale"] == 1 / 8 and call["dout"] is dout
+    res = fa4.explain(q, k, v, causal, pass_="bwd", deterministic=det)
+    assert res.config == want and res.provenance == "default"
+
+
+def test_lse_is_returned_without_gradient(calls):
+    q, k, v, dout = inputs()
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+    torch.testing.assert_close(lse, forward_math(q, k, v, 1 / 8, True)[1], rtol=0, atol=0)
+    ((out.float() * dout.float()).sum() + lse.sum()).backward()
+    with_lse = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    fa4.flash_attn_func(q, k, v, causal=True).backward(dout)
+    assert all(torch.equal(a, t.grad) for a, t in zip(with_lse, (q, k, v)))
+
+
+def test_preallocated_out_with_grad(calls):
+    q, k, v, dout = inputs()
+    buf = torch.zeros_like(q.detach())
+    res = fa4.flash_attn_func(q, k, v, out=buf, softmax_scale=0.05)
+    assert res is buf and buf.grad_fn is not None
+    assert torch.equal(buf, forward_math(q, k, v, 0.05, False)[0])
+    buf.backward(dout)
+    assert calls.bwd[0]["scale"] == 0.05
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, False, 0.05)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "broadcast", "permuted"])
+def test_any_dout_layout_reaches_the_kernel_tma_ready(calls, layout):
+    q, k, v, _ = inputs()
+    out = fa4.flash_attn_func(q, k, v, causal=True)
+    b, s, h, d = out.shape
+    if layout == "transposed":  # dO with a strided last dimension
+        w = torch.randn(b, s, d, h).to(out.dtype)
+        (out.transpose(2, 3) * w).float().sum().backward()
+        dout = w.transpose(2, 3)
+    elif layout == "broadcast":  # out.sum(): every stride 0
+        out.float().sum().backward()
+        dout = torch.ones_like(out)
+    else:  # dense, heads outermost: already fine for TMA, passed as is
+        w = torch.randn(b, h, s, d).to(out.dtype)
+        (out.transpose(1, 2) * w).float().sum().backward()
+        dout = w.transpose(1, 2)
+    seen = calls.bwd[0]["dout"]
+    assert interface._tma_ready(seen) and torch.equal(seen, dout)
+    if layout == "permuted":
+        assert seen.stride() == dout.stride()
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, True)
+
+
+def test_explicit_bwd_config_and_one_resolution_per_shape(calls, monkeypatch):
+    from fa4 import lookup
+
+    asked = []
+    real = lookup.resolve_bwd_config
+    monkeypatch.setattr(lookup, "resolve_bwd_config", lambda p, a: asked.append(p) or real(p, a))
+    q, k, v, dout = inputs()
+    for _ in range(3):
+        fa4.flash_attn_func(q, k, v, deterministic=True).backward(dout)
+    assert len(asked) == 1 and asked[0].pass_ == "bwd" and asked[0].deterministic
+    explicit = {"stages": 1, "deterministic": True, "dq_accum": "red_v2"}
+    fa4.flash_attn_func(q, k, v, deterministic=True, bwd_config=explicit).backward(dout)
+    assert calls.bwd[-1]["config"] == config_from_dict(BwdConfigSm90, explicit) and len(asked) == 1
+
+
+# -- the custom ops ---------------------------------------------------------------------------
+
+
+def test_fake_outputs_follow_the_kernels_allocation():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        # q laid out (batch, heads, seqlen, dim) in memory: out must keep that layout, as
+        # empty_like in the real launch does.
+        q = torch.empty(2, 8, 300, 128, dtype=torch.float16, device="cuda").transpose(1, 2)
+        k = torch.empty(2, 500, 2, 128, dtype=torch.float16, device="cuda")
+        v = torch.empty(2, 500, 2, 128, dtype=torch.float16, device="cuda")
+        out, lse = torch.ops.fa4.fwd(q, k, v, None, True, None, False, None)
+        assert (out.shape, out.stride(), out.dtype, out.device.type) == (q.shape, q.stride(), q.dtype, "cuda")
+        assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32 and lse.is_contiguous()
+        dq, dk, dv = torch.ops.fa4.bwd(torch.empty_like(q), q, k, v, out, lse, 0.1, True, True, None)
+        assert (dq.shape, dq.stride()) == (q.shape, q.stride())
+        assert dk.shape == k.shape == dv.shape == (2, 500, 2, 128) and dk.dtype == torch.float16
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(d=96), "head_dim 96"),
+        (dict(dtype=torch.float32), "dtype"),
+        (dict(hq=3), "multiple of heads_kv"),
+        (dict(dout_s=7), "dout must match q"),
+        (dict(lse_dtype=torch.float16), "lse must be fp32"),
+    ],
+)
+def test_fake_rejects_what_the_kernel_cannot_take(change, match):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    d, dtype, hq = change.get("d", 64), change.get("dtype", torch.bfloat16), change.get("hq", 4)
+    with FakeTensorMode(), pytest.raises(ValueError, match=match):
+        q = torch.empty(1, 16, hq, d, dtype=dtype, device="cuda")
+        k = torch.empty(1, 16, 2, d, dtype=dtype, device="cuda")
+        if "dout_s" in change or "lse_dtype" in change:
+            dout = torch.empty(1, change.get("dout_s", 16), hq, d, dtype=dtype, device="cuda")
+            lse = torch.empty(1, hq, 16, dtype=change.get("lse_dtype", torch.float32), device="cuda")
+            torch.ops.fa4.bwd(dout, q, k, k, torch.empty_like(q), lse, None, False, False, None)
+        else:
+            torch.ops.fa4.fwd(q, k, k, None, False, None, False, None)
+
+
+def test_opcheck_with_cpu_launches(calls):
+    q, k, v, dout = inputs(1, 20, 28, 4, 2)
+    torch.library.opcheck(torch.ops.fa4.fwd, (q, k, v, None, True, None, True, None))
+    out, lse = torch.ops.fa4.fwd(q.detach(), k.detach(), v.detach(), None, True, None, True, None)
+    torch.library.opcheck(torch.ops.fa4.bwd, (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, True,
+                                              True, None))
+
+
+def test_config_encoding_round_trips():
+    for cls in (FwdConfigSm90, BwdConfigSm90):
+        for c in list(iter_configs(cls))[::7]:
+            text = ops.encode_config(c)
+            assert config_from_dict(cls, ops.decode_config(text)) == c
+            assert ops.encode_config(dataclasses.asdict(c)) == text  # a dict of the same knobs: same string
+    assert ops.encode_config({"b": 1, "a": 2}) == ops.encode_config({"a": 2, "b": 1})
+    assert ops.encode_config(None) is None and ops.decode_config(None) is None
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_compile_fullgraph_goes_through_the_ops_and_matches_eager(calls, gqa):
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    fwd_cfg = FwdConfigSm90()
+    bwd_cfg = {"deterministic": True, "stages": 1}
+
+    def f(q, k, v, w):
+        buf = torch.empty_like(q)
+        o, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True, config=fwd_cfg, out=buf,
+                                     deterministic=True, bwd_config=bwd_cfg)
+        return (o.float() * w).sum() + lse.sum(), o
+
+    q, k, v, dout = inputs(2, 40, 24, 4, 2 if gqa else 4)
+    w = dout.float()
+    loss, o = f(q, k, v, w)
+    loss.backward()
+    eager = [o.detach(), *(t.grad.clone() for t in (q, k, v))]
+    n_eager = len(calls.bwd)
+    for t in (q, k, v):
+        t.grad = None
+    backend = AotEagerAndRecordGraphs()
+    loss_c, o_c = torch.compile(f, backend=backend, fullgraph=True)(q, k, v, w)
+    loss_c.backward()
+    fw_ops = {n.target for g in backend.fw_graphs for n in g.graph.nodes}
+    bw_ops = {n.target for g in backend.bw_graphs for n in g.graph.nodes}
+    assert torch.ops.fa4.fwd.default in fw_ops and torch.ops.fa4.bwd.default in bw_ops
+    assert torch.equal(loss_c, loss) and torch.equal(o_c, eager[0])
+    assert all(torch.equal(a, t.grad) for a, t in zip(eager[1:], (q, k, v)))
+    # The configs crossed the op boundary: same forward config dict, same backward config.
+    assert calls.fwd[-1][1] == dataclasses.asdict(fwd_cfg)
+    assert calls.bwd[-1]["config"] == calls.bwd[n_eager - 1]["config"] == config_from_dict(BwdConfigSm90, bwd_cfg)
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout.float().to(q.dtype), True)

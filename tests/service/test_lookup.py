@@ -196,3 +196,87 @@ def test_cached_lookup_is_microseconds(env):
         best = min(best, (time.perf_counter() - t0) / n)
     print(f"cached resolve_fwd_config: {best * 1e6:.3f} us per call")
     assert best < 20e-6
+
+
+# -- the backward's configs: same chain, pass "bwd", BwdConfigSm90 ---------------------------
+
+PB = Problem.standard(4096, 128, pass_="bwd")
+PB_DET = Problem.standard(4096, 128, pass_="bwd", deterministic=True)
+
+
+def tuned_bwd(problem: Problem, n: int = 0):
+    from fa4.sm90.bwd_config import BwdConfigSm90, default_config as bwd_default, violations as bwd_violations
+
+    d = bwd_default(problem, SM90)
+    return [c for c in iter_configs(BwdConfigSm90) if c != d and not bwd_violations(c, problem, SM90)][n]
+
+
+def add_bwd_row(store, problem, config, fp, tflops=500.0):
+    from fa4.sm90.bwd_config import BwdConfigSm90
+
+    dev = store.upsert_device(DEVICE_INFO)
+    cid = store.upsert_config("fa4", config_to_dict(config), BwdConfigSm90)
+    return store.add_measurement(dev, store.upsert_problem(problem), cid, status="ok", samples_ms=[1.0],
+                                 median_ms=1.0, tflops=tflops, source_fingerprint=fp)
+
+
+def test_bwd_configs_from_the_local_db_by_pass_and_determinism(env, fp, monkeypatch):
+    from fa4.sm90.bwd_config import BwdConfigSm90, default_config as bwd_default
+
+    url = f"sqlite:///{env / 'r.db'}"
+    with ResultsStore.open(url) as store:
+        add_row(store, P, tuned(P), fp)
+        add_bwd_row(store, PB, tuned_bwd(PB, 0), fp, 400.0)
+        add_bwd_row(store, PB, tuned_bwd(PB, 1), fp, 450.0)
+        add_bwd_row(store, PB_DET, tuned_bwd(PB_DET, 2), fp, 380.0)
+    monkeypatch.setenv("FA4_DB", url)
+    assert lookup.resolve_fwd_config(P, SM90) == tuned(P)
+    assert lookup.resolve_bwd_config(PB, SM90) == tuned_bwd(PB, 1)
+    assert lookup.resolve_bwd_config(PB_DET, SM90) == tuned_bwd(PB_DET, 2)
+    assert tuned_bwd(PB_DET, 2).deterministic and not tuned_bwd(PB, 1).deterministic
+    res = fa4.explain(problem=PB_DET)
+    assert res.provenance == "local-db" and res.tflops == 380.0 and isinstance(res.config, BwdConfigSm90)
+    # Another bwd class (causal) has no row: the heuristic, deterministic as asked.
+    pc = Problem.standard(4096, 128, pass_="bwd", deterministic=True, causal=True)
+    assert lookup.resolve_bwd_config(pc, SM90) == bwd_default(pc, SM90) and bwd_default(pc, SM90).deterministic
+    res = fa4.explain(problem=PB, config={"stages": 1})
+    assert res.provenance == "explicit" and res.config == BwdConfigSm90(stages=1)
+    with pytest.raises(ValueError, match="bwd problem"):
+        lookup.resolve_bwd_config(P, SM90)
+    with pytest.raises(ValueError, match="fwd problem"):
+        lookup.resolve_fwd_config(PB, SM90)
+
+
+def test_bwd_config_over_the_service(env, monkeypatch, fp):
+    app = CountingApp(create_app(f"sqlite:///{env / 'svc.db'}", token=TOKEN))
+    with serve(app) as base:
+        import httpx
+
+        body = {"device": DEVICE_INFO, "provider": "fa4", "problem": PB_DET.to_dict(),
+                "config": config_to_dict(tuned_bwd(PB_DET, 3)), "status": "ok", "median_ms": 1.0,
+                "tflops": 420.0, "source_fingerprint": fp}
+        r = httpx.post(base + "/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 201, r.text
+        monkeypatch.setenv("FA4_TUNING_URL", base)
+        assert lookup.resolve_bwd_config(PB_DET, SM90) == tuned_bwd(PB_DET, 3)
+        assert fa4.explain(problem=PB_DET).provenance == "service:exact"
+        # The non-deterministic class is another family: nothing measured, the heuristic.
+        assert fa4.explain(problem=PB).provenance == "default"
+
+
+def test_autograd_backward_uses_the_tuned_bwd_config(env, fp, monkeypatch):
+    """End to end on CPU (launches replaced): a DB row for the bwd problem reaches the backward."""
+    from tests.fa4 import cpu_kernels
+
+    calls = cpu_kernels.install(monkeypatch)
+    q, k, v, dout = cpu_kernels.inputs(1, 96, 96, 4, 2, 128)
+    prob = Problem(1, 96, 96, 4, 2, 128, 128, causal=True, deterministic=True, pass_="bwd")
+    url = f"sqlite:///{env / 'r.db'}"
+    with ResultsStore.open(url) as store:
+        add_bwd_row(store, prob, tuned_bwd(prob, 4), fp)
+    monkeypatch.setenv("FA4_DB", url)
+    monkeypatch.setenv("FA4_LOOKUP_LOCAL_DB", "1")
+    lookup.reset()
+    fa4.flash_attn_func(q, k, v, causal=True, deterministic=True).backward(dout)
+    assert calls.bwd[0]["config"] == tuned_bwd(prob, 4) and calls.bwd[0]["deterministic"]
+    assert fa4.explain(q, k, v, True, pass_="bwd", deterministic=True).provenance == "local-db"

@@ -11,14 +11,37 @@ from .base import Provider
 
 
 class Fa4Provider(Provider):
+    """Both passes: the forward (FwdConfigSm90) and the backward (BwdConfigSm90, timed alone
+    after one forward, deterministic as the problem asks). The knob class, feasibility,
+    default and compiled-kernel identity all follow the problem's pass."""
+
     name = "fa4"
-    passes = ("fwd",)  # the backward arrives with its own issue
+    passes = ("fwd", "bwd")
 
     @property
     def knob_cls(self):
+        # What callers that do not name a pass get; everything pass-aware uses knob_cls_for.
         from fa4.sm90.fwd_config import FwdConfigSm90
 
         return FwdConfigSm90
+
+    def knob_cls_for(self, problem: Problem):
+        return self._knobs(problem)[0]
+
+    @staticmethod
+    def _knobs(problem: Problem):
+        """(knob class, its config module) of the problem's pass.
+
+        The config modules, not fa4.dispatch's entries: those import the launch code and
+        torch, which the service (knob schemas, feasibility) must not need.
+        """
+        if problem.pass_ == "bwd":
+            from fa4.sm90 import bwd_config as m
+
+            return m.BwdConfigSm90, m
+        from fa4.sm90 import fwd_config as m
+
+        return m.FwdConfigSm90, m
 
     def available(self) -> str | None:
         try:
@@ -44,20 +67,38 @@ class Fa4Provider(Provider):
         return e
 
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:
-        from fa4.sm90.fwd_config import violations
-
-        return self.problem_errors(problem) or violations(config, problem, arch)
+        errs = self.problem_errors(problem)
+        if errs:
+            return errs
+        cls, m = self._knobs(problem)
+        if not isinstance(config, cls):
+            return [f"a {problem.pass_} config of fa4 is a {cls.__name__}, got {type(config).__name__}"]
+        return m.violations(config, problem, arch)
 
     def default_config(self, problem: Problem, arch: Arch):
-        from fa4.sm90.fwd_config import default_config
-
-        return default_config(problem, arch)
+        return self._knobs(problem)[1].default_config(problem, arch)
 
     def make_fwd(self, problem: Problem, config, q, k, v):
         import fa4
 
         def run():
             return fa4.flash_attn_func(q, k, v, causal=problem.causal, config=config)
+
+        return run
+
+    def make_fwd_bwd(self, problem: Problem, config, q, k, v, do):
+        # Timed as users run it (and as the peers are): autograd through fa4.flash_attn_func,
+        # the backward config passed explicitly so the measurement is of exactly this config.
+        import torch
+
+        import fa4
+
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = fa4.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic,
+                                  bwd_config=config)
+
+        def run():
+            return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
 
         return run
 
@@ -76,15 +117,29 @@ class Fa4Provider(Provider):
         return None
 
     def compile_variant(self, problem: Problem, config):
+        gqa = problem.heads_q != problem.heads_kv
+        if problem.pass_ == "bwd":
+            from fa4.sm90.bwd_compile import compile_key
+
+            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, config)
         from fa4.sm90.compile import compile_key
 
         return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config)
 
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
-        from fa4.sm90.compile import compile_fwd, compile_key
-
+        """Compile the kernel ``config`` selects for ``arch`` (no GPU needed). For the backward
+        that is the main kernel, the one the knobs shape; fa4.sm90.bwd_launch compiles the
+        small pre/postprocess kernels at the first backward."""
         try:
-            compile_fwd(compile_key(problem.dtype, problem.head_dim, problem.causal, False, config))
+            key = self.compile_variant(problem, config)
+            if problem.pass_ == "bwd":
+                from fa4.sm90.bwd_compile import compile_bwd_main
+
+                compile_bwd_main(key)
+            else:
+                from fa4.sm90.compile import compile_fwd
+
+                compile_fwd(key)
         except Exception as e:  # noqa: BLE001 - a compile failure is a result, not a crash
             return f"{type(e).__name__}: {str(e)[:500]}"
         return None

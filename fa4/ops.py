@@ -1,0 +1,139 @@
+"""``fa4::fwd`` and ``fa4::bwd``: fa4.flash_attn_func as torch.library custom ops for torch.compile.
+
+Dynamo cannot trace a CuTe DSL launch, so under ``torch.compile`` flash_attn_func calls
+:func:`traced_flash_attn`, which the compiled graph keeps as these two opaque ops: fake
+implementations give the output metadata while tracing, ``register_autograd`` connects
+fa4::fwd's backward to fa4::bwd. Eager calls do not go through them: dispatching a Python
+custom op added ~17 us per call on this project's CPU machine (~40 us with autograd), several
+times the launch path's own host cost, so eager flash_attn_func keeps its fast path and a plain
+autograd.Function. Both run the same host code (fa4.interface._forward, _backward,
+bwd_config_for); the one difference is when the backward config is resolved: at the forward
+call in eager mode (an infeasible bwd_config fails there), at the first backward here (the
+fake forward runs on symbolic shapes, before there is a problem to look up).
+
+Op schemas take no dataclasses: a knob config crosses the boundary as canonical JSON (or
+None: the lookup chain chooses at run time, as in eager). The forward op always writes LSE
+(the backward needs it; ~1.5% more bytes written than the output at head_dim 128), and
+``out=`` becomes a copy into the caller's tensor.
+"""
+
+import functools
+import json
+import math
+from typing import Optional
+
+import torch
+
+from fa4.knobs import config_to_dict
+
+@torch.compiler.assume_constant_result
+def encode_config(config) -> Optional[str]:
+    """A knob config (dataclass or dict) as the canonical JSON an op argument carries.
+
+    Dynamo runs this at trace time and keeps the string as a constant of the graph.
+    """
+    if config is None:
+        return None
+    if isinstance(config, dict):
+        return json.dumps(config, sort_keys=True)
+    return json.dumps(config_to_dict(config), sort_keys=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded(text: str) -> tuple:
+    return tuple(sorted(json.loads(text).items()))
+
+
+def decode_config(text: Optional[str]) -> Optional[dict]:
+    return None if text is None else dict(_decoded(text))
+
+
+@torch.library.custom_op("fa4::fwd", mutates_args=())
+def fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float],
+    causal: bool,
+    config: Optional[str],
+    deterministic: bool,
+    bwd_config: Optional[str],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from fa4 import interface
+
+    # deterministic / bwd_config are here for fa4::fwd's backward (register_autograd hands
+    # the backward only the forward op's inputs); the forward kernel ignores them.
+    return interface._forward(q, k, v, softmax_scale, causal, True, decode_config(config), None)
+
+
+@fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, causal, config, deterministic, bwd_config):
+    from fa4.interface import validate
+
+    validate(q, k, v, layout=False)
+    # The real launch allocates exactly these (empty_like keeps q's strides when q is dense).
+    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fa4::bwd", mutates_args=())
+def bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: Optional[float],
+    causal: bool,
+    deterministic: bool,
+    bwd_config: Optional[str],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from fa4 import interface
+
+    config = interface.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config))
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
+    return tuple(interface._backward(dout, q, k, v, out, lse, scale, causal, config))
+
+
+@bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_config):
+    from fa4.interface import validate
+
+    validate(q, k, v, layout=False)
+    for name, t in (("dout", dout), ("out", out)):
+        if t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(f"{name} must match q in shape and dtype: {tuple(t.shape)} {t.dtype}")
+    if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be fp32 of shape {(q.shape[0], q.shape[2], q.shape[1])}")
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, _config, deterministic, bwd_config = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.bwd_args = (softmax_scale, causal, deterministic, bwd_config)
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, *ctx.bwd_args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+fwd.register_autograd(_fwd_backward, setup_context=_setup_context)
+
+
+def traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
+    """flash_attn_func while torch.compile traces (same arguments, same results)."""
+    from fa4.interface import check_bwd_args
+
+    check_bwd_args(deterministic, bwd_config)
+    scale = None if softmax_scale is None else float(softmax_scale)
+    o, lse = torch.ops.fa4.fwd(q, k, v, scale, bool(causal), encode_config(config), deterministic,
+                               encode_config(bwd_config))
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return (o, lse) if return_lse else o

@@ -1,0 +1,136 @@
+"""Stand-ins for the two GPU launches so fa4.flash_attn_func's host side runs on CPU tensors.
+
+Only the launches are replaced: ``fa4.interface._forward`` (the forward kernel call) and
+``fa4.sm90.bwd_launch.flash_attn_bwd`` (the backward's), both by fp32 math written from the
+attention equations (no autograd: under torch.compile the backward op runs below the autograd
+dispatch key). Everything between the user's call and those two functions is the real code:
+argument checks, the bwd config lookup chain, the autograd.Function, dO layout fixing, the
+dispatch entry, the custom ops and their fake implementations. Tests compare the gradients
+against bench/check_bwd.py's PyTorch-autograd reference with its error rule, so the stand-ins
+are checked too.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+_spec = importlib.util.spec_from_file_location(
+    "check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
+
+
+@functools.lru_cache(maxsize=1)
+def check_bwd():
+    """bench/check_bwd.py as a module: its reference gradients and error rule."""
+    mod = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(mod)
+    return mod
+
+
+def _scores(q, k, scale, causal):
+    """(B, Hq, Sq, Sk) fp32 scores with K expanded to the query heads and the causal mask."""
+    rep = q.shape[2] // k.shape[2]
+    qq = q.float().transpose(1, 2)
+    kk = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    s = qq @ kk.transpose(-1, -2) * scale
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        i = torch.arange(sq)[:, None]
+        j = torch.arange(sk)[None, :]
+        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+    return s
+
+
+def _probs(s):
+    # Rows that see no key (causal, Sq > Sk) have no softmax: zero output, zero gradient.
+    return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+
+
+def forward_math(q, k, v, scale, causal):
+    """(out in q's dtype, lse fp32 (B, Hq, Sq))."""
+    rep = q.shape[2] // k.shape[2]
+    s = _scores(q, k, scale, causal)
+    vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    out = (_probs(s) @ vv).transpose(1, 2)
+    return out.to(q.dtype), torch.logsumexp(s, dim=-1)
+
+
+def backward_math(dout, q, k, v, scale, causal):
+    """(dq, dk, dv) from dP = dO V^T, dS = P (dP - rowsum(dP P)), dK/dV summed over each KV head's group."""
+    rep = q.shape[2] // k.shape[2]
+    s = _scores(q, k, scale, causal)
+    p = _probs(s)
+    do = dout.float().transpose(1, 2)
+    qq = q.float().transpose(1, 2)
+    kk = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    dp = do @ vv.transpose(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dq = ds @ kk * scale
+    dk = (ds.transpose(-1, -2) @ qq * scale).unflatten(1, (-1, rep)).sum(2)
+    dv = (p.transpose(-1, -2) @ do).unflatten(1, (-1, rep)).sum(2)
+    return tuple(g.transpose(1, 2).to(q.dtype) for g in (dq, dk, dv))
+
+
+@dataclass
+class Calls:
+    """What the stand-in launches were asked to do."""
+
+    fwd: list = field(default_factory=list)  # (return_lse, config, out is given)
+    bwd: list = field(default_factory=list)  # dict(dout=..., deterministic=..., config=..., scale=..., causal=...)
+
+
+def install(monkeypatch) -> Calls:
+    """Replace the two launches, pretend the tensors' device is an sm90 GPU, fresh lookup state."""
+    from fa4 import interface, lookup
+    from fa4.arch import SM90
+    from fa4.sm90 import bwd_launch
+
+    calls = Calls()
+
+    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out):
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
+        o, lse = forward_math(q, k, v, scale, causal)
+        calls.fwd.append((return_lse, config, out is not None))
+        if out is None:
+            out = torch.empty_like(q)  # what the real launch allocates
+        out.copy_(o)
+        if not return_lse:
+            return out
+        lse_buf = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32)
+        lse_buf.copy_(lse)
+        return out, lse_buf
+
+    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None):
+        calls.bwd.append(dict(dout=dout, deterministic=deterministic, config=config, scale=softmax_scale,
+                              causal=causal))
+        # Into buffers shaped as the real launch allocates them (empty_like of q, k, v).
+        grads = backward_math(dout, q, k, v, softmax_scale, causal)
+        return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
+
+    real_validate = interface.validate
+    monkeypatch.setattr(interface, "_forward", fake_forward)
+    monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
+    monkeypatch.setattr(interface, "_arch_of", lambda device: SM90)
+    monkeypatch.setattr(interface, "validate", functools.partial(real_validate, require_cuda=False))
+    monkeypatch.setattr(interface, "_bwd_configs", {})
+    monkeypatch.setenv("FA4_LOOKUP_LOCAL_DB", "0")
+    monkeypatch.delenv("FA4_TUNING_URL", raising=False)
+    lookup.reset()
+    return calls
+
+
+def inputs(b=2, sq=33, sk=47, hq=4, hkv=2, d=64, dtype=torch.bfloat16, seed=0, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    k = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
+    v = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
+    dout = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    if grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    return q, k, v, dout

@@ -1,0 +1,148 @@
+"""Provider "fa4" for both passes on CPU: knob class per pass, search space, study and DB, compile-only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import optuna
+import pytest
+
+from fa4.arch import SM90
+from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs
+from fa4.problem import Problem
+from fa4.sm90 import bwd_config, fwd_config
+from fa4.sm90.bwd_compile import compile_key as bwd_compile_key
+from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.fwd_config import FwdConfigSm90
+from service.db import ResultsStore
+from tests.tuner.test_cli import fa4_tune
+from tuner.harness import OK, Measurement
+from tuner.providers import get_provider
+from tuner.providers.fa4_provider import Fa4Provider
+from tuner.study import Tuner, check_without_gpu, open_storage
+from tuner.worker import InProcessRunner
+
+FWD = Problem.standard(4096, 128)
+BWD = Problem.standard(4096, 128, pass_="bwd")
+BWD_DET = Problem.standard(4096, 64, pass_="bwd", deterministic=True, causal=True)
+BWD_GQA = Problem.standard(4096, 64, pass_="bwd", heads_kv=8)
+
+
+def test_knob_class_follows_the_pass():
+    p = get_provider("fa4")
+    assert p.passes == ("fwd", "bwd")
+    assert p.knob_cls_for(FWD) is FwdConfigSm90 and p.knob_cls_for(BWD) is BwdConfigSm90
+    assert p.knob_cls_for(BWD_DET) is BwdConfigSm90
+    # A forward config offered for a backward problem (or the reverse) is refused by name.
+    assert p.violations(FwdConfigSm90(), BWD, SM90) == ["a bwd config of fa4 is a BwdConfigSm90, got FwdConfigSm90"]
+    assert "FwdConfigSm90" in p.violations(BwdConfigSm90(), FWD, SM90)[0]
+    assert p.problem_errors(Problem.standard(4096, 96, pass_="bwd"))
+
+
+@pytest.mark.parametrize("problem", [BWD, BWD_DET, BWD_GQA])
+def test_bwd_search_space_is_the_bwd_declaration(problem):
+    p = get_provider("fa4")
+    feasible = p.feasible_configs(problem, SM90)
+    want = [c for c in iter_configs(BwdConfigSm90) if not bwd_config.violations(c, problem, SM90)]
+    assert feasible == want and feasible
+    assert all(c.deterministic == problem.deterministic for c in feasible)
+    default = p.default_config(problem, SM90)
+    assert default == bwd_config.default_config(problem, SM90) and default in feasible
+    # Runtime knobs share a compiled kernel; GQA (fp32 dK/dV accumulators) is another kernel.
+    for c in feasible[:5]:
+        assert p.compile_variant(problem, c) == bwd_compile_key(
+            problem.dtype, problem.head_dim, problem.causal, problem.heads_q != problem.heads_kv, c)
+    variants = {p.compile_variant(problem, c) for c in feasible}
+    assert len(variants) < len(feasible)
+    for name in BwdConfigSm90.RUNTIME_KNOBS:
+        for value in dict((s.name, s.choices) for s in knob_specs(BwdConfigSm90))[name]:
+            changed = dataclasses.replace(default, **{name: value})
+            assert p.compile_variant(problem, changed) == p.compile_variant(problem, default)
+    gqa_key = p.compile_variant(BWD_GQA, default)
+    assert gqa_key.gqa and not p.compile_variant(Problem.standard(4096, 64, pass_="bwd"), default).gqa
+
+
+def test_fwd_pass_is_unchanged():
+    p = get_provider("fa4")
+    assert p.feasible_configs(FWD, SM90) == [c for c in iter_configs(FwdConfigSm90)
+                                             if not fwd_config.violations(c, FWD, SM90)]
+    assert p.default_config(FWD, SM90) == fwd_config.default_config(FWD, SM90)
+
+
+def test_check_without_gpu_counts_the_bwd_space():
+    p = get_provider("fa4")
+    rep = check_without_gpu(p, BWD_DET, compile_configs=False)
+    n = len(list(iter_configs(BwdConfigSm90)))
+    n_ok = len([c for c in iter_configs(BwdConfigSm90) if not bwd_config.violations(c, BWD_DET, SM90)])
+    assert (rep["configs"], rep["feasible"], rep["infeasible"]) == (n, n_ok, n - n_ok)
+    assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
+    assert rep["default"]["violations"] == [] and rep["problem"]["pass"] == "bwd"
+
+
+class SyntheticFa4(Fa4Provider):
+    """Provider fa4 with its knobs and feasibility, timed by a formula instead of a GPU."""
+
+    needs_gpu = False
+
+    def available(self):
+        return None
+
+    def arch(self):
+        return SM90
+
+    def device_info(self):
+        return {"name": "synthetic H200", "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,
+                "memory_bytes": 150_754_820_096}
+
+    def measure(self, problem, config, settings):
+        assert isinstance(config, self.knob_cls_for(problem)), type(config)
+        # Distinct per config: its position in the declaration's space.
+        rank = list(iter_configs(type(config))).index(config)
+        return Measurement(OK, samples_ms=[1.0], median_ms=1.0, iqr_ms=0.0, tflops=300.0 + rank / 10)
+
+
+def test_a_bwd_study_suggests_and_stores_bwd_configs(tmp_path):
+    store = ResultsStore.open(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        t = Tuner(SyntheticFa4(), BWD_DET, store=store, runner=InProcessRunner(), trials=25,
+                  provider_spec="tests.tuner.test_fa4_provider:SyntheticFa4")
+        assert t.knob_cls is BwdConfigSm90
+        res = t.run()
+        study = optuna.load_study(study_name=t.name, storage=open_storage(t.storage_spec))
+        names = sorted(s.name for s in knob_specs(BwdConfigSm90))
+        assert res.trials == 25 and all(sorted(tr.params) == names for tr in study.trials)
+        assert res.default["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
+        rows = store.measurements(study_name=t.name)
+        assert len(rows) == res.measured + sum(r["status"] == "infeasible" for r in rows)
+        for r in rows:
+            cfg = config_from_dict(BwdConfigSm90, r["config"])
+            assert store.get_config(r["config_id"])["knob_schema"] == json_schema(BwdConfigSm90)
+            reasons = bwd_config.violations(cfg, BWD_DET, SM90)
+            if r["status"] == "ok":
+                assert not reasons and cfg.deterministic
+                assert r["tflops"] == SyntheticFa4().measure(BWD_DET, cfg, None).tflops
+            else:
+                assert r["status"] == "infeasible" and r["reason"] == "; ".join(reasons)
+        top = max((r for r in rows if r["status"] == "ok"), key=lambda r: r["tflops"])
+        assert res.best["config"] == top["config"]
+        assert store.best("synthetic H200", "fa4", BWD_DET)["config"] == top["config"]
+    finally:
+        store.close()
+
+
+def test_cli_compile_only_bwd_without_gpu(tmp_path):
+    """fa4-tune --pass bwd on a machine without a GPU: the space, and real sm_90a compiles of the backward."""
+    r = fa4_tune("--provider", "fa4", "--pass", "bwd", "--deterministic", "--causal", "--seqlen", "2048",
+                 "--hdim", "64", "--trials", "2", "--json", "--db", f"sqlite:///{tmp_path / 'r.db'}", timeout=900)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    prob = Problem.standard(2048, 64, pass_="bwd", deterministic=True, causal=True)
+    assert Problem.from_dict(rep["problem"]) == prob
+    feasible = [c for c in iter_configs(BwdConfigSm90) if not bwd_config.violations(c, prob, SM90)]
+    kernels = {bwd_compile_key("bf16", 64, True, False, c) for c in feasible}
+    assert rep["feasible"] == len(feasible)
+    assert rep["compile"]["distinct_kernels"] == len(kernels) and rep["compile"]["compiled"] == 2
+    assert rep["compile"]["ok"] == 2 and rep["compile"]["errors"] == []
+    assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(prob, SM90))
+    assert "timing needs a CUDA GPU" in rep["timing"]
