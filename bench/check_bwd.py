@@ -108,11 +108,11 @@ VARIANTS = [
 ]
 
 
-def correctness(quick):
+def correctness(quick, det_only=False):
     cases = []
     for D in (64, 128):
         for causal in (False, True):
-            for det in (False, True):
+            for det in ((True,) if det_only else (False, True)):
                 base = default_config(Problem.standard(1024, D, causal=causal, deterministic=det, pass_="bwd"))
                 shapes = SHAPES[:3] if quick else SHAPES + [(1, 4096, 4096, 8, 8)]
                 for sh in shapes:
@@ -165,12 +165,12 @@ def bench(seqlen, hds, variants=()):
                 runs[f"ours{' det' if det else ''}"] = (
                     lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
                 )
-            prob = bwd_problem(q, k, v, causal, False)
             for var in variants:
+                prob = bwd_problem(q, k, v, causal, bool(var.get("deterministic", False)))
                 cfg = dataclasses.replace(default_config(prob), **var)
                 if not violations(cfg, prob):
                     runs["ours " + json.dumps(var, separators=(",", ":"))] = (
-                        lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, False, cfg)
+                        lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, cfg.deterministic, cfg)
                     )
             try:
                 from flash_attn.cute import flash_attn_func as ref_fa4
@@ -227,16 +227,17 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--det-only", action="store_true", help="correctness of the deterministic configs only")
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--hds", default="64,128")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default="[]",
-                    help='JSON list of knob overrides of the default, each timed non-deterministic: [{"ds_stages":1}]')
+                    help='JSON list of knob overrides of the default config, each timed: [{"ds_stages":1},{"deterministic":true,"head_swizzle":8}]')
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     res = {}
     if not a.no_check:
-        res["correctness"] = correctness(a.quick)
+        res["correctness"] = correctness(a.quick, a.det_only)
     if not a.no_bench:
         res["bench"] = bench(a.seqlen, [int(s) for s in a.hds.split(",")], json.loads(a.variants))
     if a.out:

@@ -537,13 +537,15 @@ class FlashBwdSm90:
             for wg in cutlass.range_constexpr(2):
                 cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
         for m in cutlass.range(m_start, m_end, unroll=1):
-            for wg in cutlass.range_constexpr(2):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
             if cutlass.const_expr(self.deterministic):
+                # Take the turn while the consumers are still computing this tile: the lock's
+                # round trip through L2 stays off the path from "dQ staged" to "dQ added".
                 semaphore.wait_turn(
                     mSemQ[batch, head, None].iterator + m,
                     self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
                 )
+            for wg in cutlass.range_constexpr(2):
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
             if lane == 0:
                 if cutlass.const_expr(self.deterministic):
                     # The previous turn's adds were made by the async proxy: order ours after them.

@@ -30,7 +30,7 @@ CONSUMER_WGS = 2
 # This holds only because the swizzled dS^T/P^T store addresses are recomputed in the loop
 # (fa4.common.regs.opaque): hoisted, they held 16 registers and hd128 spilled.
 CONSUMER_REG_BUDGET = 240
-PATH_OVERHEAD = {"bulk": 24, "red_v2": 32, "red": 32}
+PATH_OVERHEAD = {"bulk": 24, "red_v2": 40, "red": 40}
 # setmaxnreg (consumer, producer): the CTA owns 168 x 384 = 64,512 registers from its launch,
 # and setmaxnreg.inc can only hand out what the producer's .dec gave back into that pool:
 # 2 x 240 + 24 = 504 per lane-slot x 128 = 64,512. The first version kept 32 for the producer
@@ -52,7 +52,7 @@ class BwdConfigSm90:
         "Key rows per CTA: 64 per consumer warpgroup (the WGMMA M of S^T, dV and dK); two consumers.",
     )
     stages: int = knob(
-        (1, 2), 2,
+        (1, 2, 3), 2,
         "Depth of the Q and dO shared-memory rings (one pipeline state for both: TMA runs this many "
         "query tiles ahead of the consumers).",
     )
@@ -91,7 +91,7 @@ class BwdConfigSm90:
         "(shortest processing time first), so deterministic lock waits stay short. No effect non-causal.",
     )
     head_swizzle: int = knob(
-        (1, 2, 4, 8), 1,
+        (1, 2, 4, 8, 16, 32), 1,
         "Heads per scheduling group: consecutive CTAs walk the key tiles of this many heads together so "
         "their Q/dO stay resident in L2.",
     )
@@ -164,10 +164,10 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"shared memory {need} B (Q, dO {config.stages}x {config.tile_m}x"
             f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B"
         )
-    if config.tile_m == 128 and config.dq_accum != "bulk":
-        # Measured (ptxas 13.0): the per-thread dQ reductions hold their addresses beside the
-        # 128-column S^T/dP^T fragments and spill 1-2 registers.
-        out.append(f"tile_m 128 needs dq_accum 'bulk' (the '{config.dq_accum}' path spills at this tile)")
+    if config.tile_m == 128 and (config.dq_accum != "bulk" or config.ds_stages != 1):
+        # Measured (ptxas 13.0): beside the 128-column S^T/dP^T fragments, the per-thread dQ
+        # reductions' addresses or the second dS buffer's offsets spill 1-2 registers.
+        out.append("tile_m 128 needs dq_accum 'bulk' and ds_stages 1 (the other choices spill at this tile)")
     regs = consumer_registers(config, problem)
     if regs > CONSUMER_REG_BUDGET:
         out.append(
