@@ -27,7 +27,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4.common import masking, mma, scheduling, softmax
+from fa4.common import convert, masking, mma, scheduling, softmax
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
 from fa4.sm90.fwd_config import (
@@ -342,7 +342,7 @@ class FlashFwdSm90:
         self.exp_turn_wait(cwg)
         softmax.softmax_first(s_mn, row_max, row_sum, scale_log2, self.emulated)
         self.exp_turn_pass(cwg)
-        tOrP_as_S.store(acc_S.load().to(self.dtype))
+        convert.to_packed16(acc_S, tOrP_as_S)
         acc_O.fill(0.0)
 
         # Masked tiles first (n descending reaches the diagonal first), then the rest.
@@ -428,7 +428,7 @@ class FlashFwdSm90:
         v_state.advance()
         if need:
             softmax.rescale_rows(o_mn, row_scale)
-        tOrP_as_S.store(acc_S.load().to(self.dtype))
+        convert.to_packed16(acc_S, tOrP_as_S)
         return k_state, v_state
 
     @cute.jit
@@ -456,7 +456,7 @@ class FlashFwdSm90:
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
         if need:
             softmax.rescale_rows(o_mn, row_scale)
-        tOrP_as_S.store(acc_S.load().to(self.dtype))
+        convert.to_packed16(acc_S, tOrP_as_S)
         return k_state, v_state
 
     # ---------------------------------------------------------------- helpers
