@@ -21,18 +21,22 @@ HEAD_DIMS = (64, 128)
 ROWS_PER_WG = 64
 CONSUMER_WGS = (2, 3)
 THREADS_PER_WG = 128
-# Register budget. setmaxnreg hands the consumers 240 registers at run time, but ptxas
-# allocates the whole kernel against the launch bound: 65536 / 384 threads -> 168 per
-# thread. When the live WGMMA fragments do not fit, ptxas serializes every wgmma
-# (warning C7512) and the kernel loses its overlap. Measured with ptxas 13.0 on this
-# kernel: fragments (O + S + P, in fp32-register units) of 172 and 176 fit, 184 and 200
-# serialize; the compile-only tests check every feasible config for serialization.
 # setmaxnreg split (consumer, producer) per number of consumer warpgroups: the per-SM file of
 # 65536 registers over 128-thread warpgroups.
 REG_SPLIT = {2: (240, 24), 3: (160, 32)}
-# Fragment budget per consumer count, measured with ptxas 13.0 on this kernel: with 2 consumers
-# (168-register allocation) 172 and 176 fit, 184 serializes; with 3 (128) 104 fits, 116 spills when causal.
-FRAGMENT_REG_BUDGET = {2: 176, 3: 104}
+# Register budget. ptxas allocates the consumer branch against its setmaxnreg count (240 or
+# 160), the rest of the kernel against the launch bound (168 or 128). When the live WGMMA
+# fragments plus the consumer's other values do not fit, ptxas serializes every wgmma
+# (warning C7512) and spills. Besides O + S + P (fp32-register units, consumer_registers) a
+# consumer holds about 21 registers at its peak, the row max of S(j) while PV(j-1) is in
+# flight: the stack pointer, row max and sum (2 + 2), the k/v pipeline phases, named-barrier
+# ids, the mask limits, and a few fmax chain temporaries. Measured with ptxas 13.0 (nvdisasm
+# life ranges, in-flight WGMMA operands added): peak 149 of 160 at 3 warpgroups, hd64
+# tile_n 128. Fits, measured on every kernel of the space: 3 warpgroups 128 (hd64 tile_n 128)
+# fits, 136 (hd128 tile_n 96) and 140 (hd64 tile_n 144) serialize; 2 warpgroups 208 (hd128
+# tile_n 192) fits, 232 (hd128 tile_n 224) serializes. (Before P was converted with packed
+# cvt, fa4.common.convert, the budgets were 104 and 176.)
+FRAGMENT_REG_BUDGET = {2: 208, 3: 128}
 # Shared memory the kernel keeps besides Q/K/V tiles: mbarriers and alignment padding.
 SMEM_RESERVED = 2048
 

@@ -90,8 +90,13 @@ def test_kernel_codegen(hd, causal, config):
     if isinstance(cubin, str):
         cubin = cubin.encode("latin-1")
     sass = cc.disassemble(cubin)
-    ops = cc.count_ops(cc.sass_opcodes(sass), ["HGMMA", "MUFU.EX2", "LDL", "STL"])
+    ops = cc.count_ops(cc.sass_opcodes(sass), ["HGMMA", "MUFU.EX2", "LDL", "STL", "WARPGROUP.ARRIVE"])
     assert ops["HGMMA"] > 0, "no WGMMA in the kernel"
+    # Each GEMM's chain of WGMMAs issues under the one wgmma.fence the kernel emits for it.
+    # A fragment register written between the fence and a WGMMA (P packed from 16-bit halves
+    # at issue) makes ptxas fence every WGMMA again: one WARPGROUP.ARRIVE per HGMMA.
+    fences = cc.count_ops(cc.ptx_opcodes(ptx), ["wgmma.fence"])["wgmma.fence"]
+    assert ops["WARPGROUP.ARRIVE"] == fences, (ops, fences)
     assert ops["LDL"] == 0 and ops["STL"] == 0, f"local memory traffic (spills): {ops}"
     per, log = cc.ptxas_verbose(ptx)
     assert "C7512" not in log and "serialized" not in log, log[-800:]
