@@ -134,13 +134,16 @@ def compare(one: dict, two: dict) -> dict:
             "all_agree": all(s["agree"] for s in shapes), "commands": [two["command"], one["command"]],
             "device": two["results"][0]["device"] if two["results"] else None,
             "provider": two["results"][0]["provider"] if two["results"] else None,
+            "trials": two["results"][0]["trials"] if two["results"] else None,
+            "sampler": two["results"][0]["sampler"] if two["results"] else None,
             "date": two["date"]}
 
 
 def markdown(c: dict, a) -> str:
     lines = [
         f"**Fleet scaling ({c['date'][:10]}, {c['device']} x2, provider {c['provider']}, "
-        f"{len(c['shapes'])}-shape grid, {a.trials} {a.sampler} trials per shape)**",
+        f"{len(c['shapes'])}-shape grid, {c.get('trials') or a.trials} {c.get('sampler') or a.sampler} "
+        "trials per shape)**",
         "",
         f"- wall time: 1 GPU {c['wall_1_s']:.1f} s, 2 GPUs {c['wall_2_s']:.1f} s: **{c['speedup']:.2f}x** "
         f"(target >= {TARGET}x: {'met' if c['meets_target'] else 'NOT met'})",

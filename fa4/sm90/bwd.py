@@ -52,9 +52,10 @@ from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 BAR_DS_FREE = 1  # 256 consumers: both dQ GEMMs have finished reading sdS (ds_stages 1 only)
 BAR_DS_FULL = 2  # 256 consumers: both halves of dS^T are in sdS
 BAR_SEM = 3  # 256 consumers: semaphore turn acquired / all adds issued
-BAR_DQ_FULL = 4  # 4..5, per consumer warpgroup + the writer warp: its dQ chunk is in sdQ
-BAR_DQ_EMPTY = 6  # 6..7, writer warp -> one consumer warpgroup: the bulk reduction has read sdQ
-BAR_P = 8  # 8..9: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
+# dQ hand-off, per step parity p (two writer warps take turns) and consumer warpgroup w:
+BAR_DQ_FULL = 4  # 4 + 2p + w: warpgroup w's dQ chunk is in sdQ -> writer warp p
+BAR_DQ_EMPTY = 8  # 8 + 2p + w: the reduction of the previous step has read sdQ -> warpgroup w
+BAR_P = 12  # 12..13: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
 NUM_DQ_SYNC_THREADS = THREADS_PER_WG + 32
 
@@ -289,10 +290,17 @@ class FlashBwdSm90:
                     pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
                 )
             if cutlass.const_expr(self.dq_bulk):
+                # Two writer warps take alternate steps: one waits for its reduction to complete
+                # (deterministic turn hand-off) while the other already adds the next tile.
                 if warp_idx == 1:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, 0,
+                    )
+                if warp_idx == 2:
+                    self.dq_writer(
+                        sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, 1,
                     )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -510,33 +518,41 @@ class FlashBwdSm90:
             # Wait until the writer warp's previous bulk reduction has read this warpgroup's
             # chunk of sdQ, then refill it: 16-byte stores, consecutive threads on consecutive
             # 16 bytes (no bank conflicts).
-            # Immediate barrier ids in two branches: a computed id would hold a register across
-            # the loop, and the consumers are at their register limit.
-            if ctid < THREADS_PER_WG:
-                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY, number_of_threads=NUM_DQ_SYNC_THREADS)
-            else:
-                cute.arch.barrier(barrier_id=BAR_DQ_EMPTY + 1, number_of_threads=NUM_DQ_SYNC_THREADS)
+            self.dq_barrier(BAR_DQ_EMPTY, i % 2, ctid, True)
             cute.autovec_copy(dq_frag_view(acc_dQ), sdQ[None, ctid])
             # The bulk copy reads shared memory through the async proxy.
             cute.arch.fence_proxy("async.shared", space="cta")
-            if ctid < THREADS_PER_WG:
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL, number_of_threads=NUM_DQ_SYNC_THREADS)
-            else:
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_FULL + 1, number_of_threads=NUM_DQ_SYNC_THREADS)
+            self.dq_barrier(BAR_DQ_FULL, i % 2, ctid, False)
         else:
             self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
 
     @cute.jit
-    def dq_writer(self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt):
-        """One warp of the producer warpgroup: adds each staged dQ tile into the fp32 accumulator."""
+    def dq_barrier(self, base: cutlass.Constexpr, parity, ctid, sync: cutlass.Constexpr):
+        """Consumer side of barrier base + 2 parity + warpgroup, with immediate ids: a computed
+        id would hold a register across the mainloop, where the consumers are at their limit."""
+        for p in cutlass.range_constexpr(2):
+            for w in cutlass.range_constexpr(2):
+                if parity == p and ctid // THREADS_PER_WG == w:
+                    if cutlass.const_expr(sync):
+                        cute.arch.barrier(barrier_id=base + 2 * p + w, number_of_threads=NUM_DQ_SYNC_THREADS)
+                    else:
+                        cute.arch.barrier_arrive(barrier_id=base + 2 * p + w, number_of_threads=NUM_DQ_SYNC_THREADS)
+
+    @cute.jit
+    def dq_writer(
+        self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt,
+        parity: cutlass.Constexpr,
+    ):
+        """One of two writer warps: adds the staged dQ tiles of the steps of its parity."""
         nbytes = self.tile_m * self.head_dim * 4
         # sdQ starts empty (no arrive for an empty range: every arrive must meet a consumer wait).
-        if m_start < m_end:
-            for wg in cutlass.range_constexpr(2):
-                cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
-        for m in cutlass.range(m_start, m_end, unroll=1):
+        if cutlass.const_expr(parity == 0):
+            if m_start < m_end:
+                for wg in cutlass.range_constexpr(2):
+                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
+        for m in cutlass.range(m_start + parity, m_end, 2, unroll=1):
             if cutlass.const_expr(self.deterministic):
                 # Take the turn while the consumers are still computing this tile: the lock's
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".
@@ -545,7 +561,7 @@ class FlashBwdSm90:
                     self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
                 )
             for wg in cutlass.range_constexpr(2):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
+                cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * parity + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
             if lane == 0:
                 if cutlass.const_expr(self.deterministic):
                     # The previous turn's adds were made by the async proxy: order ours after them.
@@ -556,10 +572,13 @@ class FlashBwdSm90:
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
-            # No arrive after the last tile: every arrive must meet a consumer wait.
+            # sdQ may be refilled for the next step (the other parity). No arrive after the last
+            # tile: every arrive must meet a consumer wait.
             if m + 1 < m_end:
                 for wg in cutlass.range_constexpr(2):
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
+                    cute.arch.barrier_arrive(
+                        barrier_id=BAR_DQ_EMPTY + 2 * (1 - parity) + wg, number_of_threads=NUM_DQ_SYNC_THREADS
+                    )
             if cutlass.const_expr(self.deterministic):
                 if lane == 0:
                     # The next turn may only start once our adds are performed, not just read.

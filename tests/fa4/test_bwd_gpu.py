@@ -68,8 +68,10 @@ def test_each_knob_alone(check_bwd, hd, causal, change):
 def test_deterministic_bitwise(check_bwd, hd, causal, dq_accum, spt, shape):
     import torch
 
-    ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16,
-                                             _config(hd, causal, True, dict(dq_accum=dq_accum, spt_order=spt)))
+    cfg = _config(hd, causal, True, dict(dq_accum=dq_accum, spt_order=spt))
+    if violations(cfg, Problem.standard(1024, hd, causal=causal, deterministic=True, pass_="bwd")):
+        pytest.skip(f"dq_accum {dq_accum} infeasible at hd{hd}")
+    ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
     assert ok, info
 
 
