@@ -68,6 +68,9 @@ def test_each_knob_alone(check_bwd, hd, causal, change):
 def test_deterministic_bitwise(check_bwd, hd, causal, dq_accum, spt, shape):
     import torch
 
+    from fa4.problem import Problem
+    from fa4.sm90.bwd_config import violations
+
     cfg = _config(hd, causal, True, dict(dq_accum=dq_accum, spt_order=spt))
     if violations(cfg, Problem.standard(1024, hd, causal=causal, deterministic=True, pass_="bwd")):
         pytest.skip(f"dq_accum {dq_accum} infeasible at hd{hd}")
