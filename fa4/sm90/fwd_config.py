@@ -168,14 +168,16 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     """Heuristic default, from the knob effects measured on the H200 (bench/RESULTS.md).
 
-    hd128: two consumer warpgroups, tile_n 128 (112/144 lose 5-7%), tau 8 (+5%: most O
-    rescales skipped; fp16-safe). hd64: three consumer warpgroups (tile_m 192, +12-14%: a
-    third softmax in flight where exp is as costly as the MMAs), tile_n 96 (the register
-    budget of 3 warpgroups), tau 8 and exp phases kept apart (+5% together). MUFU-only exp2:
-    the FMA-pipe polynomial lost 1-8% at every fraction tried (issue-slot bound).
+    hd128: two consumer warpgroups, tile_n 128 (112 loses 5-7%; 144/160, feasible since P is
+    converted with packed cvt, are within noise: 0.997/0.991), tau 8 (+5%: most O rescales
+    skipped; fp16-safe). hd64: three consumer warpgroups (tile_m 192, +12-14%: a third softmax
+    in flight where exp is as costly as the MMAs), tile_n 128 (+2.9% non-causal, +2.0% causal
+    over 96; it fits the 3-warpgroup register budget since the packed P conversion), tau 8 and
+    exp phases kept apart (+5% together). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
+    every fraction tried (issue-slot bound).
     """
     if problem.head_dim == 64:
-        base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0, pingpong="mma_exp")
+        base = FwdConfigSm90(tile_m=192, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
     else:
         base = FwdConfigSm90(tile_n=128, kv_stages=2, tau=8.0)
     if problem.dtype == "fp16" and base.tau + 1 > LOG2_DTYPE_MAX["fp16"]:
