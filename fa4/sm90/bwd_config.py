@@ -179,9 +179,13 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 
 
 def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
-    """Smallest query tile, deepest ring, P^T from registers; deterministic as the problem asks.
+    """Smallest query tile, two-deep Q/dO ring, P^T from registers, bulk dQ adds.
 
-    Unmeasured: the next session has to time tile_m and the stage counts on the H200.
+    Measured on the H200 (S=8192, bench/RESULTS.md): stages 1 loses 12-25% and 3 is within noise;
+    ds_stages 1 loses 1-3%; dq_accum 'red_v2' loses 8-22%; hd64 tile_m 128 (P^T through shared
+    memory) loses 2-4%; spt_order and head_swizzle 2 are within noise non-deterministic, head_swizzle
+    4 loses 7-14% at hd128, and 8/32 do not help the deterministic mode. Deterministic as the
+    problem asks.
     """
     for tm in (64, 128):
         for st in (2, 1):
