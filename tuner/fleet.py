@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,12 +209,22 @@ def worker_main(spec: dict) -> int:
     store = ResultsStore.open(spec["db"])
     # Virtual slots exist only for GPU-less providers; those cannot poison a CUDA context.
     runner = IsolatedRunner() if provider.needs_gpu else InProcessRunner()
+    t0 = spec.get("t0") or time.time()
+
+    def stamp() -> str:
+        return f"[{slot} +{time.time() - t0:.1f}s]"
+
+    if provider.needs_gpu:
+        # The measuring process imports torch / the CuTe DSL / the kernels and makes its CUDA
+        # context while this process opens the studies, instead of on the first trial's clock.
+        runner.prestart(spec["provider"])
+    print(f"{stamp()} worker ready ({len(problems)} shapes)", file=sys.stderr, flush=True)
 
     def on_trial(t, study, trial):
         ua = trial.user_attrs
         what = f"{trial.value:.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
         dup = f" (= trial {ua['duplicate_of']})" if "duplicate_of" in ua else ""
-        print(f"[{slot}] {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
+        print(f"{stamp()} {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
               f"{what}{dup}", file=sys.stderr, flush=True)
 
     # Different seeds keep TPE/random workers from proposing the same configs in lockstep;
@@ -280,6 +291,9 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
             os.close(fd)
         raise
     root = str(Path(__file__).resolve().parents[1])
+    # Log lines carry seconds since this point, so a run's log shows where its time went
+    # (process start, imports, compiles, trials) without a profiler.
+    t0 = time.time()
     procs, threads = [], []
     finals: dict[str, dict] = {}
     stored: dict[str, int] = {}
@@ -306,7 +320,7 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
             spec = {"slot": slot.name, "index": k, "n_workers": len(slots), "provider": provider_spec,
                     "problems": [p.to_dict() for p in problems], "db": db, "storage": storage,
                     "sampler": sampler, "trials": trials, "seed": seed, "heartbeat_s": heartbeat_s,
-                    "parent_pid": os.getpid()}
+                    "parent_pid": os.getpid(), "t0": t0}
             env = dict(os.environ)
             env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
@@ -316,7 +330,8 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
             proc.stdin.write(json.dumps(spec))
             proc.stdin.close()
             procs.append((slot, proc))
-            log(f"[{slot.name}] worker pid {proc.pid} on CUDA_VISIBLE_DEVICES={slot.cuda_visible!r}")
+            log(f"[{slot.name} +{time.time() - t0:.1f}s] worker pid {proc.pid} on "
+                f"CUDA_VISIBLE_DEVICES={slot.cuda_visible!r}")
             th = threading.Thread(target=reader, args=(proc,), daemon=True)
             th.start()
             threads.append(th)

@@ -342,6 +342,10 @@ class Tuner:
         full (it waits for other workers' running trials and takes over retries of dead
         ones); without, it returns as soon as nothing is left for it to start.
         """
+        if self._runner is None and self.provider.needs_gpu:
+            # Start the measuring process now: it loads the provider and makes its CUDA
+            # context while the study is opened and the default trial enqueued.
+            self._runner_or_new().prestart(self.spec)
         self.device_id = self.store.upsert_device(self.device_info)
         self.problem_id = self.store.upsert_problem(self.problem)
         study = self.open_study()

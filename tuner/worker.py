@@ -47,6 +47,13 @@ def _serve(conn) -> None:
             return
         if msg is None:
             return
+        if "warm" in msg:
+            try:
+                get_provider(msg["warm"]).warmup()
+                conn.send({"warm": "ok"})
+            except Exception as e:  # the first real measurement reports the failure
+                conn.send({"warm": f"{type(e).__name__}: {e}"[:300]})
+            continue
         try:
             provider = get_provider(msg["provider"])
             problem = Problem.from_dict(msg["problem"])
@@ -81,6 +88,8 @@ class IsolatedRunner:
         self.timeout_s = timeout_s
         self.restarts = 0  # workers started after the first one
         self._started = False
+        self._warming = False  # a warm-up reply is still to be read before the next result
+        self.warm_result: str | None = None
 
     def _start(self) -> None:
         if self._started:
@@ -91,6 +100,30 @@ class IsolatedRunner:
         proc.start()
         child.close()
         self._proc, self._conn = proc, parent
+
+    def prestart(self, provider: str) -> None:
+        """Start the measuring process now and let it import and initialize the provider while
+        the caller does other work (opening studies), instead of on the first trial's clock."""
+        if self._proc is None or not self._proc.is_alive():
+            if self._proc is not None:
+                self._stop(kill=True)
+            self._start()
+        try:
+            self._conn.send({"warm": provider})
+            self._warming = True
+        except (BrokenPipeError, OSError):
+            self._stop(kill=True)
+
+    def _finish_warmup(self, timeout: float) -> None:
+        if not self._warming:
+            return
+        self._warming = False
+        if self._conn.poll(timeout):
+            self.warm_result = self._conn.recv().get("warm")
+        else:
+            # Warm-up hangs: start over; the real request then runs in a fresh process.
+            self.warm_result = f"no warm-up reply within {timeout:g} s"
+            self._stop(kill=True)
 
     def _stop(self, kill: bool) -> None:
         if self._proc is None:
@@ -108,8 +141,15 @@ class IsolatedRunner:
             self._proc.join()
         self._conn.close()
         self._proc = self._conn = None
+        self._warming = False
 
     def run(self, provider: str, problem: Problem, config: dict | None, settings: Settings) -> Measurement:
+        if self._warming:
+            try:
+                self._finish_warmup(self.timeout_s if self.timeout_s is not None else settings.timeout_s)
+            except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+                self._warming = False
+                self._stop(kill=True)
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self._stop(kill=True)

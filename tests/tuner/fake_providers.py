@@ -47,3 +47,29 @@ class SlowReplay(ReplayProvider):
                 f.write(str(os.getpid()))
         time.sleep(float(os.environ.get("FA4_TEST_SLOW_S", "0.2")))
         return super().measure(problem, config, settings)
+
+
+class WarmupProbe(ReplayProvider):
+    """Replays the real H200 recording; its warm-up takes $FA4_TEST_WARM_S seconds (like the
+    imports and CUDA context of a real provider) and fails when $FA4_TEST_WARM_FAIL is set.
+    Each measurement reports, as its reason, the process id that measured it and whether
+    that process had warmed up before."""
+
+    name = "warmup-probe"
+
+    def __init__(self):
+        super().__init__()
+        self.warmed = False
+
+    def warmup(self) -> None:
+        import time
+
+        time.sleep(float(os.environ.get("FA4_TEST_WARM_S", "0")))
+        if os.environ.get("FA4_TEST_WARM_FAIL"):
+            raise RuntimeError("warm-up failed on purpose")
+        self.warmed = True
+
+    def measure(self, problem, config, settings):
+        m = super().measure(problem, config, settings)
+        m.reason = f"pid={os.getpid()} warmed={self.warmed}"
+        return m

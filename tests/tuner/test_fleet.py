@@ -151,6 +151,13 @@ def test_two_workers_grid_two_shapes_like_the_recording(tmp_path):
         grid_points = {json.dumps(t.params, sort_keys=True) for t in study.trials}
         assert len(grid_points) == n_space  # every config, none lost between the workers
     assert workers_seen == {"cpu0", "cpu1"}  # the work was shared
+    # Every worker line says when it happened (seconds since the fleet started), in order per
+    # worker: the log of a real run shows where its wall time went.
+    import re
+
+    for slot in ("cpu0", "cpu1"):
+        stamps = [float(x) for x in re.findall(rf"^\[{slot} \+([0-9.]+)s\]", r.stderr, flags=re.M)]
+        assert len(stamps) >= 3 and stamps == sorted(stamps), r.stderr[-2000:]
     with ResultsStore.open(db) as store:
         n = check_db_matches_studies(store, results[0]["storage"], results, "replay")
         assert n == store.count() == sum(x["stored_measurements"] for x in results)

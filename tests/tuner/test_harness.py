@@ -229,3 +229,56 @@ def test_isolated_runner_on_gpu():
     with IsolatedRunner() as r:
         m = r.run("cudnn", SMALL, None, Settings(target_ms=30, warmup_ms=20))
     assert m.status == OK, m.reason
+
+
+def _recorded_case():
+    from fa4.knobs import config_to_dict
+    from tuner.providers.replay import ReplayProvider
+
+    rp = ReplayProvider()
+    problem = rp.recording.problems[0]
+    return problem, config_to_dict(rp.default_config(problem, rp.arch()))
+
+
+def test_prestart_warms_the_measuring_process_while_the_caller_works(monkeypatch):
+    """The warm-up (imports, CUDA context for real providers) runs in the child while the parent
+    does its own start-up work, so the first measurement does not wait for it; the measurement
+    is the recorded one, taken by the process that warmed up."""
+    import time
+
+    from tuner.worker import IsolatedRunner
+
+    monkeypatch.setenv("FA4_TEST_WARM_S", "2.0")
+    monkeypatch.delenv("FA4_TEST_WARM_FAIL", raising=False)
+    spec = "tests.tuner.fake_providers:WarmupProbe"
+    problem, cfg = _recorded_case()
+    settings = Settings(target_ms=30, warmup_ms=20)
+    with IsolatedRunner(timeout_s=120) as r:
+        r.prestart(spec)
+        time.sleep(3.0)  # the parent opening its studies
+        t = time.monotonic()
+        m = r.run(spec, problem, cfg, settings)
+        first = time.monotonic() - t
+        m2 = r.run(spec, problem, cfg, settings)
+    assert r.warm_result == "ok"
+    assert m.status == OK and m.reason.endswith("warmed=True")
+    assert m.reason.split()[0] == m2.reason.split()[0]  # the same (warmed) process measured both
+    assert first < 1.5, f"first measurement waited {first:.2f} s: the warm-up was not overlapped"
+    from tuner.providers.replay import ReplayProvider
+
+    want = ReplayProvider().measure(problem, ReplayProvider().config_from_dict(problem, cfg), settings)
+    assert m.tflops == want.tflops and m.median_ms == want.median_ms
+
+
+def test_failed_warmup_is_reported_and_measuring_goes_on(monkeypatch):
+    from tuner.worker import IsolatedRunner
+
+    monkeypatch.setenv("FA4_TEST_WARM_S", "0")
+    monkeypatch.setenv("FA4_TEST_WARM_FAIL", "1")
+    spec = "tests.tuner.fake_providers:WarmupProbe"
+    problem, cfg = _recorded_case()
+    with IsolatedRunner(timeout_s=120) as r:
+        r.prestart(spec)
+        m = r.run(spec, problem, cfg, Settings(target_ms=30, warmup_ms=20))
+    assert "warm-up failed on purpose" in r.warm_result
+    assert m.status == OK and m.reason.endswith("warmed=False")

@@ -35,6 +35,16 @@ class Provider:
         """None when usable here, else why not, in words."""
         return None
 
+    def warmup(self) -> None:
+        """Load what the first measurement would otherwise load on its own clock: modules
+        (torch, the CuTe DSL, the implementation) and the CUDA context. Run by the isolated
+        measuring process as soon as it starts, while its parent is still opening studies."""
+        if self.available() is None and self.needs_gpu:
+            import torch
+
+            torch.cuda.init()
+            torch.empty(1, device="cuda")
+
     def knob_cls_for(self, problem: Problem) -> type | None:
         """The knob dataclass that applies to this problem (a provider may differ per pass)."""
         return self.knob_cls
