@@ -379,7 +379,13 @@ class Determinism extends View {
         "Fill this view with fa4-tune --pass bwd [--deterministic]; the ratio needs both modes:", fill);
     }
     const providers = uniqSorted(all.map((r) => r.provider));
-    if (!providers.includes(this.filters.provider)) this.filters.provider = providers[0];
+    if (!providers.includes(this.filters.provider)) {
+      // A ratio needs both modes: start on the first provider measured in both (SDPA has no
+      // deterministic backward, so its bars stand alone).
+      const both = providers.find((p) => new Set(all.filter((r) => r.provider === p)
+        .map((r) => r.problem.deterministic)).size === 2);
+      this.filters.provider = both ?? providers[0];
+    }
     const provSelect = selectControl("provider", "provider", providers.map((p) => ({ value: p, label: p })),
       this.filters.provider, (v) => { this.filters.provider = v; this.refresh(); });
     const dtypeControls = this.problemControls(all.filter((r) => r.provider === this.filters.provider), ["dtype"]);

@@ -62,9 +62,22 @@ def test_reference_sweep_is_one_study_per_shape(demo_store):
         assert len(defaults) == 1
 
 
+def _from(store, path) -> list[dict]:
+    return [r for r in store.measurements(sort="id") if (r["versions"] or {}).get("seed_source") == path.name]
+
+
+def _shape(r) -> tuple:
+    p = r["problem"]
+    return p["seqlen_q"], p["head_dim"], p["causal"]
+
+
+def _check_log_shapes(path) -> set[tuple]:
+    return {(row["S"], row["D"], row["causal"]) for row in demo.parse_check_log(path.read_text())["rows"]}
+
+
 def test_bench_log_gives_all_four_providers_over_seqlen(demo_store):
     store, counts = demo_store
-    rows = [r for r in store.measurements(sort="id") if (r["versions"] or {}).get("seed_source") == demo.BENCH_LOG.name]
+    rows = _from(store, demo.BENCH_LOG)
     assert counts["bench_log"] == len(rows)
     assert {r["provider"] for r in rows} == {"fa4", "flash-attn-4", "cudnn", "fa2"}
     for r in rows:
@@ -73,11 +86,14 @@ def test_bench_log_gives_all_four_providers_over_seqlen(demo_store):
         assert r["is_default"] and r["status"] == "ok" and r["study_name"] is None
         # median_ms is the log's TFLOP/s turned back into time with the harness's FLOP count.
         assert p.flops / (r["median_ms"] * 1e-3) / 1e12 == pytest.approx(r["tflops"], rel=1e-12)
-    # Every table line of the log is one shape; its numbers (ratios dropped) are the providers' TFLOP/s.
+    # Every table line of the log is one shape; its numbers (ratios dropped) are the providers' TFLOP/s,
+    # except the shapes the newer forward log timed again for all four providers (newest wins).
     header = next(line for line in _log_lines() if line.split()[:3] == ["S", "hd", "causal"])
     providers = header.split()[3:]
+    retimed = _check_log_shapes(demo.FWD_LOG)
     table = [line.split() for line in _log_lines() if line.split()[:1] and line.split()[0].isdigit()]
-    assert len(table) * len(providers) == len(rows)
+    table = [c for c in table if (int(c[0]), int(c[1]), c[2] == "yes") not in retimed]
+    assert retimed and len(table) * len(providers) == len(rows)
     for cells in table:
         s, hd, causal = int(cells[0]), int(cells[1]), cells[2] == "yes"
         values = [float(c) for c in cells[3:] if not c.startswith("(")]
@@ -96,6 +112,88 @@ def test_bench_log_gives_all_four_providers_over_seqlen(demo_store):
             assert flagged[(r["provider"], r["problem"]["head_dim"])] == {tuple(sorted(r["config"].items()))}
         else:
             assert r["config"] is None
+
+
+def test_newer_forward_log_replaces_the_older_measurement_of_each_shape(demo_store):
+    store, counts = demo_store
+    log = demo.parse_check_log(demo.FWD_LOG.read_text())
+    rows = _from(store, demo.FWD_LOG)
+    assert counts["fwd_log"] == len(rows) == len(log["rows"]) * len(demo.FWD_COLUMNS)
+    older = demo.parse_bench_log(demo.BENCH_LOG.read_text())["date"]
+    assert demo.MEASURED_AT[demo.FWD_LOG.name] > older
+    bench_sources = {demo.BENCH_LOG.name, demo.FWD_LOG.name, demo.BWD_LOG.name}
+    for row in log["rows"]:
+        for column, (provider, _) in demo.FWD_COLUMNS.items():
+            problem = Problem.standard(row["S"], row["D"], causal=row["causal"])
+            stored = [r for r in store.measurements(provider=provider, **problem.to_dict())
+                      if (r["versions"] or {}).get("seed_source") in bench_sources]
+            # One bench point per (shape, provider): the log's number, not the older table's.
+            assert [(r["versions"]["seed_source"], r["tflops"]) for r in stored] == [(demo.FWD_LOG.name, row[column])]
+    # The forward default that ran: hd64 192x128 (521 TFLOP/s, the +2.9% of effects_s2_tile_n.log).
+    (hd64,) = [r for r in rows if r["provider"] == "fa4" and _shape(r) == (8192, 64, False)]
+    assert (hd64["config"]["tile_m"], hd64["config"]["tile_n"]) == (192, 128)
+    assert round(hd64["tflops"], 1) == 521.1
+
+
+def _markdown_table(path) -> list[dict]:
+    """The rounded table check_bwd.py prints after its BENCH lines."""
+    lines = [line.strip().strip("|").split("|") for line in path.read_text().splitlines() if line.startswith("| ")]
+    header = [c.strip() for c in lines[0]]
+    return [dict(zip(header, (c.strip() for c in cells))) for cells in lines[1:] if not cells[0].startswith("-")]
+
+
+def test_backward_log_gives_both_modes_of_ours_and_the_reference_and_sdpa_non_deterministic(demo_store):
+    store, counts = demo_store
+    rows = _from(store, demo.BWD_LOG)
+    assert counts["bwd_log"] == len(rows) == 4 * len(demo.BWD_COLUMNS)
+    got = {(r["provider"], r["problem"]["deterministic"], r["problem"]["head_dim"], r["problem"]["causal"]): r
+           for r in rows}
+    assert len(got) == len(rows)
+    for r in rows:
+        p = Problem.from_dict(r["problem"])
+        assert p == Problem.standard(8192, p.head_dim, causal=p.causal, deterministic=p.deterministic, pass_="bwd")
+        assert r["is_default"] and r["status"] == "ok" and r["study_name"] is None
+        # Only what the log holds: TFLOP/s, and the time it implies; no spread was measured.
+        assert r["iqr_ms"] is None and r["samples_ms"] == []
+        assert p.flops / (r["median_ms"] * 1e-3) / 1e12 == pytest.approx(r["tflops"], rel=1e-12)
+        if r["provider"] in ("cudnn", "fa2"):
+            assert r["config"] is None and not p.deterministic
+        else:
+            assert r["config"]["deterministic"] is p.deterministic
+    # The printed table, rounded to whole TFLOP/s, against the stored numbers (e.g. fa4 hd128
+    # non-causal: 507 non-deterministic, 490 deterministic, ratio 0.966).
+    table = _markdown_table(demo.BWD_LOG)
+    assert len(table) == 4
+    for line in table:
+        hd, causal = int(line["hd"]), line["causal"] == "True"
+        # Written out here rather than taken from demo.BWD_COLUMNS, so a swapped mode there fails.
+        for column, key in (("ours", ("fa4", False)), ("ours det", ("fa4", True)),
+                            ("ref FA4", ("flash-attn-4", False)), ("ref FA4 det", ("flash-attn-4", True)),
+                            ("cuDNN", ("cudnn", False)), ("FA2", ("fa2", False))):
+            assert round(got[(*key, hd, causal)]["tflops"]) == int(line[column]), (column, hd, causal)
+        ratio = got[("fa4", True, hd, causal)]["tflops"] / got[("fa4", False, hd, causal)]["tflops"]
+        assert ratio == pytest.approx(float(line["det/non-det"]), abs=5e-4)
+    fa4_128 = (got[("fa4", False, 128, False)]["tflops"], got[("fa4", True, 128, False)]["tflops"])
+    assert tuple(round(x) for x in fa4_128) == (507, 490)
+
+
+def test_check_log_parser_skips_failed_cells_and_rejects_variant_columns(tmp_path):
+    text = ('device: NVIDIA H200 torch 2.11.0+cu130\n'
+            'BENCH {"S": 8192, "D": 64, "causal": true, "ours": 370.5, "ours det": null} ours/ref=0.765\n')
+    assert demo.parse_check_log(text) == {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "rows": [
+        {"S": 8192, "D": 64, "causal": True, "ours": 370.5, "ours det": None}]}
+    device = {"name": "NVIDIA H200", "torch": "2.11.0+cu130"}
+    log = tmp_path / demo.BWD_LOG.name
+    log.write_text(text)
+    rows = demo._check_log_rows(log, device, "bwd", demo.BWD_COLUMNS)
+    assert [(r["provider"], r["problem"].deterministic, r["tflops"]) for r in rows] == [("fa4", False, 370.5)]
+    with pytest.raises(ValueError, match="torch 2.11.0"):
+        demo._check_log_rows(log, {**device, "torch": "2.12.0"}, "bwd", demo.BWD_COLUMNS)
+    log.write_text(text.replace('"ours det": null', '"ours {\\"ds_stages\\":1}": 350.0'))
+    with pytest.raises(ValueError, match="ds_stages"):
+        demo._check_log_rows(log, device, "bwd", demo.BWD_COLUMNS)
+    with pytest.raises(ValueError, match="BENCH lines missing"):
+        demo.parse_check_log("device: NVIDIA H200 torch 2.11.0+cu130\n")
 
 
 def test_demo_refuses_a_database_with_measurements(demo_store, tmp_path):
