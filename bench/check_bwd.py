@@ -102,7 +102,8 @@ def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, runs=10):
 
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (2, 128, 128, 2, 2), (3, 65, 1, 2, 1)]
 VARIANTS = [
-    {}, dict(tile_m=128, dv_operand="smem", ds_stages=1), dict(dv_operand="smem"), dict(stages=1), dict(ds_stages=1),
+    {}, dict(tile_m=128), dict(tile_m=128, dv_operand="smem", ds_stages=1, stages=1), dict(dv_operand="smem"),
+    dict(stages=1), dict(ds_stages=1),
     dict(dq_accum="red_v2"),
     dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4),
 ]

@@ -58,17 +58,26 @@ def test_unbuilt_choices_are_single_valued():
 
 
 def test_register_model_matches_measurements():
-    """The compile-only sweep (ptxas 13.0): these fit without spills or C7512, those do not."""
+    """The compile-only sweeps (ptxas 13.0): these fit without spills or C7512, those do not."""
+    gqa64 = Problem.standard(1024, 64, pass_="bwd", deterministic=True, heads_kv=4)
     fits = [(64, BwdConfigSm90()), (128, BwdConfigSm90()), (64, BwdConfigSm90(dq_accum="red")),
-            (128, BwdConfigSm90(dv_operand="smem")), (64, BwdConfigSm90(tile_m=128, dv_operand="smem", ds_stages=1))]
-    spills = [(64, BwdConfigSm90(tile_m=128)), (128, BwdConfigSm90(tile_m=128, dv_operand="smem")),
+            (128, BwdConfigSm90(dv_operand="smem")),
+            # P^T converted after the pointwise loops: the reference's hd64 tile fits.
+            (64, BwdConfigSm90(tile_m=128)), (64, BwdConfigSm90(tile_m=128, ds_stages=1, stages=3)),
+            (64, BwdConfigSm90(tile_m=128, dv_operand="smem", ds_stages=1, stages=1))]
+    spills = [(128, BwdConfigSm90(tile_m=128, dv_operand="smem")),
               (64, BwdConfigSm90(tile_m=128, dq_accum="red_v2")),
-              (64, BwdConfigSm90(tile_m=128, dv_operand="smem", dq_accum="red_v2", ds_stages=1)),
+              (64, BwdConfigSm90(tile_m=128, stages=1)),
+              (64, BwdConfigSm90(tile_m=128, dv_operand="smem", ds_stages=2, stages=1)),
+              (64, BwdConfigSm90(tile_m=128, dv_operand="smem", ds_stages=1, stages=2)),
               (128, BwdConfigSm90(dq_accum="red", ds_stages=1, stages=3)), (128, BwdConfigSm90(dq_accum="red_v2"))]
     for hd, c in fits:
         assert not [v for v in violations(c, bwd(1024, hd)) if "registers" in v or "spill" in v], (hd, c)
     for hd, c in spills:
         assert [v for v in violations(c, bwd(1024, hd)) if "registers" in v or "spill" in v], (hd, c)
+    det_gqa = BwdConfigSm90(tile_m=128, deterministic=True)
+    assert any("GQA" in v for v in violations(det_gqa, gqa64))
+    assert not violations(det_gqa, Problem.standard(1024, 64, pass_="bwd", deterministic=True))
 
 
 def test_knobs_roundtrip_and_schema():

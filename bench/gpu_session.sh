@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call's worth of pending checks, each with its own time limit, logs under $OUT
+# (or bench/logs/session when $OUT is unset), and a short summary last.
+#
+#   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-sweep]
+#
+# With no argument it runs all of them, in this order (about 9 minutes on an H200).
+set -u
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/logs/session}"
+mkdir -p "$out"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(bwd-check gpu-tests fwd-check bwd-variants)
+summary=()
+
+run() {  # name, limit in s, command...
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    summary+=("$(printf '%-13s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - t0))" "$(tail -n 1 "$out/$name.log" | cut -c1-90)")")
+}
+
+for s in "${steps[@]}"; do
+    case $s in
+        bwd-check) run bwd-check 300 python3 bench/check_bwd.py --quick --no-bench --out "$out/bwd-check.json" ;;
+        gpu-tests) run gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fa4/test_bwd_gpu.py tests/fa4/test_interface.py ;;
+        fwd-check) run fwd-check 240 python3 bench/check_fwd.py --quick --seqlens 8192 --out "$out/fwd-check.json" ;;
+        bwd-variants) run bwd-variants 200 python3 bench/check_bwd.py --no-check --out "$out/bwd-variants.json" \
+            --variants '[{"tile_m":128},{"tile_m":128,"ds_stages":1},{"tile_m":128,"dv_operand":"smem","ds_stages":1,"stages":1},{"deterministic":true,"tile_m":128}]' ;;
+        fwd-sweep) run fwd-sweep 420 python3 bench/bench_fwd.py ;;
+        *) echo "unknown step $s" >&2; exit 2 ;;
+    esac
+done
+echo
+printf '%s\n' "${summary[@]}"
+grep -h "^|" "$out/bwd-variants.log" "$out/fwd-check.log" 2>/dev/null | head -20
