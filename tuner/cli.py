@@ -271,14 +271,24 @@ def main(argv=None) -> int:
             lock = None
             if provider.needs_gpu:  # a plain run times on the first visible GPU: lock it too
                 lock = fleet.acquire(fleet.current_slot())
+            # One measuring process for all the shapes: it keeps its imports, CUDA context and
+            # compiled kernels from shape to shape (and is warmed while the first study opens).
+            runner = None
+            if provider.needs_gpu:
+                from .worker import IsolatedRunner
+
+                runner = IsolatedRunner()
+                runner.prestart(spec)
             try:
                 results, workers = [], None
                 for problem in problems:
                     tuner = Tuner(provider, problem, store=store, storage=storage, sampler=args.sampler,
                                   trials=args.trials, provider_spec=spec, heartbeat_s=args.heartbeat,
-                                  parallel="://" in storage)
+                                  parallel="://" in storage, runner=runner)
                     results.append(_run_with_progress(tuner, err).to_dict())
             finally:
+                if runner is not None:
+                    runner.close()
                 if lock is not None:
                     os.close(lock)
         push = None

@@ -42,6 +42,7 @@ from fa4.sm90.fwd_config import (
 BAR_EPILOGUE = 1  # 1..3: a consumer's own 128 threads around the O staging store
 BAR_MMA_TURN = 4  # 4..6: ping-pong turn to issue WGMMAs
 BAR_EXP_TURN = 7  # 7..9: ping-pong turn to run the exp phase
+BAR_P = 10  # 10..12: a consumer's P tile is in shared memory (p_operand 'smem')
 
 
 class FlashFwdSm90:
@@ -64,6 +65,7 @@ class FlashFwdSm90:
         self.pingpong_mma = config.pingpong in ("mma", "mma_exp")
         self.pingpong_exp = config.pingpong == "mma_exp"
         self.overlap = config.intra_wg_overlap
+        self.p_smem = config.p_operand == "smem"
         # One mainloop step, chosen at trace time: QK(j) and PV(j-1) in flight together, or serial.
         self.step = self.step_overlap if self.overlap else self.step_serial
         # Columns of a thread's S row evaluated on the FMA pipe: the row has tile_n / 4
@@ -105,8 +107,11 @@ class FlashFwdSm90:
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
-            Float32, (1, 1, 1), self.pv_tiler[:2], warpgroup.OperandSource.RMEM,
+            Float32, (1, 1, 1), self.pv_tiler[:2],
+            warpgroup.OperandSource.SMEM if self.p_smem else warpgroup.OperandSource.RMEM,
         )
+        # P through shared memory: one (64 x tile_n) K-major tile per consumer warpgroup.
+        sP_layout = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.pv_tiler, self.dtype, self.num_wg)
         sQ_layout = sm90_utils.make_smem_layout_a(q_major, self.qk_tiler, self.dtype, self.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(k_major, self.qk_tiler, self.dtype, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(v_major, self.pv_tiler, self.dtype, self.kv_stages)
@@ -135,6 +140,7 @@ class FlashFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout) if self.p_smem else 8], 1024]
 
         self.shared_storage = SharedStorage
 
@@ -145,7 +151,7 @@ class FlashFwdSm90:
         grid = (num_m * num_bh, 1, 1)
         self.kernel(
             qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
-            sQ_layout, sK_layout, sV_layout, scale_log2, tau, head_swizzle, lpt,
+            sQ_layout, sK_layout, sV_layout, sP_layout, scale_log2, tau, head_swizzle, lpt,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -165,6 +171,7 @@ class FlashFwdSm90:
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
         scale_log2: Float32,
         tau: Float32,
         head_swizzle: Int32,
@@ -180,6 +187,9 @@ class FlashFwdSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, 2)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, stages)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (d, n, stages)
+        sP = sQ  # placeholder: only read when p_operand is 'smem'
+        if cutlass.const_expr(self.p_smem):
+            sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (64, n, num_wg)
 
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         pipe_q = pipeline.PipelineTmaAsync.create(
@@ -277,14 +287,14 @@ class FlashFwdSm90:
             cwg = wg_idx - 1  # which Q tile / ping-pong side this warpgroup is
             ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
             self.consumer(
-                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
                 cwg, ctid, warp_idx, m_block, head, batch, n_block_max, n_unmasked_end,
                 seqlen_q, seqlen_k, scale_log2, tau,
             )
 
     @cute.jit
     def consumer(
-        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
         cwg, ctid, warp_idx, m_block, head, batch, n_block_max, n_unmasked_end,
         seqlen_q, seqlen_k, scale_log2, tau,
     ):
@@ -299,6 +309,14 @@ class FlashFwdSm90:
         # The A-operand register order of a 16-bit WGMMA equals the accumulator order of
         # two adjacent 8-column blocks, so P is S converted element by element.
         tOrP_as_S = cute.make_tensor(tOrP.iterator, acc_S.layout)
+        # The PV A operand: those registers, or this warpgroup's P tile in shared memory (then
+        # tPsP is where each thread stores its converted P, the accumulator's own partition).
+        tOA = tOrP
+        tPsP = None
+        if cutlass.const_expr(self.p_smem):
+            tOA = pv_thr.make_fragment_A(pv_thr.partition_A(sP))[None, None, None, cwg]
+            tPsP = qk_thr.partition_C(sP[None, None, cwg])
+        p_out = (tOrP_as_S, tPsP)
         cS = cute.make_identity_tensor((ROWS_PER_WG, self.tile_n))
         tScS_mn = acc_as_rows_cols(qk_thr.partition_C(cS))
         # Static offsets of a thread's elements from its first one (see fa4.common.masking).
@@ -342,20 +360,20 @@ class FlashFwdSm90:
         self.exp_turn_wait(cwg)
         softmax.softmax_first(s_mn, row_max, row_sum, scale_log2, self.emulated)
         self.exp_turn_pass(cwg)
-        convert.to_packed16(acc_S, tOrP_as_S)
+        self.make_p(acc_S, p_out, cwg)
         acc_O.fill(0.0)
 
         # Masked tiles first (n descending reaches the diagonal first), then the rest.
         for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
             k_state, v_state = self.step(
-                qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
                 row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
                 n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
             )
         n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
         for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
             k_state, v_state = self.step(
-                qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
                 row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
                 n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
             )
@@ -363,7 +381,7 @@ class FlashFwdSm90:
         pipe_v.consumer_wait(v_state)
         if cutlass.const_expr(self.overlap):
             self.mma_turn_wait(cwg)
-        mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        mma.gemm(pv_mma, acc_O, tOA, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
         if cutlass.const_expr(self.overlap):
             self.mma_turn_pass(cwg)
@@ -401,7 +419,7 @@ class FlashFwdSm90:
     # ---------------------------------------------------------------- steps
     @cute.jit
     def step_overlap(
-        self, qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+        self, qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
         row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
         n, row_off, seqlen_q, seqlen_k, scale_log2, tau, masked: cutlass.Constexpr,
     ):
@@ -412,7 +430,7 @@ class FlashFwdSm90:
         # Two commit groups, so that wait_group(1) below retires S(n) while PV keeps running.
         warpgroup.commit_group()
         pipe_v.consumer_wait(v_state)
-        mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        mma.gemm(pv_mma, acc_O, tOA, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
         self.mma_turn_pass(cwg)
         warpgroup.wait_group(1)
@@ -428,18 +446,18 @@ class FlashFwdSm90:
         v_state.advance()
         if need:
             softmax.rescale_rows(o_mn, row_scale)
-        convert.to_packed16(acc_S, tOrP_as_S)
+        self.make_p(acc_S, p_out, cwg)
         return k_state, v_state
 
     @cute.jit
     def step_serial(
-        self, qk_mma, pv_mma, acc_S, acc_O, tOrP, tOrP_as_S, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+        self, qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
         row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
         n, row_off, seqlen_q, seqlen_k, scale_log2, tau, masked: cutlass.Constexpr,
     ):
         """PV(previous) to completion, then QK(n) to completion, then softmax(n)."""
         pipe_v.consumer_wait(v_state)
-        mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
+        mma.gemm(pv_mma, acc_O, tOA, tOrV[None, None, None, v_state.index], zero_init=False)
         warpgroup.commit_group()
         pipe_k.consumer_wait(k_state)
         self.mma_turn_wait(cwg)
@@ -456,10 +474,23 @@ class FlashFwdSm90:
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
         if need:
             softmax.rescale_rows(o_mn, row_scale)
-        convert.to_packed16(acc_S, tOrP_as_S)
+        self.make_p(acc_S, p_out, cwg)
         return k_state, v_state
 
     # ---------------------------------------------------------------- helpers
+    @cute.jit
+    def make_p(self, acc_S, p_out, cwg):
+        """P = S in 16 bits, where the next PV reads it. Called only after the previous PV of this
+        warpgroup has completed (its wait_group(0)), so the shared copy is free to overwrite."""
+        tOrP_as_S, tPsP = p_out
+        convert.to_packed16(acc_S, tOrP_as_S)
+        if cutlass.const_expr(self.p_smem):
+            cute.autovec_copy(tOrP_as_S, tPsP)
+            # Generic-proxy stores, read by the WGMMA through the async proxy; the whole
+            # warpgroup's tile must be there before any of its warps issues the PV.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=BAR_P + cwg, number_of_threads=THREADS_PER_WG)
+
     @cute.jit
     def next_wg(self, cwg):
         nxt = cwg + 1

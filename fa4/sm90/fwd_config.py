@@ -71,6 +71,13 @@ class FwdConfigSm90:
         (True, False), True,
         "Issue QK(j) and PV(j-1) back to back, then run the softmax of tile j while PV(j-1) is in flight.",
     )
+    p_operand: str = knob(
+        ("rmem", "smem"), "rmem",
+        "Where the PV WGMMA reads P: 'rmem' from the registers it was converted into (no shared-memory "
+        "traffic, but P stays live beside S and O while PV runs), 'smem' from a per-warpgroup shared "
+        "copy (a store, a fence and a warpgroup barrier per tile; P's registers die right after the "
+        "store, which leaves room for wider tiles).",
+    )
     exp2_emu_frac: float = knob(
         (0.0, 0.125, 0.25, 0.375), 0.0,
         "Fraction of each thread's exp2 evaluated by the FMA-pipe polynomial (Cody-Waite + degree-3 "
@@ -105,7 +112,8 @@ def smem_bytes(config: FwdConfigSm90, problem: Problem) -> int:
     q = config.tile_m * problem.head_dim * elt
     k = config.kv_stages * config.tile_n * problem.head_dim * elt
     v = config.kv_stages * config.tile_n * problem.head_dim_v * elt
-    return q + k + v + SMEM_RESERVED
+    p = config.tile_m * config.tile_n * elt if config.p_operand == "smem" else 0
+    return q + k + v + p + SMEM_RESERVED
 
 
 def consumer_registers(config: FwdConfigSm90, problem: Problem) -> int:
@@ -118,6 +126,9 @@ def consumer_registers(config: FwdConfigSm90, problem: Problem) -> int:
     # so the two are not live at the same time.
     overlap_p = config.intra_wg_overlap or config.tile_m // ROWS_PER_WG == 3
     # Measured: at 3 consumer warpgroups the non-overlapped path spills unless P fits beside S too.
+    # P through shared memory: its registers die at the store, before the next QK is issued.
+    if config.p_operand == "smem":
+        overlap_p = False
     live = o_acc + s_acc + (p_frag if overlap_p else 0)
     return int(math.ceil(live))
 
