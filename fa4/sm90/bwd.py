@@ -3,31 +3,37 @@
 One CTA per (key tile n, query head, batch); 3 warpgroups, 384 threads:
   * warpgroup 0, producer: warp 0 loads K and V of the tile once, then walks the query tiles
     m of the CTA's range and streams Q[m] + LSE[m] and dO[m] + D[m] through mbarrier rings
-    (TMA). Warp 1 (dq_accum 'bulk') adds each staged dQ tile into the fp32 accumulator in
-    global memory with one cp.reduce.async.bulk and, deterministic, owns the lock wait.
+    (TMA). Warps 1 and 2 (dq_accum 'bulk') take alternate steps: each adds its staged dQ tile
+    into the fp32 accumulator with one cp.reduce.async.bulk and, deterministic, takes and
+    passes the tile's turn, so one warp's wait for its reduction to complete overlaps the
+    other's next tile.
   * warpgroups 1 and 2, consumers: each owns 64 of the 128 key rows. Per query tile:
         S^T  = K Q^T        (SS WGMMA; keys on M)       P^T  = exp2(S^T*scale*log2e - LSE*log2e)
         dP^T = V dO^T       (SS)                        dS^T = P^T * (dP^T - D)
         dV  += P^T dO       (RS: P^T from the S^T accumulator registers; or SS from a copy)
+        dQ   = dS K         (SS: dS^T goes through a double-buffered shared tile, both
+                             consumers' halves; each consumer computes half of dQ's columns)
         dK  += dS^T Q       (RS)
-        dQ   = dS K         (SS: dS^T goes through shared memory, both consumers' halves;
-                             each consumer computes half of dQ's columns)
-    S^T and dP^T are in flight together; dV is issued while dP^T completes, dK while dS^T is
-    stored, and the dQ reduction of step m runs in the writer warp during step m+1.
+    S^T and dP^T are in flight together (exp runs under dP^T); P^T and dS^T are converted to
+    16 bits after both pointwise loops; dV runs while dS^T is stored and the consumers meet;
+    dQ and dK are issued back to back and dQ is staged for the writer while dK runs.
 
-The preprocess (D = rowsum(dO * O), LSE * log2e, zeroed dQ accumulator) and postprocess
-(dQ accumulator * scale -> dtype) kernels are in fa4.sm90.bwd_prepost; which query tiles a
-CTA visits and its deterministic turn are in fa4.common.bwd_schedule (tested on the host).
+The dQ accumulator holds each tile in WGMMA fragment order (fa4.sm90.bwd_prepost): staging is
+conflict-free 16-byte stores and a tile is one linear bulk add. The preprocess (D =
+rowsum(dO * O), LSE * log2e, zeroed accumulator) and the postprocess (dQ * scale -> dtype,
+read back through the MMA partition) are in fa4.sm90.bwd_prepost; which query tiles a CTA
+visits and its deterministic turn are in fa4.common.bwd_schedule (tested on the host).
 
-Registers: the consumers are at their 240-register budget at head_dim 128 (dK, dV, S^T, dP^T
-and P^T fragments: 208). Loop-invariant per-element shared-memory addresses are recomputed in
-the loop (fa4.common.regs.opaque) instead of being held; see bwd_config.consumer_registers.
+Registers: the consumers' peak is dK, dV, S^T and dP^T (192 fp32 registers at head_dim 128)
+during the pointwise loops. Loop-invariant per-element shared-memory addresses are recomputed
+in the loop (fa4.common.regs.opaque), and the tile coordinates for the epilogue are recomputed
+from the block index, instead of being held; see bwd_config.consumer_registers.
 
 Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
-until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn after.
-Turns follow the launch order so that a waiting CTA only waits for CTAs launched before it
-(no deadlock while CTAs wait for free SMs). Under GQA the same is done for dK/dV, which are
-then fp32 accumulators summed over the query heads of a KV head.
+until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn once its
+reduction is performed. Turns follow the launch order so that a waiting CTA only waits for
+CTAs launched before it (no deadlock while CTAs wait for free SMs). Under GQA the same is done
+for dK/dV, which are then fp32 accumulators summed over the query heads of a KV head.
 """
 
 from __future__ import annotations
