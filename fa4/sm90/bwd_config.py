@@ -179,12 +179,16 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             why = "P^T through shared memory needs ds_stages 1 and stages 1 (the second buffers' offsets)"
         if why:
             out.append(f"tile_m 128: {why} spills at this tile")
-    if (problem.head_dim == 128 and config.stages == 3 and config.dv_operand == "rmem" and problem.causal
-            and config.tile_m == 64):
-        # Measured (ptxas 13.0): the ring position of a 3-deep ring (a division by 3, not a
-        # shift) beside the causal mask limits spills 2 registers; every other hd128 stages-3
-        # combination compiles clean.
-        out.append("head_dim 128, causal, stages 3 with P^T from registers spills (use dv_operand 'smem')")
+    if problem.head_dim == 128 and config.dv_operand == "rmem" and problem.causal and config.tile_m == 64:
+        # Measured (ptxas 13.0, every distinct kernel compiled): beside the causal mask limits,
+        # the ring position of a 3-deep ring (a division by 3, not a shift) spills 2 registers,
+        # and so does a 1-deep ring in deterministic mode; the same with P^T through shared
+        # memory compiles clean.
+        if config.stages == 3:
+            out.append("head_dim 128, causal, stages 3 with P^T from registers spills (use dv_operand 'smem')")
+        elif config.stages == 1 and config.deterministic:
+            out.append("head_dim 128, causal, deterministic, stages 1 with P^T from registers spills "
+                       "(use dv_operand 'smem' or stages 2)")
     regs = consumer_registers(config, problem)
     if regs > CONSUMER_REG_BUDGET:
         out.append(
