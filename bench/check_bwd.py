@@ -5,8 +5,8 @@ dv from fa4.sm90.bwd_launch.flash_attn_bwd against PyTorch autograd in fp32. The
 (FlashAttention's): max |ours - fp32| <= 2 x max |PyTorch same-dtype autograd - fp32| plus
 twice the dtype rounding of the fp32 gradient. NaN never passes.
 Determinism: deterministic configs run 10 times on the same inputs; all results bitwise equal.
-Timing (backward only; triton do_bench median, peers in the same process, S=8192, 16k tokens,
-heads*hd=2048): ours non-deterministic and deterministic, reference FA4 (both modes when it
+Timing (backward only; triton do_bench median, peers in the same process, S=8192 or the
+--seqlens list, 16k tokens, heads*hd=2048): ours non-deterministic and deterministic, reference FA4 (both modes when it
 takes deterministic=), cuDNN and FA2 through SDPA.
 
     python bench/check_bwd.py [--quick] [--no-check] [--no-bench] [--out results.json] [--variants JSON]
@@ -145,7 +145,7 @@ def correctness(quick, det_only=False):
     return results
 
 
-def bench(seqlen, hds, variants=()):
+def bench(seqlens, hds, variants=()):
     import triton.testing as tt
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -155,70 +155,69 @@ def bench(seqlen, hds, variants=()):
         return tt.do_bench(run, warmup=20, rep=200, return_mode="median")
 
     rows = []
-    for D in hds:
-        for causal in (False, True):
-            B, H = max(1, 16384 // seqlen), 2048 // D
-            q, k, v, dout, out, lse = make_inputs(B, seqlen, seqlen, H, H, D, causal, torch.bfloat16, 7)
-            flops = Problem(B, seqlen, seqlen, H, H, D, D, causal=causal, pass_="bwd").flops
-            row = dict(S=seqlen, D=D, causal=causal)
-            runs = {}
-            for det in (False, True):
-                runs[f"ours{' det' if det else ''}"] = (
-                    lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
+    for seqlen, D, causal in ((s, d, c) for s in seqlens for d in hds for c in (False, True)):
+        B, H = max(1, 16384 // seqlen), 2048 // D
+        q, k, v, dout, out, lse = make_inputs(B, seqlen, seqlen, H, H, D, causal, torch.bfloat16, 7)
+        flops = Problem(B, seqlen, seqlen, H, H, D, D, causal=causal, pass_="bwd").flops
+        row = dict(S=seqlen, D=D, causal=causal)
+        runs = {}
+        for det in (False, True):
+            runs[f"ours{' det' if det else ''}"] = (
+                lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
+            )
+        for var in variants:
+            prob = bwd_problem(q, k, v, causal, bool(var.get("deterministic", False)))
+            cfg = dataclasses.replace(default_config(prob), **var)
+            if not violations(cfg, prob):
+                runs["ours " + json.dumps(var, separators=(",", ":"))] = (
+                    lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, cfg.deterministic, cfg)
                 )
-            for var in variants:
-                prob = bwd_problem(q, k, v, causal, bool(var.get("deterministic", False)))
-                cfg = dataclasses.replace(default_config(prob), **var)
-                if not violations(cfg, prob):
-                    runs["ours " + json.dumps(var, separators=(",", ":"))] = (
-                        lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, cfg.deterministic, cfg)
-                    )
-            try:
-                from flash_attn.cute import flash_attn_func as ref_fa4
+        try:
+            from flash_attn.cute import flash_attn_func as ref_fa4
 
-                for det in (False, True):
-                    qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
-                    o = ref_fa4(qr, kr, vr, causal=causal, deterministic=det)
-                    o = o[0] if isinstance(o, tuple) else o
-                    runs[f"ref FA4{' det' if det else ''}"] = (
-                        lambda o=o, qr=qr, kr=kr, vr=vr: torch.autograd.grad(o, (qr, kr, vr), dout, retain_graph=True)
-                    )
+            for det in (False, True):
+                qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+                o = ref_fa4(qr, kr, vr, causal=causal, deterministic=det)
+                o = o[0] if isinstance(o, tuple) else o
+                runs[f"ref FA4{' det' if det else ''}"] = (
+                    lambda o=o, qr=qr, kr=kr, vr=vr: torch.autograd.grad(o, (qr, kr, vr), dout, retain_graph=True)
+                )
+        except Exception as e:  # noqa: BLE001
+            print("reference FA4 unavailable:", str(e)[:200])
+        for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
+            try:
+                qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+                with sdpa_kernel(backend):
+                    o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
+                dos = dout.transpose(1, 2)
+                runs[name] = lambda o=o, qs=qs, ks=ks, vs=vs, dos=dos: torch.autograd.grad(
+                    o, (qs, ks, vs), dos, retain_graph=True
+                )
             except Exception as e:  # noqa: BLE001
-                print("reference FA4 unavailable:", str(e)[:200])
-            for name, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION), ("FA2", SDPBackend.FLASH_ATTENTION)):
-                try:
-                    qs, ks, vs = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
-                    with sdpa_kernel(backend):
-                        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal)
-                    dos = dout.transpose(1, 2)
-                    runs[name] = lambda o=o, qs=qs, ks=ks, vs=vs, dos=dos: torch.autograd.grad(
-                        o, (qs, ks, vs), dos, retain_graph=True
-                    )
-                except Exception as e:  # noqa: BLE001
-                    print(f"{name} unavailable:", str(e)[:200])
-            for name, run in runs.items():
-                try:
-                    row[name] = flops / timed(run) / 1e9
-                except Exception as e:  # noqa: BLE001
-                    row[name] = None
-                    print(f"{name} failed at S={seqlen} D={D} causal={causal}: {e}"[:300])
-            rows.append(row)
-            ours, det, ref = row.get("ours"), row.get("ours det"), row.get("ref FA4")
-            extra = ""
-            if ours and ref:
-                extra += f" ours/ref={ours / ref:.3f}"
-            if ours and det:
-                extra += f" det/non-det={det / ours:.3f}"
-            print("BENCH " + json.dumps(row) + extra, flush=True)
-    print("\n| hd | causal | ours | ours det | det/non-det | ref FA4 | ref FA4 det | ours/ref | cuDNN | FA2 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+                print(f"{name} unavailable:", str(e)[:200])
+        for name, run in runs.items():
+            try:
+                row[name] = flops / timed(run) / 1e9
+            except Exception as e:  # noqa: BLE001
+                row[name] = None
+                print(f"{name} failed at S={seqlen} D={D} causal={causal}: {e}"[:300])
+        rows.append(row)
+        ours, det, ref = row.get("ours"), row.get("ours det"), row.get("ref FA4")
+        extra = ""
+        if ours and ref:
+            extra += f" ours/ref={ours / ref:.3f}"
+        if ours and det:
+            extra += f" det/non-det={det / ours:.3f}"
+        print("BENCH " + json.dumps(row) + extra, flush=True)
+    print("\n| S | hd | causal | ours | ours det | det/non-det | ref FA4 | ref FA4 det | ours/ref | cuDNN | FA2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
 
     def f(x):
         return f"{x:.0f}" if x else "-"
 
     for r in rows:
         o, d, rf = r.get("ours"), r.get("ours det"), r.get("ref FA4")
-        print(f"| {r['D']} | {r['causal']} | {f(o)} | {f(d)} | {d / o if o and d else 0:.3f} | {f(rf)} | "
+        print(f"| {r['S']} | {r['D']} | {r['causal']} | {f(o)} | {f(d)} | {d / o if o and d else 0:.3f} | {f(rf)} | "
               f"{f(r.get('ref FA4 det'))} | {o / rf if o and rf else 0:.3f} | {f(r.get('cuDNN'))} | {f(r.get('FA2'))} |")
     return rows
 
@@ -229,7 +228,7 @@ def main():
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--det-only", action="store_true", help="correctness of the deterministic configs only")
-    ap.add_argument("--seqlen", type=int, default=8192)
+    ap.add_argument("--seqlens", default="8192", help="comma list, e.g. 1024,2048,4096,8192,16384 (16k tokens each)")
     ap.add_argument("--hds", default="64,128")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default="[]",
@@ -240,7 +239,8 @@ def main():
     if not a.no_check:
         res["correctness"] = correctness(a.quick, a.det_only)
     if not a.no_bench:
-        res["bench"] = bench(a.seqlen, [int(s) for s in a.hds.split(",")], json.loads(a.variants))
+        res["bench"] = bench([int(s) for s in a.seqlens.split(",")], [int(s) for s in a.hds.split(",")],
+                             json.loads(a.variants))
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(res, fh, indent=1, default=str)

@@ -2,9 +2,10 @@
 # One device call's worth of pending checks, each with its own time limit, logs under $OUT
 # (or bench/logs/session when $OUT is unset), and a short summary last.
 #
-#   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-sweep] [fwd-p-smem]
+#   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-p-smem]
+#                             [fwd-sweep] [bwd-sweep]
 #
-# With no argument it runs all but fwd-sweep, in this order (about 12 minutes on an H200: split
+# With no argument it runs all but the two S-range sweeps, in this order (about 12 minutes on an H200: split
 # it over two device calls, each under the 10-minute limit).
 set -u
 cd "$(dirname "$0")/.."
@@ -31,6 +32,8 @@ for s in "${steps[@]}"; do
         bwd-variants) run bwd-variants 200 python3 bench/check_bwd.py --no-check --out "$out/bwd-variants.json" \
             --variants '[{"tile_m":128},{"tile_m":128,"ds_stages":1},{"tile_m":128,"dv_operand":"smem","ds_stages":1,"stages":1},{"deterministic":true,"tile_m":128}]' ;;
         fwd-sweep) run fwd-sweep 420 python3 bench/bench_fwd.py ;;
+        bwd-sweep) run bwd-sweep 420 python3 bench/check_bwd.py --no-check --seqlens 1024,2048,4096,8192,16384 \
+            --out "$out/bwd-sweep.json" ;;
         fwd-p-smem) run fwd-p-smem 240 python3 bench/knob_effects.py --check \
             --shapes 8192:64:0,8192:64:1,8192:128:0,8192:128:1 \
             --variants '[{},{"p_operand":"smem"},{"p_operand":"smem","tile_n":144},{"p_operand":"smem","tile_n":192}]' ;;
@@ -39,4 +42,4 @@ for s in "${steps[@]}"; do
 done
 echo
 printf '%s\n' "${summary[@]}"
-grep -h "^|" "$out/bwd-variants.log" "$out/fwd-check.log" 2>/dev/null | head -20
+grep -h "^|" "$out/bwd-variants.log" "$out/fwd-check.log" "$out/bwd-sweep.log" 2>/dev/null | head -40
