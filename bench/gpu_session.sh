@@ -3,14 +3,15 @@
 # (or bench/logs/session when $OUT is unset), and a short summary last.
 #
 #   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-p-smem]
-#                             [fwd-sweep] [bwd-sweep]
+#                             [fwd-tune] [fwd-sweep] [bwd-sweep]
 #
-# With no argument it runs all but the two S-range sweeps, in this order (about 12 minutes on an H200: split
+# With no argument it runs all but fwd-tune and the two S-range sweeps, in this order (about 12 minutes on an H200: split
 # it over two device calls, each under the 10-minute limit).
 set -u
 cd "$(dirname "$0")/.."
 out="${OUT:-bench/logs/session}"
 mkdir -p "$out"
+tune_db="sqlite:///$(cd "$out" && pwd)/tune.db"
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(bwd-check gpu-tests fwd-check bwd-variants fwd-p-smem)
 summary=()
@@ -32,6 +33,12 @@ for s in "${steps[@]}"; do
         bwd-variants) run bwd-variants 200 python3 bench/check_bwd.py --no-check --out "$out/bwd-variants.json" \
             --variants '[{"tile_m":128},{"tile_m":128,"ds_stages":1},{"tile_m":128,"dv_operand":"smem","ds_stages":1,"stages":1},{"deterministic":true,"tile_m":128}]' ;;
         fwd-sweep) run fwd-sweep 420 python3 bench/bench_fwd.py ;;
+        fwd-tune)  # issue 3's tuned bar: tune our forward on the four shapes, then the side-by-side
+            # table again with the tuned configs (flash_attn_func reads them from $FA4_DB).
+            run fwd-tune 400 env FA4_DB="$tune_db" python3 -m tuner.cli \
+                --shapes bench/shapes/issue_speed_bar.csv --provider fa4 --trials 12 --json
+            run fwd-tuned-check 120 env FA4_DB="$tune_db" python3 bench/check_fwd.py \
+                --quick --no-check --seqlens 8192 ;;
         bwd-sweep) run bwd-sweep 420 python3 bench/check_bwd.py --no-check --seqlens 1024,2048,4096,8192,16384 \
             --out "$out/bwd-sweep.json" ;;
         fwd-p-smem) run fwd-p-smem 240 python3 bench/knob_effects.py --check \
@@ -42,4 +49,4 @@ for s in "${steps[@]}"; do
 done
 echo
 printf '%s\n' "${summary[@]}"
-grep -h "^|" "$out/bwd-variants.log" "$out/fwd-check.log" "$out/bwd-sweep.log" 2>/dev/null | head -40
+grep -h "^|" "$out/bwd-variants.log" "$out/fwd-check.log" "$out/bwd-sweep.log" "$out/fwd-tuned-check.log" 2>/dev/null | head -50
