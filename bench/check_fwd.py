@@ -20,7 +20,7 @@ import time
 import torch
 
 import fa4
-from fa4.sm90.fwd_config import FwdConfigSm90, default_config
+from fa4.sm90.fwd_config import default_config
 from fa4.problem import Problem
 
 

@@ -11,7 +11,6 @@ The fp32 reductions (red.global.add[.v2].f32) are the relaxed adds used for dQ, 
 accumulation; the semaphore is what fixes their order.
 """
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm

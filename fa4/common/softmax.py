@@ -89,7 +89,6 @@ def softmax_first(
     emulated: cutlass.Constexpr,
 ):
     nrow = cute.size(s_mn, mode=[0])
-    ncol = cute.size(s_mn, mode=[1])
     for r in cutlass.range_constexpr(nrow):
         m = _quad_max(_row_max(s_mn, r, None))
         row_max[r] = m
@@ -113,7 +112,6 @@ def softmax_next(
 ):
     """One KV tile of online softmax. Returns whether O must be rescaled (warp-uniform)."""
     nrow = cute.size(s_mn, mode=[0])
-    ncol = cute.size(s_mn, mode=[1])
     need = cutlass.Boolean(False)
     m_new = cute.make_rmem_tensor_like(row_max, Float32)
     for r in cutlass.range_constexpr(nrow):

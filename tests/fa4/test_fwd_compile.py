@@ -13,7 +13,6 @@ the pair is feasible. FA4_COMPILE_ALL=1 compiles every distinct kernel of the sp
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import tempfile
