@@ -27,6 +27,7 @@ VARIANTS = [
     {"exp2_emu_frac": 0.125},
     {"exp2_emu_frac": 0.25},
     {"exp2_emu_frac": 0.375},
+    {"exp2_emu_frac": 0.25, "exp2_emu_pattern": "spread"},
     {"tau": 8.0},
     {"kv_stages": 3},
     {"p_operand": "smem"},

@@ -42,6 +42,9 @@ def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: 
     """Configs that differ only in runtime knobs share one compiled kernel."""
     defaults = {f.name: f.default for f in dataclasses.fields(FwdConfigSm90)}
     base = dataclasses.replace(config, **{k: defaults[k] for k in FwdConfigSm90.RUNTIME_KNOBS})
+    if base.exp2_emu_frac == 0.0:
+        # Nothing is emulated: the pattern picks no element, the kernels are the same.
+        base = dataclasses.replace(base, exp2_emu_pattern=defaults["exp2_emu_pattern"])
     return FwdKernelKey(dtype, head_dim, causal, has_lse, base)
 
 

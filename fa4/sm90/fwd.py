@@ -70,7 +70,9 @@ class FlashFwdSm90:
         self.step = self.step_overlap if self.overlap else self.step_serial
         # Columns of a thread's S row evaluated on the FMA pipe: the row has tile_n / 4
         # elements per thread (two per 8-column block).
-        self.emulated = frozenset(emulated_indices(self.tile_n // 4, config.exp2_emu_frac))
+        self.emulated = frozenset(
+            emulated_indices(self.tile_n // 4, config.exp2_emu_frac, config.exp2_emu_pattern)
+        )
         self.qk_tiler = (ROWS_PER_WG, self.tile_n, head_dim)
         self.pv_tiler = (ROWS_PER_WG, head_dim, self.tile_n)
 

@@ -83,6 +83,11 @@ class FwdConfigSm90:
         "Fraction of each thread's exp2 evaluated by the FMA-pipe polynomial (Cody-Waite + degree-3 "
         "Horner) instead of MUFU.EX2; chosen per element index at compile time, in 1/8 steps.",
     )
+    exp2_emu_pattern: str = knob(
+        ("block", "spread"), "block",
+        "Which elements of each group of 8 take the polynomial: 'block' the first k, 'spread' k evenly "
+        "spaced ones (FMA-pipe and MUFU work interleaved in program order). No effect at fraction 0.",
+    )
     tau: float = knob(
         (0.0, 4.0, 8.0), 0.0,
         "Conditional rescaling threshold in log2 units of the scaled score: O and the row sum are rescaled "

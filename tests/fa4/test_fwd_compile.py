@@ -113,7 +113,8 @@ def test_kernel_codegen(hd, causal, config):
     # thread's 2 rows x tile_n/4 elements; ex2s not in those paths (the rescale factors, at
     # most 2 per step path) are counted by the remainder.
     per_row = config.tile_n // 4
-    mufu_per_path = 2 * (per_row - len(emulated_indices(per_row, config.exp2_emu_frac)))
+    emulated = emulated_indices(per_row, config.exp2_emu_frac, config.exp2_emu_pattern)
+    mufu_per_path = 2 * (per_row - len(emulated))
     paths = 3
     rescale = ops["MUFU.EX2"] - paths * mufu_per_path
     assert 0 <= rescale <= 2 * 2 * paths, (ops["MUFU.EX2"], mufu_per_path)
