@@ -9,6 +9,8 @@
 # it over two device calls, each under the 10-minute limit).
 set -u
 cd "$(dirname "$0")/.."
+# The bench scripts run as files: the packages live at the repository root.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out="${OUT:-bench/logs/session}"
 mkdir -p "$out"
 tune_db="sqlite:///$(cd "$out" && pwd)/tune.db"
