@@ -28,8 +28,9 @@ from fa4.sm90.bwd_compile import (
     compile_bwd_pre,
     compile_key,
 )
-from fa4.sm90.bwd_config import BwdConfigSm90, violations
+from fa4.sm90.bwd_config import REG_SPLIT, BwdConfigSm90, violations
 from fa4.sm90.compile import ensure_target
+from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(BwdConfigSm90) if s.name not in BwdConfigSm90.RUNTIME_KNOBS]
 DIMS = ["hd", "causal", "gqa"] + COMPILE_KNOBS
@@ -105,30 +106,9 @@ def test_main_kernel_codegen(hd, causal, gqa, config):
     ensure_target()
     from fa4.common import codegen_check as cc
 
-    with tempfile.TemporaryDirectory() as d:
-        compiled = compile_bwd_main(
-            compile_key("bf16", hd, causal, gqa, config),
-            options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}",
-        )
-        ptx, cubin = compiled.__ptx__, compiled.__cubin__
-    if isinstance(cubin, str):
-        cubin = cubin.encode("latin-1")
-    sass = cc.disassemble(cubin)
-    ops = cc.count_ops(cc.sass_opcodes(sass), ["HGMMA", "MUFU.EX2", "LDL", "STL"])
-    assert ops["HGMMA"] > 0, "no WGMMA in the kernel"
-    assert ops["LDL"] == 0 and ops["STL"] == 0, f"local memory traffic (spills): {ops}"
-    res = cc.cubin_resources(cubin)
-    assert all(not k.frame_bytes for k in res.values())
-    # setmaxnreg can only redistribute what the CTA got at launch (a split over it hangs).
-    from fa4.common.regs import launch_registers, reg_split_violation
-    from fa4.sm90.bwd_config import REG_SPLIT
-
-    assert max(k.registers for k in res.values() if k.registers) == launch_registers(384)
-    assert reg_split_violation(2, *REG_SPLIT) is None
-    per, log = cc.ptxas_verbose(ptx)
-    assert "C7512" not in log and "serialized" not in log, log[-800:]
-    for name, kr in per.items():
-        assert not kr.spill_store_bytes and not kr.spill_load_bytes, (name, kr)
+    key = compile_key("bf16", hd, causal, gqa, config)
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2"])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
     # S^T of a consumer thread: 64 key rows x tile_m / 128 threads; masked and unmasked loops.
     assert ops["MUFU.EX2"] == 2 * 64 * config.tile_m // 128
 

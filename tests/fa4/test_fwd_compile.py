@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 
 import pytest
 
 from fa4.knobs import iter_configs, knob_specs
 from fa4.problem import Problem
 from fa4.sm90.compile import compile_fwd, compile_key, ensure_target
-from fa4.sm90.fwd_config import FwdConfigSm90, violations
+from fa4.sm90.fwd_config import REG_SPLIT, FwdConfigSm90, violations
+from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(FwdConfigSm90) if s.name not in FwdConfigSm90.RUNTIME_KNOBS]
 
@@ -80,35 +80,16 @@ def test_kernel_codegen(hd, causal, config):
     from fa4.common import codegen_check as cc
     from fa4.common.exp2 import emulated_indices
 
-    with tempfile.TemporaryDirectory() as d:
-        compiled = compile_fwd(
-            compile_key("bf16", hd, causal, True, config),
-            options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}",
-        )
-        ptx, cubin = compiled.__ptx__, compiled.__cubin__
-    if isinstance(cubin, str):
-        cubin = cubin.encode("latin-1")
-    sass = cc.disassemble(cubin)
-    ops = cc.count_ops(cc.sass_opcodes(sass), ["HGMMA", "MUFU.EX2", "LDL", "STL", "WARPGROUP.ARRIVE"])
-    assert ops["HGMMA"] > 0, "no WGMMA in the kernel"
+    wgs = config.tile_m // 64
+    ptx, cubin, ops = compile_and_read(
+        compile_fwd, compile_key("bf16", hd, causal, True, config), ["MUFU.EX2", "WARPGROUP.ARRIVE"]
+    )
+    assert_clean(ptx, cubin, ops, wgs, REG_SPLIT[wgs])
     # Each GEMM's chain of WGMMAs issues under the one wgmma.fence the kernel emits for it.
     # A fragment register written between the fence and a WGMMA (P packed from 16-bit halves
     # at issue) makes ptxas fence every WGMMA again: one WARPGROUP.ARRIVE per HGMMA.
     fences = cc.count_ops(cc.ptx_opcodes(ptx), ["wgmma.fence"])["wgmma.fence"]
     assert ops["WARPGROUP.ARRIVE"] == fences, (ops, fences)
-    assert ops["LDL"] == 0 and ops["STL"] == 0, f"local memory traffic (spills): {ops}"
-    per, log = cc.ptxas_verbose(ptx)
-    assert "C7512" not in log and "serialized" not in log, log[-800:]
-    for name, kr in per.items():
-        assert not kr.spill_store_bytes and not kr.spill_load_bytes, (name, kr)
-    # setmaxnreg can only redistribute what the CTA got at launch (a split over it hangs).
-    from fa4.common.regs import launch_registers, reg_split_violation
-    from fa4.sm90.fwd_config import REG_SPLIT
-
-    wgs = config.tile_m // 64
-    regs = [k.registers for k in cc.cubin_resources(cubin).values() if k.registers]
-    assert max(regs) == launch_registers(128 * (wgs + 1))
-    assert reg_split_violation(wgs, *REG_SPLIT[wgs]) is None
     # exp2 split: each softmax code path (first tile, masked loop, unmasked loop) evaluates a
     # thread's 2 rows x tile_n/4 elements; ex2s not in those paths (the rescale factors, at
     # most 2 per step path) are counted by the remainder.
