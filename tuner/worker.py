@@ -101,13 +101,17 @@ class IsolatedRunner:
         child.close()
         self._proc, self._conn = proc, parent
 
-    def prestart(self, provider: str) -> None:
-        """Start the measuring process now and let it import and initialize the provider while
-        the caller does other work (opening studies), instead of on the first trial's clock."""
+    def _ensure_started(self) -> None:
+        """A live measuring process, replacing one that died."""
         if self._proc is None or not self._proc.is_alive():
             if self._proc is not None:
                 self._stop(kill=True)
             self._start()
+
+    def prestart(self, provider: str) -> None:
+        """Start the measuring process now and let it import and initialize the provider while
+        the caller does other work (opening studies), instead of on the first trial's clock."""
+        self._ensure_started()
         try:
             self._conn.send({"warm": provider})
             self._warming = True
@@ -150,10 +154,7 @@ class IsolatedRunner:
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
                 self._warming = False
                 self._stop(kill=True)
-        if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self._stop(kill=True)
-            self._start()
+        self._ensure_started()
         timeout = self.timeout_s if self.timeout_s is not None else settings.timeout_s
         msg = {"provider": provider, "problem": problem.to_dict(), "config": config, "settings": settings.to_dict()}
         try:

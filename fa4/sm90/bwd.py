@@ -52,7 +52,7 @@ from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
-from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
+from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view, make_dq_mma
 
 # Named barrier ids (0 is __syncthreads).
 BAR_DS_FREE = 1  # 256 consumers: both dQ GEMMs have finished reading sdS (ds_stages 1 only)
@@ -600,6 +600,8 @@ class FlashBwdSm90:
         # This thread's values in the tile's fragment order (the accumulator's layout): value
         # (a, b) of the (4, F/4) register view lies at thread_base + a + 512 b.
         lay = dq_frag_layout(self.tile_m, self.head_dim)
+        # Element offsets inside a thread's part: the value modes' strides of the same layout.
+        (_, _), ((s_a, s_b), _) = dq_frag_shape_stride(self.tile_m, self.head_dim)
         base = gdQ.iterator + cute.crd2idx(((0, 0), ctid), lay)
         r = dq_frag_view(acc_dQ)
         if cutlass.const_expr(self.deterministic):
@@ -609,10 +611,10 @@ class FlashBwdSm90:
         for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
             if cutlass.const_expr(self.red_v2):
                 for a in cutlass.range_constexpr(2):
-                    semaphore.red_add_f32x2(base + (2 * a + 4 * THREADS_PER_WG * b), r[2 * a, b], r[2 * a + 1, b])
+                    semaphore.red_add_f32x2(base + (2 * a * s_a + b * s_b), r[2 * a, b], r[2 * a + 1, b])
             else:
                 for a in cutlass.range_constexpr(4):
-                    semaphore.red_add_f32(base + (a + 4 * THREADS_PER_WG * b), r[a, b])
+                    semaphore.red_add_f32(base + (a * s_a + b * s_b), r[a, b])
         if cutlass.const_expr(self.deterministic):
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)

@@ -179,7 +179,8 @@ class BwdPostprocessDq:
         # pointer arithmetic cannot prove, so it is stated for the vector loads.
         first = gAcc.iterator + cute.crd2idx(((0, 0), tidx), lay)
         ptr = cute.make_ptr(Float32, first.toint(), cute.AddressSpace.gmem, assumed_align=16)
-        frag = cute.make_tensor(ptr, cute.make_layout((4, cute.size(acc) // 4), stride=(1, 4 * 128)))
+        (_, _), (value_stride, _) = dq_frag_shape_stride(self.tile_m, d)
+        frag = cute.make_tensor(ptr, cute.make_layout((4, cute.size(acc) // 4), stride=value_stride))
         cute.autovec_copy(frag, dq_frag_view(acc))
         out = cute.make_rmem_tensor_like(acc, self.dtype)
         out.store((acc.load() * scale).to(self.dtype))
