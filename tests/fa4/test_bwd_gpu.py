@@ -153,8 +153,13 @@ def test_explicit_bwd_config_is_the_one_run():
 
     q, k, v, dout = _qkv(1, 900, 900, 8, 2, 128, seed=5)
     prob = bwd_problem(q, k, v, True, True)
-    cfg = dataclasses.replace(_config(128, True, True, {}), dq_accum="red_v2", spt_order=False)
-    assert not violations(cfg, prob) and cfg != fa4.explain(problem=prob).config
+    # A config the lookup would not pick: a different kernel (ds_stages or stages) and order. The first
+    # feasible one is taken so the test follows the feasibility rules instead of restating them.
+    chosen = fa4.explain(problem=prob).config
+    changes = [{"ds_stages": 3 - chosen.ds_stages, "spt_order": not chosen.spt_order}] + [
+               {"stages": s, "spt_order": not chosen.spt_order} for s in (1, 2, 3) if s != chosen.stages]
+    cfg = next(c for c in (dataclasses.replace(chosen, **ch) for ch in changes) if not violations(c, prob))
+    assert cfg != chosen
     qg, kg, vg = _leaves(q, k, v)
     out = fa4.flash_attn_func(qg, kg, vg, causal=True, deterministic=True, bwd_config=cfg)
     out.backward(dout)

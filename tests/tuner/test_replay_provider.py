@@ -56,3 +56,21 @@ def test_unavailable_recording_says_why(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
     assert "not a recording" in ReplayProvider(bad).available()
+
+
+def test_no_config_means_the_providers_default_not_the_field_defaults(tmp_path):
+    # bench_fwd.py asks the worker for "no config" (None): that must be the config a user gets
+    # (the provider's default), never the knob dataclass built from an empty dict. The fa4 forward's
+    # heuristic default at hd64 (192x128) differs from its field defaults (128x128): the bug that
+    # made bench_fwd.py time a 20%-slower kernel than check_fwd.py.
+    from tuner.worker import InProcessRunner
+
+    fa4p = get_provider("fa4")
+    hd64 = Problem.standard(8192, 64)
+    assert fa4p.config_from_dict(hd64, None) is None
+    assert fa4p.default_config(hd64, SM90) != fa4p.config_from_dict(hd64, {})
+    path = write_synthetic(tmp_path / "r.json", [PROBLEM])
+    p = get_provider(f"replay:{path}")
+    m_none = InProcessRunner().run(f"replay:{path}", PROBLEM, None, Settings())
+    m_default = p.measure(PROBLEM, p.default_config(PROBLEM, SM90), Settings())
+    assert m_none.status == "ok" and (m_none.median_ms, m_none.tflops) == (m_default.median_ms, m_default.tflops)

@@ -72,12 +72,17 @@ class Provider:
 
     # ---- config plumbing -------------------------------------------------------------
     def config_from_dict(self, problem: Problem, data: dict | None):
+        """The config object of ``data``. ``None`` stays ``None``: "no config given", which every
+        provider's make_fwd/make_fwd_bwd resolves to the config a user would get (for fa4 the
+        launch-time lookup chain), not the knob dataclass's field defaults (an empty dict)."""
         cls = self.knob_cls_for(problem)
         if cls is None:
             if data:
                 raise ValueError(f"{self.name} has no knobs, got {sorted(data)}")
             return None
-        return config_from_dict(cls, data or {})
+        if data is None:
+            return None
+        return config_from_dict(cls, data)
 
     @staticmethod
     def config_to_dict(config) -> dict | None:

@@ -120,6 +120,8 @@ class ReplayProvider(Provider):
         entry = self.recording.entries.get(problem_id(problem))
         if entry is None:
             return None
+        if config is None:  # no config given: the recorded provider's own default
+            config = self.config_from_dict(problem, entry["default"])
         return entry["results"].get(config_id(self.config_to_dict(config)))
 
     def measure(self, problem: Problem, config, settings):
