@@ -186,6 +186,54 @@ def acquire_all(slots: list[Slot]) -> list[int]:
     return fds
 
 
+# ---- which shapes a worker takes first --------------------------------------------------
+
+
+def compile_class(problem: Problem) -> tuple:
+    """What a kernel is compiled for: everything of a problem but batch, sequence lengths and head
+    counts (runtime arguments of every provider here). Shapes of one class reuse each other's
+    compiled kernels within a process, so a class is best tuned by one worker."""
+    return (problem.pass_, problem.dtype, problem.head_dim, problem.head_dim_v, problem.causal,
+            problem.deterministic, problem.heads_q != problem.heads_kv)
+
+
+def worker_order(problems: list[Problem], k: int, n: int) -> list[Problem]:
+    """The order in which worker ``k`` of ``n`` visits the shapes: its own share first, then the
+    others' (it helps where studies are not full yet).
+
+    A trial's cost is mostly the compile of a config not seen before (1.2-1.6 s for the reference
+    FA4 on the H200 host, 0.3-0.4 s when the kernel is already compiled in that process: measured
+    in bench/logs/fleet_scaling_s3). Splitting the shapes by position made both workers compile
+    every class, and 2 GPUs tuned only 1.10x faster than one. So whole compile classes are dealt
+    to workers (largest first, to the least loaded worker); with fewer classes than workers the
+    shapes of a class are split between the workers that share it.
+    """
+    classes: dict[tuple, list[Problem]] = {}
+    for p in problems:
+        classes.setdefault(compile_class(p), []).append(p)
+    groups = sorted(classes.values(), key=len, reverse=True)
+    shares: list[list[Problem]] = [[] for _ in range(n)]
+    if len(groups) >= n:
+        for g in groups:
+            min(shares, key=len).extend(g)
+    else:
+        # Fewer classes than workers: give each class a set of workers in proportion to its size,
+        # and split its shapes between them by position.
+        workers = list(range(n))
+        sizes = [len(g) for g in groups]
+        counts = [1] * len(groups)
+        for _ in range(n - len(groups)):
+            i = max(range(len(groups)), key=lambda j: sizes[j] / counts[j])
+            counts[i] += 1
+        for g, c in zip(groups, counts):
+            ws, workers = workers[:c], workers[c:]
+            for j, w in enumerate(ws):
+                shares[w].extend(g[j * len(g) // c:(j + 1) * len(g) // c])
+    own = shares[k]
+    rest = [p for j in range(1, n) for p in shares[(k + j) % n]]
+    return own + rest
+
+
 # ---- the worker process -----------------------------------------------------------------
 
 
@@ -204,8 +252,7 @@ def worker_main(spec: dict) -> int:
     slot, k, n = spec["slot"], spec["index"], spec["n_workers"]
     provider = resolve_provider(spec["provider"])
     problems = [Problem.from_dict(d) for d in spec["problems"]]
-    start = k * len(problems) // n
-    order = problems[start:] + problems[:start]
+    order = worker_order(problems, k, n)
     store = ResultsStore.open(spec["db"])
     # Virtual slots exist only for GPU-less providers; those cannot poison a CUDA context.
     runner = IsolatedRunner() if provider.needs_gpu else InProcessRunner()
@@ -242,9 +289,11 @@ def worker_main(spec: dict) -> int:
                 res = t.run(on_trial=on_trial, wait=final)
                 _emit({"event": "result", "slot": slot, "final": final, "key": problem.key(),
                        "stored": t.stored, "result": res.to_dict()})
+            print(f"{stamp()} {'every study full' if final else 'first round done'}", file=sys.stderr, flush=True)
     finally:
         runner.close()
         store.close()
+        print(f"{stamp()} worker done", file=sys.stderr, flush=True)
     return 0
 
 
@@ -342,7 +391,10 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
             code = proc.wait()
             words = _exit_words(code)
             if code != 0:
-                log(f"[{slot.name}] worker {proc.pid} {words}; the other workers take over its trials")
+                log(f"[{slot.name} +{time.time() - t0:.1f}s] worker {proc.pid} {words}; "
+                    "the other workers take over its trials")
+            else:
+                log(f"[{slot.name} +{time.time() - t0:.1f}s] worker {proc.pid} exited")
             workers.append({"slot": slot.name, "pid": proc.pid, "exit": words, "returncode": code})
     finally:
         for _slot, proc in procs:
@@ -378,4 +430,8 @@ if __name__ == "__main__":
     except Exception as e:  # one line in the fleet's log, not a traceback per worker
         print(f"[{spec.get('slot')}] worker failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
         code = 1
-    sys.exit(code)
+    # Every result is on stdout and in the DBs (closed above): skip the interpreter's teardown
+    # (CUDA context, compiler libraries), seconds at the end of every fleet run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -17,6 +17,9 @@ from fa4.problem import Problem
 from .harness import RUNTIME_ERROR, Measurement, Settings, is_sticky_cuda_failure
 
 
+CLOSE_GRACE_S = 1.0
+
+
 def die_with_parent(parent_pid: int | None) -> None:
     """Linux: get SIGKILL when the parent dies, so no orphan keeps timing on a GPU.
 
@@ -129,7 +132,7 @@ class IsolatedRunner:
             self.warm_result = f"no warm-up reply within {timeout:g} s"
             self._stop(kill=True)
 
-    def _stop(self, kill: bool) -> None:
+    def _stop(self, kill: bool, grace_s: float = 10.0) -> None:
         if self._proc is None:
             return
         if kill:
@@ -139,7 +142,7 @@ class IsolatedRunner:
                 self._conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
-        self._proc.join(timeout=10)
+        self._proc.join(timeout=grace_s)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join()
@@ -173,7 +176,9 @@ class IsolatedRunner:
         return m
 
     def close(self) -> None:
-        self._stop(kill=False)
+        # The measuring process keeps nothing worth saving (every result went back over the pipe):
+        # a short grace, then SIGKILL, instead of waiting out the CUDA and compiler teardown.
+        self._stop(kill=False, grace_s=CLOSE_GRACE_S)
 
     def __enter__(self):
         return self

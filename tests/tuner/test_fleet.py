@@ -296,3 +296,32 @@ def test_two_workers_halve_the_trial_phase(tmp_path):
         spans[devices] = max(stamps) - min(stamps)
     # ~14 sleeps of 0.6 s: ~8.5 s on one worker, about half on two.
     assert spans["cpu0,cpu1"] <= 0.7 * spans["cpu0"], spans
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_workers_take_whole_compile_classes_first(n):
+    # Shapes that share compiled kernels (same head dim, causal, dtype, ...) go to one worker, so two
+    # workers do not compile the same configs (the 1.10x of the first 2-GPU run): every worker visits
+    # every shape once, its own share first, and with at least as many classes as workers no class
+    # is split.
+    from tuner.fleet import compile_class, worker_order
+
+    shapes = [Problem.standard(s, hd, causal=c) for s in (1024, 2048, 4096) for hd in (64, 128) for c in (False, True)]
+    orders = [worker_order(shapes, k, n) for k in range(n)]
+    for order in orders:
+        assert sorted(p.key() for p in order) == sorted(p.key() for p in shapes)
+    counts = [0] * n
+    first = []
+    for k, order in enumerate(orders):
+        # A worker's own share: the shapes no other worker lists ahead of its own position.
+        own = [p for i, p in enumerate(order) if all(o.index(p) > i for j, o in enumerate(orders) if j != k)]
+        assert order[:len(own)] == own
+        counts[k] = len(own)
+        first += own
+    assert sorted(p.key() for p in first) == sorted(p.key() for p in shapes)  # shares cover all, no overlap
+    classes_of = [{compile_class(p) for p in o[:c]} for o, c in zip(orders, counts)]
+    if n <= 4:  # 4 classes of 3 shapes
+        for a in range(n):
+            for b in range(a + 1, n):
+                assert not classes_of[a] & classes_of[b], "a compile class was split between workers"
+    assert max(counts) - min(counts) <= 3
