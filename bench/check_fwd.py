@@ -65,12 +65,12 @@ def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, scale_mult=1.0):
     return ok, dict(err=err, err_torch=err_pt, lse_err=lse_err, nan=nan, lse_masked_ok=lse_masked_ok)
 
 
-def correctness(quick):
+def correctness(quick, base_change=None):
     D_ = default_config
     cases = []
     for D in (64, 128):
         for causal in (False, True):
-            base = D_(Problem.standard(1024, D, causal=causal))
+            base = dataclasses.replace(D_(Problem.standard(1024, D, causal=causal)), **(base_change or {}))
             shapes = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (2, 128, 128, 2, 2)]
             if not quick:
                 shapes += [(1, 4096, 4096, 8, 8), (3, 65, 1, 2, 1)]
@@ -79,7 +79,8 @@ def correctness(quick):
             variants = [
                 dict(pingpong="off"), dict(pingpong="mma_exp"), dict(intra_wg_overlap=False, pingpong="mma"),
                 dict(exp2_emu_frac=0.375), dict(tau=8.0), dict(tile_n=64), dict(kv_stages=3, tile_n=96),
-                dict(sched_order="natural", head_swizzle=4),
+                dict(sched_order="natural", head_swizzle=4), dict(persistent=not base.persistent),
+                dict(persistent=not base.persistent, sched_order="natural", head_swizzle=4),
             ]
             for var in variants:
                 cfg = dataclasses.replace(base, **var)
@@ -108,11 +109,21 @@ def correctness(quick):
     return results
 
 
-def bench(seqlens, hds):
+def bench(seqlens, hds, variants=()):
     import triton.testing as tt
 
     providers = {}
     providers["fa4 (ours)"] = lambda q, k, v, c: fa4.flash_attn_func(q, k, v, causal=c)
+
+    def ours_with(change):
+        def run(q, k, v, c):
+            d = q.shape[3]
+            cfg = dataclasses.replace(default_config(Problem.standard(q.shape[1], d, causal=c)), **change)
+            return fa4.flash_attn_func(q, k, v, causal=c, config=cfg)
+        return run
+
+    for change in variants:
+        providers["ours " + json.dumps(change, separators=(",", ":"))] = ours_with(change)
     try:
         from flash_attn.cute import flash_attn_func as ref_fa4
 
@@ -163,13 +174,17 @@ def main():
     ap.add_argument("--seqlens", default="8192")
     ap.add_argument("--hds", default="64,128")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--base", default="{}", help="knob changes applied to every correctness case, e.g. "
+                    "'{\"persistent\": true}'")
+    ap.add_argument("--variants", default="[]", help="JSON list of knob changes timed beside the default")
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     res = {}
     if not a.no_check:
-        res["correctness"] = correctness(a.quick)
+        res["correctness"] = correctness(a.quick, json.loads(a.base))
     if not a.no_bench:
-        res["bench"] = bench([int(s) for s in a.seqlens.split(",")], [int(s) for s in a.hds.split(",")])
+        res["bench"] = bench([int(s) for s in a.seqlens.split(",")], [int(s) for s in a.hds.split(",")],
+                             json.loads(a.variants))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1, default=str)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import is_dataclass
@@ -159,6 +160,12 @@ def flash_attn_func(
     return _forward(q, k, v, softmax_scale, causal, return_lse, config, out)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of ``device``: the grid of a persistent kernel."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
     """The forward launch; returns ``out`` or ``(out, lse)``. No autograd."""
     # Fast path: a launch with the same shapes, strides, dtype and config as an earlier one
@@ -192,7 +199,7 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
     with torch.cuda.device(q.device):
         fn(q, k, v, out, lse, softmax_scale * _LOG2E, config.tau, config.head_swizzle,
-           1 if config.sched_order == "lpt" else 0)
+           1 if config.sched_order == "lpt" else 0, _sm_count(q.device) if config.persistent else 0)
     return (out, lse) if return_lse else out
 
 

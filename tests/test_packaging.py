@@ -19,7 +19,7 @@ def test_distribution_metadata():
     deps = proj["dependencies"]
     assert "nvidia-cutlass-dsl==4.8.1" in deps
     assert proj["optional-dependencies"]["ref"] == ["flash-attn-4==4.0.0b36"]
-    assert proj["scripts"] == {"fa4-tune": "tuner.cli:main", "fa4-serve": "service.cli:main"}
+    assert proj["scripts"] == {"fa4-tune": "tuner.cli:entry", "fa4-serve": "service.cli:main"}
 
 
 def test_wheel_contains_packages_data_and_entry_points(tmp_path):
@@ -40,7 +40,7 @@ def test_wheel_contains_packages_data_and_entry_points(tmp_path):
     assert not any(n.startswith("tests/") for n in names)
     (ep,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(whl).read(ep).decode()
-    assert "fa4-tune = tuner.cli:main" in text and "fa4-serve" in text
+    assert "fa4-tune = tuner.cli:entry" in text and "fa4-serve" in text
 
 
 def test_ci_runs_readme_command_two():

@@ -225,10 +225,6 @@ def main(argv=None) -> int:
                 print_no_gpu(report, out)
         return 0
 
-    why = provider.available()
-    if why:
-        _die(f"{provider.name} is not available: {why}", EXIT_ENV)
-
     from . import fleet
 
     slots = None
@@ -237,6 +233,12 @@ def main(argv=None) -> int:
             slots = fleet.parse_devices(args.devices, provider.needs_gpu, provider.name)
         except fleet.FleetError as e:
             _die(str(e))
+    else:
+        why = provider.available()
+        if why:
+            _die(f"{provider.name} is not available: {why}", EXIT_ENV)
+    # With workers the same check runs while they start (it imports the provider's libraries, seconds
+    # the workers spend importing too); a provider that is not available stops them, same message.
     token = None
     if args.push:
         from .push import TOKEN_ENV
@@ -261,6 +263,8 @@ def main(argv=None) -> int:
             outcome = fleet.run_fleet(
                 slots, problems, provider_spec=spec, db=str(store.engine.url.render_as_string(hide_password=False)),
                 storage=storage, sampler=args.sampler, trials=args.trials, heartbeat_s=args.heartbeat,
+                preflight=lambda: (f"{provider.name} is not available: {why}"
+                                   if (why := provider.available()) else None),
             )
             results, workers = outcome.results, outcome.workers
             if not outcome.complete:
@@ -297,6 +301,8 @@ def main(argv=None) -> int:
 
             push = push_results(store, [r["study_name"] for r in results], args.push, token)
             print(f"fa4-tune: {describe(push)}", file=sys.stderr)
+    except fleet.Unavailable as e:
+        _die(str(e), EXIT_ENV)
     except (TuneError, fleet.FleetError) as e:
         _die(str(e))
     except fleet.SlotBusy as e:
@@ -348,5 +354,18 @@ def _run_with_progress(tuner, console):
         return tuner.run(on_trial=on_trial, on_start=on_start)
 
 
+def entry() -> None:
+    """The fa4-tune program: main(), then an exit that skips the interpreter's teardown (the CuTe DSL
+    and CUDA libraries a provider loaded take seconds to unload; every result is already in the DB,
+    the journal and on stdout)."""
+    import logging
+
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

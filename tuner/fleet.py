@@ -42,6 +42,10 @@ class FleetError(ValueError):
     """A --devices request that cannot be honoured (usage error)."""
 
 
+class Unavailable(Exception):
+    """The provider cannot run here (the parent's preflight check, made while the workers start)."""
+
+
 class SlotBusy(RuntimeError):
     """Another process holds the lock of a GPU we were asked to time on."""
 
@@ -310,6 +314,16 @@ class FleetOutcome:
         return dict(self.__dict__)
 
 
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux /proc), so a fleet log shows the parent's own start-up."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _exit_words(code: int) -> str:
     import signal
 
@@ -327,8 +341,11 @@ def _exit_words(code: int) -> str:
 
 def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str, db: str, storage: str,
               sampler: str, trials: int, seed: int = 0, heartbeat_s: int | None = None,
-              log=None, on_spawn=None) -> FleetOutcome:
-    """Start one worker per slot, wait for all, and gather each problem's final result."""
+              log=None, on_spawn=None, preflight=None) -> FleetOutcome:
+    """Start one worker per slot, wait for all, and gather each problem's final result.
+
+    ``preflight`` (returns a reason or None) runs once the workers are started, so its cost (a
+    provider's imports) overlaps theirs; a reason stops the workers and raises Unavailable."""
     from .storage import open_storage
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -343,6 +360,9 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
     # Log lines carry seconds since this point, so a run's log shows where its time went
     # (process start, imports, compiles, trials) without a profiler.
     t0 = time.time()
+    age = _process_age_s()
+    if age is not None:
+        log(f"[fleet +0.0s] starting {len(slots)} worker(s), {age:.1f} s after fa4-tune started")
     procs, threads = [], []
     finals: dict[str, dict] = {}
     stored: dict[str, int] = {}
@@ -386,6 +406,11 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
             threads.append(th)
             if on_spawn:
                 on_spawn(slot, proc)
+        if preflight is not None:
+            why = preflight()
+            if why:
+                raise Unavailable(why)  # the finally below kills the workers
+            log(f"[fleet +{time.time() - t0:.1f}s] preflight done")
         workers = []
         for slot, proc in procs:
             code = proc.wait()

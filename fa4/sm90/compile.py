@@ -83,6 +83,6 @@ def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
         options = f"--gpu-arch=sm_90a {options}"
     return cute.compile(
         kernel, q, k, v, o, lse,
-        cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), stream,
+        cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), stream,
         options=options,
     )

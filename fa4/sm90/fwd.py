@@ -11,7 +11,9 @@ Warp roles (3 warpgroups, 384 threads):
 Knobs (fa4.sm90.fwd_config.FwdConfigSm90) decide: tile_n, ring depth, ping-pong
 barriers between the two consumers (GEMM issue order, optionally exp phases),
 intra-warpgroup overlap of QK(j) with PV(j-1), the MUFU/FMA exp2 split, tau for
-conditional rescaling, and the tile order (LPT, head swizzle).
+conditional rescaling, the tile order (LPT, head swizzle), and one CTA per tile or a
+persistent grid of one CTA per SM that walks the tile order (Q stages handed back to the
+producer after each tile's epilogue store has read them).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class FlashFwdSm90:
         self.pingpong_exp = config.pingpong == "mma_exp"
         self.overlap = config.intra_wg_overlap
         self.p_smem = config.p_operand == "smem"
+        self.persistent = config.persistent
         # One mainloop step, chosen at trace time: QK(j) and PV(j-1) in flight together, or serial.
         self.step = self.step_overlap if self.overlap else self.step_serial
         # Columns of a thread's S row evaluated on the FMA pipe: the row has tile_n / 4
@@ -88,6 +91,7 @@ class FlashFwdSm90:
         tau: Float32,
         head_swizzle: Int32,
         lpt: Int32,
+        num_ctas: Int32,  # persistent: CTAs to launch (the SM count); ignored otherwise
         stream: cuda.CUstream,
     ):
         # Kernel-side views: sequence first, then head_dim, heads, batch, so a tile
@@ -150,7 +154,13 @@ class FlashFwdSm90:
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
         num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
-        grid = (num_m * num_bh, 1, 1)
+        num_tiles = num_m * num_bh
+        grid = (num_tiles, 1, 1)
+        if cutlass.const_expr(self.persistent):
+            # One CTA per SM (the kernel needs all of an SM's shared memory), each walking the
+            # tile order with a stride of the grid: the next tile's K/V loads start while the
+            # current tile's last GEMMs and epilogue run, and no CTA launch sits between tiles.
+            grid = (cutlass.min(num_tiles, num_ctas), 1, 1)
         self.kernel(
             qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
             sQ_layout, sK_layout, sV_layout, sP_layout, scale_log2, tau, head_swizzle, lpt,
@@ -219,12 +229,10 @@ class FlashFwdSm90:
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
         num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
-        qhead_per_kvhead = num_heads // mK.shape[2]
-        m_block, head, batch = scheduling.decode_tile(bidx, num_m, num_heads, num_bh, head_swizzle, lpt)
-        head_kv = head // qhead_per_kvhead
-        n_block_max, n_unmasked_end = scheduling.kv_block_range(
-            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
-        )
+        num_tiles = num_m * num_bh
+        # (num_m, heads_q, heads_q * batch, heads_q / heads_kv, head swizzle, lpt): the tile decode.
+        sched = (num_m, num_heads, num_bh, num_heads // mK.shape[2], head_swizzle, lpt)
+        grid_size, _, _ = cute.arch.grid_dim()
 
         if wg_idx == 0:
             # ---------------- producer ----------------
@@ -234,55 +242,21 @@ class FlashFwdSm90:
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
                 cpasync.prefetch_descriptor(tma_o)
-                gQ = cute.flat_divide(mQ, (ROWS_PER_WG, self.head_dim))[None, None, None, 0, head, batch]
-                tQsQ, tQgQ = cpasync.tma_partition(
-                    tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-                )
-                gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))[None, None, None, 0, head_kv, batch]
-                tKsK, tKgK = cpasync.tma_partition(
-                    tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-                )
-                gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))[None, None, 0, None, head_kv, batch]
-                tVsV, tVgV = cpasync.tma_partition(
-                    tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
-                )
                 q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
                 k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
                 v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-                n_first = n_block_max - 1
-                # Q of consumer 0, then the first K, so its first GEMM can start as
-                # early as possible; then Q of consumer 1.
-                pipe_q.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ[None, m_block * self.num_wg], tQsQ[None, 0],
-                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                q_state.advance()
-                pipe_k.producer_acquire(k_state)
-                cute.copy(tma_k, tKgK[None, n_first], tKsK[None, k_state.index],
-                          tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
-                k_state.advance()
-                pipe_q.producer_acquire(q_state)
-                cute.copy(tma_q, tQgQ[None, m_block * self.num_wg + 1], tQsQ[None, 1],
-                          tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                q_state.advance()
-                for w in cutlass.range_constexpr(2, self.num_wg):
-                    pipe_q.producer_acquire(q_state)
-                    cute.copy(tma_q, tQgQ[None, m_block * self.num_wg + w], tQsQ[None, w],
-                              tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-                    q_state.advance()
-                pipe_v.producer_acquire(v_state)
-                cute.copy(tma_v, tVgV[None, n_first], tVsV[None, v_state.index],
-                          tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
-                v_state.advance()
-                for i in cutlass.range(1, n_block_max, unroll=1):
-                    n = n_first - i
-                    pipe_k.producer_acquire(k_state)
-                    cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
-                              tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
-                    k_state.advance()
-                    pipe_v.producer_acquire(v_state)
-                    cute.copy(tma_v, tVgV[None, n], tVsV[None, v_state.index],
-                              tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
-                    v_state.advance()
+                states = (q_state, k_state, v_state)
+                if cutlass.const_expr(self.persistent):
+                    for tile_idx in cutlass.range(bidx, num_tiles, grid_size, unroll=1):
+                        states = self.produce_tile(
+                            tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
+                            tile_idx, sched, seqlen_q, seqlen_k,
+                        )
+                else:
+                    self.produce_tile(
+                        tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
+                        bidx, sched, seqlen_q, seqlen_k,
+                    )
         else:
             # ---------------- consumers ----------------
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -290,15 +264,75 @@ class FlashFwdSm90:
             ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
             self.consumer(
                 qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                cwg, ctid, warp_idx, m_block, head, batch, n_block_max, n_unmasked_end,
-                seqlen_q, seqlen_k, scale_log2, tau,
+                cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau,
             )
+
+    @cute.jit
+    def produce_tile(
+        self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
+        tile_idx, sched, seqlen_q, seqlen_k,
+    ):
+        """The TMA loads of one work tile: Q (one 64-row tile per consumer), then K and V from the
+        last KV tile down. Returns the pipeline states, carried to the next tile."""
+        q_state, k_state, v_state = states
+        num_m, num_heads, num_bh, qhead_per_kvhead, head_swizzle, lpt = sched
+        m_block, head, batch = scheduling.decode_tile(tile_idx, num_m, num_heads, num_bh, head_swizzle, lpt)
+        head_kv = head // qhead_per_kvhead
+        n_block_max, _ = scheduling.kv_block_range(
+            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
+        )
+        gQ = cute.flat_divide(mQ, (ROWS_PER_WG, self.head_dim))[None, None, None, 0, head, batch]
+        tQsQ, tQgQ = cpasync.tma_partition(
+            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
+        )
+        gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))[None, None, None, 0, head_kv, batch]
+        tKsK, tKgK = cpasync.tma_partition(
+            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
+        )
+        gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))[None, None, 0, None, head_kv, batch]
+        tVsV, tVgV = cpasync.tma_partition(
+            tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
+        )
+        n_first = n_block_max - 1
+        # Q of consumer 0, then the first K, so its first GEMM can start as
+        # early as possible; then Q of consumer 1.
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQgQ[None, m_block * self.num_wg], tQsQ[None, 0],
+                  tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        q_state.advance()
+        pipe_k.producer_acquire(k_state)
+        cute.copy(tma_k, tKgK[None, n_first], tKsK[None, k_state.index],
+                  tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+        k_state.advance()
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQgQ[None, m_block * self.num_wg + 1], tQsQ[None, 1],
+                  tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        q_state.advance()
+        for w in cutlass.range_constexpr(2, self.num_wg):
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, tQgQ[None, m_block * self.num_wg + w], tQsQ[None, w],
+                      tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            q_state.advance()
+        pipe_v.producer_acquire(v_state)
+        cute.copy(tma_v, tVgV[None, n_first], tVsV[None, v_state.index],
+                  tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+        v_state.advance()
+        for i in cutlass.range(1, n_block_max, unroll=1):
+            n = n_first - i
+            pipe_k.producer_acquire(k_state)
+            cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+            k_state.advance()
+            pipe_v.producer_acquire(v_state)
+            cute.copy(tma_v, tVgV[None, n], tVsV[None, v_state.index],
+                      tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
+            v_state.advance()
+        return q_state, k_state, v_state
 
     @cute.jit
     def consumer(
         self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-        cwg, ctid, warp_idx, m_block, head, batch, n_block_max, n_unmasked_end,
-        seqlen_q, seqlen_k, scale_log2, tau,
+        cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau,
     ):
         qk_thr = qk_mma.get_slice(ctid)
         pv_thr = pv_mma.get_slice(ctid)
@@ -331,9 +365,11 @@ class FlashFwdSm90:
         row_max = cute.make_rmem_tensor((nrow,), Float32)
         row_sum = cute.make_rmem_tensor((nrow,), Float32)
         row_scale = cute.make_rmem_tensor((nrow,), Float32)
-        row_off = m_block * self.tile_m + cwg * ROWS_PER_WG
+        frags = (acc_S, acc_O, tOA, p_out, tSrK, tOrV, tScS, s_mn, o_mn, row_max, row_sum, row_scale)
 
-        # The turn starts at consumer 0: its predecessor in the ring hands it over once.
+        # The turn starts at consumer 0: its predecessor in the ring hands it over once. Every
+        # consumer takes the same number of turns per tile (one per GEMM issue and exp phase over
+        # the same KV range), so the ring stays in step from one persistent tile to the next.
         if cutlass.const_expr(self.pingpong_mma):
             if cwg == self.num_wg - 1:
                 cute.arch.barrier_arrive(barrier_id=BAR_MMA_TURN, number_of_threads=2 * THREADS_PER_WG)
@@ -341,12 +377,46 @@ class FlashFwdSm90:
             if cwg == self.num_wg - 1:
                 cute.arch.barrier_arrive(barrier_id=BAR_EXP_TURN, number_of_threads=2 * THREADS_PER_WG)
 
-        # Q stage i belongs to consumer i (the producer fills them in that order).
-        q_state = pipeline.PipelineState(self.q_stages, Int32(cwg), Int32(cwg), Int32(0))
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        pipe_q.consumer_wait(q_state)
         tSrQ_wg = tSrQ[None, None, None, cwg]
+        if cutlass.const_expr(self.persistent):
+            # Q stage cwg is refilled once per tile: its full-barrier phase flips every tile.
+            q_phase = Int32(0)
+            for tile_idx in cutlass.range(bidx, num_tiles, grid_size, unroll=1):
+                k_state, v_state = self.consume_tile(
+                    qk_mma, pv_mma, tma_o, mO, mLSE, sQ, pipe_q, pipe_k, pipe_v, k_state, v_state,
+                    q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
+                    scale_log2, tau,
+                )
+                q_phase = q_phase ^ 1
+        else:
+            self.consume_tile(
+                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, pipe_q, pipe_k, pipe_v, k_state, v_state,
+                Int32(0), frags, tSrQ_wg, pv_thr, cwg, ctid, bidx, sched, seqlen_q, seqlen_k,
+                scale_log2, tau,
+            )
+
+    @cute.jit
+    def consume_tile(
+        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, pipe_q, pipe_k, pipe_v, k_state, v_state,
+        q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
+        scale_log2, tau,
+    ):
+        """One consumer's 64 rows of one work tile: the KV mainloop and the epilogue. Returns the
+        K/V pipeline states, carried to the next tile."""
+        acc_S, acc_O, tOA, p_out, tSrK, tOrV, tScS, s_mn, o_mn, row_max, row_sum, row_scale = frags
+        num_m, num_heads, num_bh, _, head_swizzle, lpt = sched
+        m_block, head, batch = scheduling.decode_tile(tile_idx, num_m, num_heads, num_bh, head_swizzle, lpt)
+        n_block_max, n_unmasked_end = scheduling.kv_block_range(
+            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
+        )
+        nrow = cute.size(s_mn, mode=[0])
+        row_off = m_block * self.tile_m + cwg * ROWS_PER_WG
+
+        # Q stage i belongs to consumer i (the producer fills them in that order).
+        q_state = pipeline.PipelineState(self.q_stages, Int32(cwg), Int32(cwg), q_phase)
+        pipe_q.consumer_wait(q_state)
 
         # ---- first KV tile (highest n): always masked (causal diagonal or seqlen_k residue)
         n_first = n_block_max - 1
@@ -389,6 +459,7 @@ class FlashFwdSm90:
             self.mma_turn_pass(cwg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)
+        v_state.advance()
 
         # ---- epilogue
         lse = cute.make_rmem_tensor((nrow,), Float32)
@@ -415,8 +486,15 @@ class FlashFwdSm90:
             )
             cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * self.num_wg + cwg])
             cute.arch.cp_async_bulk_commit_group()
-            # The CTA must not retire before the bulk store has read shared memory.
+            # The CTA must not retire (nor, persistent, the producer refill this buffer with the
+            # next tile's Q) before the bulk store has read shared memory.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if cutlass.const_expr(self.persistent):
+            # The whole warpgroup learns that the store has read the buffer, then hands the Q
+            # stage back to the producer (one arrive per warp).
+            cute.arch.barrier(barrier_id=BAR_EPILOGUE + cwg, number_of_threads=THREADS_PER_WG)
+            pipe_q.consumer_release(q_state)
+        return k_state, v_state
 
     # ---------------------------------------------------------------- steps
     @cute.jit

@@ -104,8 +104,9 @@ class FwdConfigSm90:
         "K/V of the heads in flight stay resident in L2.",
     )
     persistent: bool = knob(
-        (False,), False,
-        "One CTA per tile (False). A persistent scheduler is declared here but not built yet.",
+        (False, True), False,
+        "One CTA per tile (False), or one CTA per SM walking the tiles in the scheduler's order "
+        "(True): the next tile's K/V loads overlap the current epilogue and no launch sits between tiles.",
     )
 
     # Knobs that only change runtime arguments, not the compiled kernel.
@@ -178,6 +179,13 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # Without overlap the exp phase of one warpgroup already sits between its own GEMMs,
         # which the 'mma' barrier orders; the extra barrier would only serialize further.
         out.append("pingpong 'mma_exp' needs intra_wg_overlap (the exp barrier brackets the overlapped softmax)")
+    if (config.persistent and problem.causal and problem.head_dim == 128
+            and (config.tile_n != 128 or config.p_operand != "rmem")):
+        # The tile loop keeps the scheduler's values and pipeline phases live through the mainloop;
+        # on top of the causal mask arithmetic at hd128 that spills (compiled: tile_n 96/160/176,
+        # P through shared memory: 2-16 local loads/stores), while tile_n 128 with P in registers
+        # compiled clean with and without overlap and with the exp2 split.
+        out.append("persistent at head_dim 128, causal, needs tile_n 128 and p_operand 'rmem' (others spill)")
     return out
 
 

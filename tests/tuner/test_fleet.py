@@ -325,3 +325,24 @@ def test_workers_take_whole_compile_classes_first(n):
             for b in range(a + 1, n):
                 assert not classes_of[a] & classes_of[b], "a compile class was split between workers"
     assert max(counts) - min(counts) <= 3
+
+
+def test_preflight_failure_stops_the_started_workers(tmp_path, monkeypatch):
+    # The parent's provider check runs while the workers start (its imports overlap theirs); when it
+    # says no, the workers are killed and the caller gets the reason, not a half-run fleet.
+    from tuner.fleet import Unavailable, run_fleet
+    from tuner.study import default_storage
+
+    monkeypatch.setenv("FA4_LOCK_DIR", str(tmp_path / "locks"))
+    spawned = []
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    with ResultsStore.open(db):
+        pass
+    with pytest.raises(Unavailable, match="not available: test says no"):
+        run_fleet([Slot("cpu0", "", "virtual-cpu0"), Slot("cpu1", "", "virtual-cpu1")], [RECORDED[0]],
+                  provider_spec="replay", db=db, storage=default_storage(db), sampler="random", trials=50,
+                  preflight=lambda: "replay is not available: test says no",
+                  on_spawn=lambda slot, proc: spawned.append(proc))
+    assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)
+    fd = acquire(Slot("cpu0", "", "virtual-cpu0"))  # the locks were let go
+    os.close(fd)
