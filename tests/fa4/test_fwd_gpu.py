@@ -28,7 +28,7 @@ def check_fwd():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1)])
 @pytest.mark.parametrize("change", [{}, {"tau": 8.0}, {"exp2_emu_frac": 0.375}, {"pingpong": "mma_exp"},
-                                    {"p_operand": "smem"}])
+                                    {"p_operand": "smem"}, {"persistent": True}])
 def test_forward_matches_reference(check_fwd, hd, causal, shape, change):
     import torch
 
