@@ -3,7 +3,7 @@
 # (or bench/logs/session when $OUT is unset), and a short summary last.
 #
 #   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-p-smem]
-#                             [fwd-tune] [fwd-sweep] [bwd-sweep]
+#                             [fwd-tune] [fwd-sweep] [bwd-sweep] [fwd-persistent] [fleet]
 #
 # With no argument it runs all but fwd-tune and the two S-range sweeps, in this order (about 12 minutes on an H200: split
 # it over two device calls, each under the 10-minute limit).
@@ -43,6 +43,12 @@ for s in "${steps[@]}"; do
                 --quick --no-check --seqlens 8192 ;;
         bwd-sweep) run bwd-sweep 420 python3 bench/check_bwd.py --no-check --seqlens 1024,2048,4096,8192,16384 \
             --out "$out/bwd-sweep.json" ;;
+        fleet)  # issue 7, on nvidia-h200-x2: 1 vs 2 GPUs; the run folders are packed into one file
+            run fleet 560 python3 bench/fleet_scaling.py --out "$out/fleet" --trials 20
+            (cd "$out" && tar czf fleet.tgz fleet && rm -rf fleet) ;;
+        fwd-persistent) run fwd-persistent 240 python3 bench/knob_effects.py --check \
+            --shapes 8192:64:0,8192:64:1,8192:128:0,8192:128:1 \
+            --variants '[{},{"persistent":true},{"persistent":true,"sched_order":"natural"},{"persistent":true,"head_swizzle":4}]' ;;
         fwd-p-smem) run fwd-p-smem 240 python3 bench/knob_effects.py --check \
             --shapes 8192:64:0,8192:64:1,8192:128:0,8192:128:1 \
             --variants '[{},{"p_operand":"smem"},{"p_operand":"smem","tile_n":144},{"p_operand":"smem","tile_n":192}]' ;;
