@@ -205,7 +205,7 @@ def worker_order(problems: list[Problem], k: int, n: int) -> list[Problem]:
     """The order in which worker ``k`` of ``n`` visits the shapes: its own share first, then the
     others' (it helps where studies are not full yet).
 
-    A trial's cost is mostly the compile of a config not seen before (1.2-1.6 s for the reference
+    A trial's cost is mostly the compile of a config not seen before (1.2-1.8 s for the reference
     FA4 on the H200 host, 0.3-0.4 s when the kernel is already compiled in that process: measured
     in bench/logs/fleet_scaling_s3). Splitting the shapes by position made both workers compile
     every class, and 2 GPUs tuned only 1.10x faster than one. So whole compile classes are dealt
