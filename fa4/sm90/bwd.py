@@ -45,7 +45,7 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from fa4.common import bwd_schedule, mma, scheduling, semaphore
 from fa4.common.exp2 import exp2_mufu
@@ -93,6 +93,7 @@ class FlashBwdSm90:
         self.dq_bulk = config.dq_accum == "bulk"
         self.p_smem = config.dv_operand == "smem"
         self.ds_stages = config.ds_stages
+        self.ds_stmatrix = config.ds_store == "stmatrix"
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
         self.kv_v2 = config.dq_accum != "red"
         self.num_threads = THREADS_PER_WG * 3
@@ -508,8 +509,18 @@ class FlashBwdSm90:
             # One buffer: both consumers' previous dQ GEMMs must have read it.
             cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
         # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
-        tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
-        cute.autovec_copy(tdKrdS_as_S, tdSsdS)
+        if cutlass.const_expr(self.ds_stmatrix):
+            # In an 8x8 block of the S^T accumulator a thread holds two adjacent queries of one key,
+            # the stmatrix (non-transposed) register order, and sdS keeps queries contiguous: each
+            # block row is one 16-byte chunk of the swizzled tile.
+            st = cute.make_tiled_copy_C(
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), sdp_mma
+            )
+            st_thr = st.get_slice(opaque(ctid))
+            cute.copy(st, st_thr.retile(tdKrdS_as_S), st_thr.partition_D(transpose_view(sdS)[None, None, ds_buf]))
+        else:
+            tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
+            cute.autovec_copy(tdKrdS_as_S, tdSsdS)
         # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)

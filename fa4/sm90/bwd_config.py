@@ -62,6 +62,12 @@ class BwdConfigSm90:
         "writes the other buffer while step m's dQ WGMMA may still read this one, so one consumer barrier "
         "per step suffices; with 1 the consumers also wait for each other's dQ GEMM before overwriting.",
     )
+    ds_store: str = knob(
+        ("sts", "stmatrix"), "sts",
+        "How each consumer writes its dS^T tile (bf16) into the dQ GEMM's shared operand: 'sts' one 4-byte "
+        "store per pair of elements (16 per thread and step at tile_m 64), 'stmatrix' stmatrix.x4, "
+        "four 8x8 blocks per instruction (4 per thread and step), as the reference's Hopper backward does.",
+    )
     sdp_swap_ab: bool = knob(
         (True,), True,
         "Compute S^T and dP^T (keys on the M axis) so P^T/dS^T feed the dV/dK WGMMAs from registers. "

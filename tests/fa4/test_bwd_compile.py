@@ -107,10 +107,14 @@ def test_main_kernel_codegen(hd, causal, gqa, config):
     from fa4.common import codegen_check as cc
 
     key = compile_key("bf16", hd, causal, gqa, config)
-    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2"])
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4"])
     assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
     # S^T of a consumer thread: 64 key rows x tile_m / 128 threads; masked and unmasked loops.
     assert ops["MUFU.EX2"] == 2 * 64 * config.tile_m // 128
+    # dS^T of a consumer thread (64 keys x tile_m bf16) with ds_store 'stmatrix': one stmatrix.x4 per
+    # 16 of its bytes (masked and unmasked loops), and none otherwise.
+    ds_bytes = 64 * config.tile_m * 2 // 128
+    assert ops["STSM.16.M88.4"] == (2 * ds_bytes // 16 if config.ds_store == "stmatrix" else 0), ops
 
     pops = cc.count_ops(
         cc.ptx_opcodes(ptx),
