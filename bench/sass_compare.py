@@ -1,0 +1,104 @@
+"""Our Hopper backward next to the reference FA4's, instruction by instruction, without a GPU.
+
+Compiles both main backward kernels for sm_90a on the CPU (CuTe DSL, fake tensors with dynamic
+shapes), disassembles them and prints per-opcode-family counts: where our kernel issues more
+instructions than the reference for the same work (stores of dS, barriers, address arithmetic).
+Counts are whole kernels: ours has two copies of the step (masked and unmasked loops).
+
+    python3 bench/sass_compare.py --hdim 128 --causal
+    python3 bench/sass_compare.py --hdim 64 --ours '{"ds_store": "stmatrix"}'
+
+Needs the reference importable (flash-attn-4 with its imports, triton and einops included); the
+reference's tiles are its own Hopper defaults (flash_attn.cute.interface._tile_size_bwd_sm90).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+FAMILIES = ["HGMMA", "MUFU", "BAR", "SYNCS", "LDS", "STS", "STSM", "FFMA", "FMUL", "FADD", "F2FP", "IMAD",
+            "ISETP", "LOP3", "SHF", "BRA", "UTMALDG", "UBLKRED", "STG", "RED"]
+
+
+def histogram(cubin: bytes) -> tuple[int, dict[str, int], int]:
+    from fa4.common import codegen_check as cc
+
+    ops = cc.sass_opcodes(cc.disassemble(cubin))
+    fam = collections.Counter(o.split(".")[0] for o in ops)
+    regs = max(k.registers for k in cc.cubin_resources(cubin).values())
+    return len(ops), {f: fam.get(f, 0) for f in FAMILIES}, regs
+
+
+def ours(hd: int, causal: bool, change: dict) -> bytes:
+    from fa4.problem import Problem
+    from fa4.sm90.bwd_compile import compile_bwd_main, compile_key
+    from fa4.sm90.bwd_config import default_config
+
+    cfg = dataclasses.replace(default_config(Problem.standard(8192, hd, causal=causal, pass_="bwd")), **change)
+    with tempfile.TemporaryDirectory() as d:
+        c = compile_bwd_main(compile_key("bf16", hd, causal, False, cfg),
+                             options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
+        cub = c.__cubin__
+    return cub.encode("latin-1") if isinstance(cub, str) else cub
+
+
+def reference(hd: int, causal: bool) -> bytes:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32
+    from flash_attn.cute.flash_bwd_sm90 import FlashAttentionBackwardSm90
+    from flash_attn.cute.interface import _tile_size_bwd_sm90, make_fake_bwd_tensors
+    from flash_attn.cute.utils import AuxData
+
+    t = _tile_size_bwd_sm90(hd, hd, causal, False)
+    mQ, mK, mV, _, mdO, _, mdK, mdV, _, mLSElog2, mPdPsum, dQaccum, _, _, _ = make_fake_bwd_tensors(
+        cutlass.BFloat16, False, False, False)
+    kw = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+    obj = FlashAttentionBackwardSm90(
+        cutlass.BFloat16, hd, hd, 1, causal, tile_m=kw["m_block_size"], tile_n=kw["n_block_size"],
+        Q_stage=kw["num_stages_Q"], dO_stage=kw["num_stages_dO"], PdS_stage=kw["num_stages_PdS"],
+        SdP_swapAB=kw["SdP_swapAB"], dKV_swapAB=kw["dKV_swapAB"], dQ_swapAB=kw["dQ_swapAB"],
+        AtomLayoutMSdP=kw["AtomLayoutMSdP"], AtomLayoutNdKV=kw["AtomLayoutNdKV"], AtomLayoutMdQ=kw["AtomLayoutMdQ"],
+        num_threads=(kw.get("num_wg", 2) + 1) * 128, dQ_single_wg=kw.get("dQ_single_wg", False),
+    )
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    with tempfile.TemporaryDirectory() as d:
+        c = cute.compile(obj, mQ, mK, mV, mdO, mLSElog2, mPdPsum, dQaccum, mdK, mdV, Float32(1.0),
+                         None, None, None, None, None, None, None, None, None, AuxData(), None, None, stream,
+                         options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
+        cub = c.__cubin__
+    return cub.encode("latin-1") if isinstance(cub, str) else cub
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hdim", type=int, default=128, choices=(64, 128))
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--ours", default="{}", help="knob changes to our default backward config (JSON)")
+    a = ap.parse_args(argv)
+    rows = [("ours " + a.ours if a.ours != "{}" else "ours", histogram(ours(a.hdim, a.causal, json.loads(a.ours))))]
+    try:
+        rows.append(("reference FA4", histogram(reference(a.hdim, a.causal))))
+    except ImportError as e:
+        print(f"sass_compare: the reference is not importable here ({e}); ours only", file=sys.stderr)
+    print(f"backward main kernel, hd{a.hdim}{' causal' if a.causal else ''}, bf16, sm_90a")
+    print("| kernel | SASS | regs | " + " | ".join(FAMILIES) + " |")
+    print("|---|---:|---:|" + "---:|" * len(FAMILIES))
+    for name, (n, fam, regs) in rows:
+        print(f"| {name} | {n} | {regs} | " + " | ".join(str(fam[f]) for f in FAMILIES) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
