@@ -1,15 +1,17 @@
-"""Our Hopper backward next to the reference FA4's, instruction by instruction, without a GPU.
+"""Our Hopper kernels next to the reference FA4's, instruction by instruction, without a GPU.
 
-Compiles both main backward kernels for sm_90a on the CPU (CuTe DSL, fake tensors with dynamic
-shapes), disassembles them and prints per-opcode-family counts: where our kernel issues more
-instructions than the reference for the same work (stores of dS, barriers, address arithmetic).
-Counts are whole kernels: ours has two copies of the step (masked and unmasked loops).
+Compiles both main kernels (backward, or with --pass fwd the forward) for sm_90a on the CPU (CuTe
+DSL, fake tensors with dynamic shapes), disassembles them and prints per-opcode-family counts: where
+our kernel issues more instructions than the reference for the same work (stores of dS, barriers,
+address arithmetic). Counts are whole kernels: our backward has two copies of the step (masked and
+unmasked loops).
 
     python3 bench/sass_compare.py --hdim 128 --causal
     python3 bench/sass_compare.py --hdim 64 --ours '{"ds_store": "stmatrix"}'
+    python3 bench/sass_compare.py --pass fwd --hdim 64
 
 Needs the reference importable (flash-attn-4 with its imports, triton and einops included); the
-reference's tiles are its own Hopper defaults (flash_attn.cute.interface._tile_size_bwd_sm90).
+reference's tiles are its own Hopper defaults (flash_attn.cute.interface._tile_size_*_sm90).
 """
 
 from __future__ import annotations
@@ -53,6 +55,43 @@ def ours(hd: int, causal: bool, change: dict) -> bytes:
     return cub.encode("latin-1") if isinstance(cub, str) else cub
 
 
+def ours_fwd(hd: int, causal: bool, change: dict) -> bytes:
+    from fa4.problem import Problem
+    from fa4.sm90.compile import compile_fwd, compile_key
+    from fa4.sm90.fwd_config import default_config
+
+    cfg = dataclasses.replace(default_config(Problem.standard(8192, hd, causal=causal)), **change)
+    with tempfile.TemporaryDirectory() as d:
+        c = compile_fwd(compile_key("bf16", hd, causal, False, cfg), options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
+        cub = c.__cubin__
+    return cub.encode("latin-1") if isinstance(cub, str) else cub
+
+
+def reference_fwd(hd: int, causal: bool) -> bytes:
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32
+    from flash_attn.cute.flash_fwd_sm90 import FlashAttentionForwardSm90
+    from flash_attn.cute.interface import _tile_size_fwd_sm90
+    from quack.compile_utils import make_fake_tensor
+
+    t = _tile_size_fwd_sm90(hd, hd, causal, False)
+    b, s_q, s_k, h = (cute.sym_int() for _ in range(4))
+    q, o = (make_fake_tensor(cutlass.BFloat16, (b, s_q, h, hd), divisibility=8) for _ in range(2))
+    k, v = (make_fake_tensor(cutlass.BFloat16, (b, s_k, h, hd), divisibility=8) for _ in range(2))
+    obj = FlashAttentionForwardSm90(
+        cutlass.BFloat16, hd, hd, 1, is_causal=causal, is_local=False, pack_gqa=False, tile_m=t.m_block_size,
+        tile_n=t.n_block_size, num_stages=2, num_threads=128 * (t.m_block_size // 64 + 1), Q_in_regs=False,
+        intra_wg_overlap=t.intra_wg_overlap, mma_pv_is_rs=t.mma_pv_is_rs,
+    )
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    with tempfile.TemporaryDirectory() as d:
+        c = cute.compile(obj, q, k, v, o, None, Float32(1.0), stream=stream,
+                         options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
+        cub = c.__cubin__
+    return cub.encode("latin-1") if isinstance(cub, str) else cub
+
+
 def reference(hd: int, causal: bool) -> bytes:
     import cutlass
     import cutlass.cute as cute
@@ -85,14 +124,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hdim", type=int, default=128, choices=(64, 128))
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--ours", default="{}", help="knob changes to our default backward config (JSON)")
+    ap.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="bwd")
+    ap.add_argument("--ours", default="{}", help="knob changes to our default config (JSON)")
     a = ap.parse_args(argv)
-    rows = [("ours " + a.ours if a.ours != "{}" else "ours", histogram(ours(a.hdim, a.causal, json.loads(a.ours))))]
+    ours_fn, ref_fn = (ours_fwd, reference_fwd) if a.pass_ == "fwd" else (ours, reference)
+    rows = [("ours " + a.ours if a.ours != "{}" else "ours", histogram(ours_fn(a.hdim, a.causal, json.loads(a.ours))))]
     try:
-        rows.append(("reference FA4", histogram(reference(a.hdim, a.causal))))
+        rows.append(("reference FA4", histogram(ref_fn(a.hdim, a.causal))))
     except ImportError as e:
         print(f"sass_compare: the reference is not importable here ({e}); ours only", file=sys.stderr)
-    print(f"backward main kernel, hd{a.hdim}{' causal' if a.causal else ''}, bf16, sm_90a")
+    what = "forward" if a.pass_ == "fwd" else "backward main"
+    print(f"{what} kernel, hd{a.hdim}{' causal' if a.causal else ''}, bf16, sm_90a")
     print("| kernel | SASS | regs | " + " | ".join(FAMILIES) + " |")
     print("|---|---:|---:|" + "---:|" * len(FAMILIES))
     for name, (n, fam, regs) in rows:
