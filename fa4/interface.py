@@ -183,13 +183,16 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
         arch = _arch_of(q.device)
         entry, resolved = _resolve_config(problem, arch, config)
         key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved)
-        hit = (get_compiled(entry, key), resolved)
+        # The config's runtime arguments of the kernel, derived once per key, not per launch.
+        runtime = (resolved.tau, resolved.head_swizzle, 1 if resolved.sched_order == "lpt" else 0,
+                   _sm_count(q.device) if resolved.persistent else 0)
+        hit = (get_compiled(entry, key), runtime)
         if len(_launch_cache) > 4096:
             _launch_cache.clear()
         _launch_cache[fast_key] = hit
     elif q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
         raise ValueError("q, k and v must be 16-byte aligned")
-    fn, config = hit
+    fn, runtime = hit
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     if out is None:
@@ -198,8 +201,7 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
         raise ValueError("out must match q in shape, dtype, device and strides")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
     with torch.cuda.device(q.device):
-        fn(q, k, v, out, lse, softmax_scale * _LOG2E, config.tau, config.head_swizzle,
-           1 if config.sched_order == "lpt" else 0, _sm_count(q.device) if config.persistent else 0)
+        fn(q, k, v, out, lse, softmax_scale * _LOG2E, *runtime)
     return (out, lse) if return_lse else out
 
 
