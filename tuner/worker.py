@@ -151,14 +151,14 @@ class IsolatedRunner:
         self._warming = False
 
     def run(self, provider: str, problem: Problem, config: dict | None, settings: Settings) -> Measurement:
+        timeout = self.timeout_s if self.timeout_s is not None else settings.timeout_s
         if self._warming:
             try:
-                self._finish_warmup(self.timeout_s if self.timeout_s is not None else settings.timeout_s)
+                self._finish_warmup(timeout)
             except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
                 self._warming = False
                 self._stop(kill=True)
         self._ensure_started()
-        timeout = self.timeout_s if self.timeout_s is not None else settings.timeout_s
         msg = {"provider": provider, "problem": problem.to_dict(), "config": config, "settings": settings.to_dict()}
         try:
             self._conn.send(msg)
