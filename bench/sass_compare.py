@@ -42,17 +42,21 @@ def histogram(cubin: bytes) -> tuple[int, dict[str, int], int]:
     return len(ops), {f: fam.get(f, 0) for f in FAMILIES}, regs
 
 
+def cubin_of(compile_with) -> bytes:
+    """The cubin of ``compile_with(options)`` (a CuTe DSL compile keeping its cubin)."""
+    with tempfile.TemporaryDirectory() as d:
+        cub = compile_with(f"--enable-tvm-ffi --keep-cubin --dump-dir={d}").__cubin__
+    return cub.encode("latin-1") if isinstance(cub, str) else cub
+
+
 def ours(hd: int, causal: bool, change: dict) -> bytes:
     from fa4.problem import Problem
     from fa4.sm90.bwd_compile import compile_bwd_main, compile_key
     from fa4.sm90.bwd_config import default_config
 
     cfg = dataclasses.replace(default_config(Problem.standard(8192, hd, causal=causal, pass_="bwd")), **change)
-    with tempfile.TemporaryDirectory() as d:
-        c = compile_bwd_main(compile_key("bf16", hd, causal, False, cfg),
-                             options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
-        cub = c.__cubin__
-    return cub.encode("latin-1") if isinstance(cub, str) else cub
+    key = compile_key("bf16", hd, causal, False, cfg)
+    return cubin_of(lambda options: compile_bwd_main(key, options=options))
 
 
 def ours_fwd(hd: int, causal: bool, change: dict) -> bytes:
@@ -61,10 +65,8 @@ def ours_fwd(hd: int, causal: bool, change: dict) -> bytes:
     from fa4.sm90.fwd_config import default_config
 
     cfg = dataclasses.replace(default_config(Problem.standard(8192, hd, causal=causal)), **change)
-    with tempfile.TemporaryDirectory() as d:
-        c = compile_fwd(compile_key("bf16", hd, causal, False, cfg), options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
-        cub = c.__cubin__
-    return cub.encode("latin-1") if isinstance(cub, str) else cub
+    key = compile_key("bf16", hd, causal, False, cfg)
+    return cubin_of(lambda options: compile_fwd(key, options=options))
 
 
 def reference_fwd(hd: int, causal: bool) -> bytes:
@@ -85,11 +87,7 @@ def reference_fwd(hd: int, causal: bool) -> bytes:
         intra_wg_overlap=t.intra_wg_overlap, mma_pv_is_rs=t.mma_pv_is_rs,
     )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    with tempfile.TemporaryDirectory() as d:
-        c = cute.compile(obj, q, k, v, o, None, Float32(1.0), stream=stream,
-                         options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
-        cub = c.__cubin__
-    return cub.encode("latin-1") if isinstance(cub, str) else cub
+    return cubin_of(lambda options: cute.compile(obj, q, k, v, o, None, Float32(1.0), stream=stream, options=options))
 
 
 def reference(hd: int, causal: bool) -> bytes:
@@ -112,12 +110,9 @@ def reference(hd: int, causal: bool) -> bytes:
         num_threads=(kw.get("num_wg", 2) + 1) * 128, dQ_single_wg=kw.get("dQ_single_wg", False),
     )
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    with tempfile.TemporaryDirectory() as d:
-        c = cute.compile(obj, mQ, mK, mV, mdO, mLSElog2, mPdPsum, dQaccum, mdK, mdV, Float32(1.0),
-                         None, None, None, None, None, None, None, None, None, AuxData(), None, None, stream,
-                         options=f"--enable-tvm-ffi --keep-cubin --dump-dir={d}")
-        cub = c.__cubin__
-    return cub.encode("latin-1") if isinstance(cub, str) else cub
+    return cubin_of(lambda options: cute.compile(
+        obj, mQ, mK, mV, mdO, mLSElog2, mPdPsum, dQaccum, mdK, mdV, Float32(1.0),
+        None, None, None, None, None, None, None, None, None, AuxData(), None, None, stream, options=options))
 
 
 def main(argv=None) -> int:
