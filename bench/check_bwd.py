@@ -105,7 +105,7 @@ VARIANTS = [
     {}, dict(tile_m=128), dict(tile_m=128, dv_operand="smem", ds_stages=1, stages=1), dict(dv_operand="smem"),
     dict(stages=1), dict(ds_stages=1),
     dict(dq_accum="red_v2"),
-    dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4), dict(ds_store="stmatrix"),
+    dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4), dict(ds_store="sts"),
 ]
 
 
@@ -124,7 +124,7 @@ def correctness(quick, det_only=False):
                     for sh in ((2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 2048, 2048, 16, 16)):
                         cases.append(("det", sh, D, causal, base))
                         cases.append(("det", sh, D, causal, dataclasses.replace(base, dq_accum="red_v2")))
-                        cases.append(("det", sh, D, causal, dataclasses.replace(base, ds_store="stmatrix")))
+                        cases.append(("det", sh, D, causal, dataclasses.replace(base, ds_store="sts")))
     results, n_ok = [], 0
     for kind, sh, D, causal, cfg in cases:
         B, Sq, Sk, Hq, Hkv = sh

@@ -7,7 +7,7 @@ address arithmetic). Counts are whole kernels: our backward has two copies of th
 unmasked loops).
 
     python3 bench/sass_compare.py --hdim 128 --causal
-    python3 bench/sass_compare.py --hdim 64 --ours '{"ds_store": "stmatrix"}'
+    python3 bench/sass_compare.py --hdim 64 --ours '{"ds_store": "sts"}'
     python3 bench/sass_compare.py --pass fwd --hdim 64
 
 Needs the reference importable (flash-attn-4 with its imports, triton and einops included); the

@@ -54,6 +54,8 @@ from fa4.common.regs import opaque
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view, make_dq_mma
 
+# Row statistics (LSE, D) read into registers before the GEMM waits, per thread and step.
+STAT_PREFETCH = 16
 # Named barrier ids (0 is __syncthreads).
 BAR_DS_FREE = 1  # 256 consumers: both dQ GEMMs have finished reading sdS (ds_stages 1 only)
 BAR_DS_FULL = 2  # 256 consumers: both halves of dS^T are in sdS
@@ -477,6 +479,16 @@ class FlashBwdSm90:
         pipe_q.consumer_wait(state)
         mma.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
+        # The row statistics go to registers while the GEMMs run: read inside the pointwise
+        # loops, after the wait, their shared-memory latency stalled the first FFMA (the top
+        # stall of the consumers in Nsight Compute). LSE rides on Q's mbarrier, D on dO's. Only
+        # where a thread's columns fit STAT_PREFETCH registers (tile_m 64): the 32 of tile_m 128
+        # spilled, and prefetching 16 of them there lost 8% on the H200 (the registers the
+        # pointwise loops need).
+        npre = ncol if ncol <= STAT_PREFETCH else 0
+        tLSE = cute.make_rmem_tensor((max(npre, 1),), Float32)
+        for c in cutlass.range_constexpr(npre):
+            tLSE[c] = sLSE[col0 + c0_mn[0, c][1], state.index]
         pipe_do.consumer_wait(state)
         mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
@@ -486,11 +498,16 @@ class FlashBwdSm90:
             self.apply_mask_t(s_mn, c0_mn, key_limit, diag, q_base)
         for r in cutlass.range_constexpr(nrow):
             for c in cutlass.range_constexpr(ncol):
-                s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - sLSE[col0 + c0_mn[0, c][1], state.index])
+                lse = tLSE[c] if c < npre else sLSE[col0 + c0_mn[0, c][1], state.index]
+                s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - lse)
+        tDsum = cute.make_rmem_tensor((max(npre, 1),), Float32)
+        for c in cutlass.range_constexpr(npre):
+            tDsum[c] = sDsum[col0 + c0_mn[0, c][1], state.index]
         warpgroup.wait_group(0)
         for r in cutlass.range_constexpr(nrow):
             for c in cutlass.range_constexpr(ncol):
-                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - sDsum[col0 + c0_mn[0, c][1], state.index])
+                dsum = tDsum[c] if c < npre else sDsum[col0 + c0_mn[0, c][1], state.index]
+                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dsum)
         # Both 16-bit conversions after the pointwise loops: P^T and dS^T are never live beside
         # the fp32 S^T and dP^T (the register budget at head_dim 128).
         tdVrP_as_S.store(acc_S.load().to(self.dtype))

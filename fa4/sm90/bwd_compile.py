@@ -146,7 +146,8 @@ def compile_bwd_post_dq(dtype: str, head_dim: int, tile_m: int, options: str = "
     dt = getattr(cutlass, DTYPES[dtype])
     f32 = cutlass.Float32
     acc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
-    out = _fake(dt, (None, None, None, head_dim), tma=False)
+    # dQ is allocated like Q, whose strides the main kernel's TMA already requires in 16-byte units.
+    out = _fake(dt, (None, None, None, head_dim))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
         BwdPostprocessDq(dt, head_dim, tile_m), acc, out, f32(1.0), stream, options=_opts(options)

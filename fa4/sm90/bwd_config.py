@@ -63,10 +63,11 @@ class BwdConfigSm90:
         "per step suffices; with 1 the consumers also wait for each other's dQ GEMM before overwriting.",
     )
     ds_store: str = knob(
-        ("sts", "stmatrix"), "sts",
+        ("sts", "stmatrix"), "stmatrix",
         "How each consumer writes its dS^T tile (bf16) into the dQ GEMM's shared operand: 'sts' one 4-byte "
         "store per pair of elements (16 per thread and step at tile_m 64), 'stmatrix' stmatrix.x4, "
-        "four 8x8 blocks per instruction (4 per thread and step), as the reference's Hopper backward does.",
+        "four 8x8 blocks per instruction (4 per thread and step), as the reference's Hopper backward does "
+        "(measured +1.5-2.8% on the four S=8192 shapes).",
     )
     sdp_swap_ab: bool = knob(
         (True,), True,

@@ -136,7 +136,7 @@ def test_main_kernel_codegen(hd, causal, gqa, config):
 
 @pytest.mark.parametrize("hd", [64, 128])
 def test_pre_and_postprocess_codegen(hd):
-    """Row-contiguous loads and stores vectorize to 16 bytes; nothing spills."""
+    """Rows are shared by consecutive threads in 16-byte pieces (whole rows per warp access); nothing spills."""
     ensure_target()
     from fa4.common import codegen_check as cc
 
@@ -144,9 +144,20 @@ def test_pre_and_postprocess_codegen(hd):
         with tempfile.TemporaryDirectory() as d:
             compiled = build("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}")
             ptx = compiled.__ptx__
-        ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "st.global.v4", "ld.local", "st.local"])
-        assert ops["ld.global.v4"] > 0 and ops["st.global.v4"] > 0, (build.__name__, ops)
+        ops = cc.count_ops(
+            cc.ptx_opcodes(ptx), ["ld.global.v4", "st.global.v4", "st.global.v2", "shfl.sync.bfly", "ld.local", "st.local"]
+        )
         assert ops["ld.local"] == 0 and ops["st.local"] == 0, (build.__name__, ops)
+        lanes_pre, lanes_post = hd // 8, hd // 4  # threads sharing one row: 16-byte pieces of it
+        if build is compile_bwd_pre:
+            # 128 rows x (O, dO) in 16-byte pieces over 128 threads, the row sums finished with
+            # log2(lanes) shuffles per pass; the 128 x hd fp32 accumulator zeroed in 16-byte stores.
+            assert ops["ld.global.v4"] == 2 * lanes_pre, ops
+            assert ops["shfl.sync.bfly"] == lanes_pre * (lanes_pre.bit_length() - 1), ops
+            assert ops["st.global.v4"] == hd // 4, ops
+        else:
+            # fp32 rows read as 16-byte pieces, written as 8-byte bf16 pieces, lanes_post per row.
+            assert ops["ld.global.v4"] == lanes_post and ops["st.global.v2"] == lanes_post, ops
 
 
 @pytest.mark.parametrize("hd,tile_m", [(64, 64), (64, 128), (128, 64)])
@@ -159,8 +170,12 @@ def test_dq_postprocess_codegen(hd, tile_m):
         ptx = compile_bwd_post_dq(
             "bf16", hd, tile_m, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}"
         ).__ptx__
-    ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "ld.local", "st.local"])
+    ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "st.global.v4", "st.global", "ld.local", "st.local"])
     assert ops["ld.global.v4"] == tile_m * hd // 256 // 4, ops
+    # dQ leaves through shared memory as 16-byte row-contiguous stores (8 bf16 per thread and
+    # pass), none narrower: written from the fragment it took 2-byte stores over 8 rows per warp.
+    assert ops["st.global.v4"] == tile_m * hd // 8 // 256, ops
+    assert ops["st.global"] == ops["st.global.v4"], ops
     assert ops["ld.local"] == 0 and ops["st.local"] == 0, ops
 
 
