@@ -106,12 +106,17 @@ VARIANTS = [
     dict(stages=1), dict(ds_stages=1),
     dict(dq_accum="red_v2"),
     dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4), dict(ds_store="sts"),
+    dict(tile_m=128, dq_split="rows"),
 ]
 
 
-def correctness(quick, det_only=False):
+def correctness(quick, det_only=False, only=None, hds=(64, 128)):
+    """The grid below; with ``only`` (a list of knob overrides), just those variants of the
+    default, each on the quick shapes and, where deterministic, the bitwise-identity cases."""
+    if only is not None:
+        return correctness_of(only, hds)
     cases = []
-    for D in (64, 128):
+    for D in hds:
         for causal in (False, True):
             for det in ((True,) if det_only else (False, True)):
                 base = default_config(Problem.standard(1024, D, causal=causal, deterministic=det, pass_="bwd"))
@@ -125,6 +130,25 @@ def correctness(quick, det_only=False):
                         cases.append(("det", sh, D, causal, base))
                         cases.append(("det", sh, D, causal, dataclasses.replace(base, dq_accum="red_v2")))
                         cases.append(("det", sh, D, causal, dataclasses.replace(base, ds_store="sts")))
+                        cases.append(("det", sh, D, causal, dataclasses.replace(base, dq_split="rows")))
+    return run_cases(cases)
+
+
+def correctness_of(variants, hds):
+    cases = []
+    for D in hds:
+        for causal in (False, True):
+            for var in variants:
+                det = bool(var.get("deterministic", False))
+                base = default_config(Problem.standard(1024, D, causal=causal, deterministic=det, pass_="bwd"))
+                cfg = dataclasses.replace(base, **var)
+                cases += [("grad", sh, D, causal, cfg) for sh in SHAPES[:3]]
+                if det:
+                    cases += [("det", sh, D, causal, cfg) for sh in ((2, 1000, 1000, 4, 4), (1, 2048, 2048, 16, 16))]
+    return run_cases(cases)
+
+
+def run_cases(cases):
     results, n_ok = [], 0
     for kind, sh, D, causal, cfg in cases:
         B, Sq, Sk, Hq, Hkv = sh
@@ -232,13 +256,16 @@ def main():
     ap.add_argument("--seqlens", default="8192", help="comma list, e.g. 1024,2048,4096,8192,16384 (16k tokens each)")
     ap.add_argument("--hds", default="64,128")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--check-variants-only", action="store_true",
+                    help="correctness of the --variants only (on the --hds), instead of the whole grid")
     ap.add_argument("--variants", default="[]",
                     help='JSON list of knob overrides of the default config, each timed: [{"ds_stages":1},{"deterministic":true,"head_swizzle":8}]')
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     res = {}
     if not a.no_check:
-        res["correctness"] = correctness(a.quick, a.det_only)
+        only = json.loads(a.variants) if a.check_variants_only else None
+        res["correctness"] = correctness(a.quick, a.det_only, only, tuple(int(h) for h in a.hds.split(",")))
     if not a.no_bench:
         res["bench"] = bench([int(s) for s in a.seqlens.split(",")], [int(s) for s in a.hds.split(",")],
                              json.loads(a.variants))

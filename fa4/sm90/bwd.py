@@ -141,8 +141,8 @@ class FlashBwdSm90:
         # dV with P^T from shared memory (dv_operand 'smem'): P^T stored query-contiguous (K-major).
         dv_mma = self.make_dv_mma(dkv_mma)
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
-        # B = K^T (head_dim contiguous); the two consumers split head_dim.
-        dq_mma = make_dq_mma(self.dtype, d)
+        # B = K^T (head_dim contiguous); the two consumers split head_dim or the rows (dq_split).
+        dq_mma = make_dq_mma(self.dtype, d, self.config.dq_split)
         row_major = utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
         sK_layout = sm90_utils.make_smem_layout_a(row_major, sdp_tiler, self.dtype, 1)

@@ -135,8 +135,10 @@ def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi
     return cute.compile(BwdPostprocess(dt, head_dim), acc, out, f32(1.0), stream, options=_opts(options))
 
 
-def compile_bwd_post_dq(dtype: str, head_dim: int, tile_m: int, options: str = "--enable-tvm-ffi"):
-    """dQ postprocess: reads the fragment-ordered accumulator of a main kernel with this tile_m."""
+def compile_bwd_post_dq(
+    dtype: str, head_dim: int, tile_m: int, dq_split: str = "head_dim", options: str = "--enable-tvm-ffi"
+):
+    """dQ postprocess: reads the fragment-ordered accumulator of a main kernel with this tile_m and dq_split."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -150,5 +152,5 @@ def compile_bwd_post_dq(dtype: str, head_dim: int, tile_m: int, options: str = "
     out = _fake(dt, (None, None, None, head_dim))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        BwdPostprocessDq(dt, head_dim, tile_m), acc, out, f32(1.0), stream, options=_opts(options)
+        BwdPostprocessDq(dt, head_dim, tile_m, dq_split), acc, out, f32(1.0), stream, options=_opts(options)
     )

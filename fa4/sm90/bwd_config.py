@@ -81,6 +81,13 @@ class BwdConfigSm90:
         "the deterministic lock wait); 'red_v2' / 'red': each consumer thread issues red.global.add "
         "(.v2.f32 on pairs of adjacent columns, or .f32 per element) and the consumers take the lock.",
     )
+    dq_split: str = knob(
+        ("head_dim", "rows"), "head_dim",
+        "How the two consumer warpgroups share dQ = dS K: 'head_dim' each computes every query row of "
+        "half the head_dim columns (WGMMA N = d/2), 'rows' each computes 64 query rows over all of "
+        "head_dim (N = d; needs tile_m 128). With 'rows' each warpgroup reads only its own half of dS "
+        "from shared memory, and K^T once per 64 rows in wider instructions.",
+    )
     dv_operand: str = knob(
         ("rmem", "smem"), "rmem",
         "Where the dV WGMMA reads P^T: 'rmem' straight from the registers it was computed in, 'smem' "
@@ -169,6 +176,8 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"shared memory {need} B (Q, dO {config.stages}x {config.tile_m}x"
             f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B"
         )
+    if config.dq_split == "rows" and config.tile_m != 2 * ROWS_PER_WG:
+        out.append(f"dq_split 'rows' gives each consumer warpgroup 64 query rows: needs tile_m 128, not {config.tile_m}")
     if config.tile_m == 128:
         # At 128 query columns the consumers run within a few registers of the budget, and
         # ptxas spills 1-8 of them for some combinations. The combinations allowed here are

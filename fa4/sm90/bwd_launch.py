@@ -106,7 +106,8 @@ def flash_attn_bwd(
     pre = _get(("pre", problem.dtype, d), lambda: compile_bwd_pre(problem.dtype, d))
     post = _get(("post", problem.dtype, d), lambda: compile_bwd_post(problem.dtype, d))
     post_dq = _get(
-        ("post_dq", problem.dtype, d, config.tile_m), lambda: compile_bwd_post_dq(problem.dtype, d, config.tile_m)
+        ("post_dq", problem.dtype, d, config.tile_m, config.dq_split),
+        lambda: compile_bwd_post_dq(problem.dtype, d, config.tile_m, config.dq_split),
     )
 
     dev = q.device

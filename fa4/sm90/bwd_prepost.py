@@ -29,7 +29,7 @@ ROWS_PER_CTA = 128
 VEC16 = 8  # 16-bit elements per 16-byte vector
 VEC32 = 4  # fp32 elements per 16-byte vector
 LOG2E = math.log2(math.e)
-DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of dQ's columns
+DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of the dQ tile
 DQ_THREADS = 128 * DQ_WGS
 
 
@@ -40,12 +40,15 @@ DQ_THREADS = 128 * DQ_WGS
 # shared-memory staging (16-byte stores without bank conflicts; row-major fp32 rows 512 bytes
 # apart put 8 rows on the same banks) and the global reduction (one linear bulk add per tile)
 # then move whole vectors. The postprocess reads a tile back through the same MMA partition.
-def make_dq_mma(dtype, head_dim: int):
-    """dQ = dS K: A = dS (query index contiguous), B = K^T; the two warpgroups split head_dim."""
+def make_dq_mma(dtype, head_dim: int, split: str = "head_dim"):
+    """dQ = dS K: A = dS (query index contiguous), B = K^T. The two warpgroups split head_dim
+    (each an N = d/2 half of every row) or, with split 'rows', the query rows (64 each, N = d)."""
     import cutlass.utils.hopper_helpers as sm90_utils
     from cutlass.cute.nvgpu import warpgroup
 
     mnmaj = warpgroup.OperandMajorMode.MN
+    if split == "rows":
+        return sm90_utils.make_trivial_tiled_mma(dtype, dtype, mnmaj, mnmaj, Float32, (DQ_WGS, 1, 1), (64, head_dim))
     return sm90_utils.make_trivial_tiled_mma(
         dtype, dtype, mnmaj, mnmaj, Float32, (1, DQ_WGS, 1), (64, head_dim // DQ_WGS)
     )
@@ -184,10 +187,11 @@ class BwdPostprocessDq:
     per warp land on different banks) and leaves as 16-byte row-contiguous stores.
     """
 
-    def __init__(self, dtype, head_dim: int, tile_m: int):
+    def __init__(self, dtype, head_dim: int, tile_m: int, dq_split: str = "head_dim"):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
+        self.dq_split = dq_split  # the main kernel's: its fragments are placed by the same MMA
 
     @cute.jit
     def __call__(
@@ -197,7 +201,7 @@ class BwdPostprocessDq:
         scale: Float32,
         stream: cuda.CUstream,
     ):
-        tiled_mma = make_dq_mma(self.dtype, self.head_dim)
+        tiled_mma = make_dq_mma(self.dtype, self.head_dim, self.dq_split)
         num_m = (mOut.shape[1] + self.tile_m - 1) // self.tile_m
         sOut_layout = cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim + VEC16, 1))
         self.kernel(tiled_mma, mAcc, mOut, scale, sOut_layout).launch(

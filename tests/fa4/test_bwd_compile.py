@@ -160,15 +160,16 @@ def test_pre_and_postprocess_codegen(hd):
             assert ops["ld.global.v4"] == lanes_post and ops["st.global.v2"] == lanes_post, ops
 
 
-@pytest.mark.parametrize("hd,tile_m", [(64, 64), (64, 128), (128, 64)])
-def test_dq_postprocess_codegen(hd, tile_m):
+@pytest.mark.parametrize("hd,tile_m,dq_split", [(64, 64, "head_dim"), (64, 128, "head_dim"), (64, 128, "rows"),
+                                               (128, 64, "head_dim")])
+def test_dq_postprocess_codegen(hd, tile_m, dq_split):
     """The fragment-ordered dQ accumulator is read with 16-byte loads; nothing spills."""
     ensure_target()
     from fa4.common import codegen_check as cc
 
     with tempfile.TemporaryDirectory() as d:
         ptx = compile_bwd_post_dq(
-            "bf16", hd, tile_m, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}"
+            "bf16", hd, tile_m, dq_split, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}"
         ).__ptx__
     ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "st.global.v4", "st.global", "ld.local", "st.local"])
     assert ops["ld.global.v4"] == tile_m * hd // 256 // 4, ops

@@ -51,6 +51,12 @@ def test_violations_name_the_problem():
     assert any("registers" in v for v in violations(regs, prob))
 
 
+def test_dq_split_by_rows_needs_two_64_row_halves():
+    prob = bwd(1024, 64)
+    assert not violations(BwdConfigSm90(tile_m=128, dq_split="rows"), prob)
+    assert any("dq_split 'rows'" in v and "tile_m 128" in v for v in violations(BwdConfigSm90(dq_split="rows"), prob))
+
+
 def test_unbuilt_choices_are_single_valued():
     specs = {s.name: s for s in knob_specs(BwdConfigSm90)}
     assert specs["cluster_exchange"].choices == (False,) and "not built" in specs["cluster_exchange"].doc
