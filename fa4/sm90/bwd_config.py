@@ -187,7 +187,11 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         if config.dq_accum != "bulk":
             why = f"dq_accum '{config.dq_accum}' keeps per-thread reduction addresses (needs 'bulk')"
         elif config.dv_operand == "rmem":
-            if config.deterministic and problem.heads_q != problem.heads_kv:
+            if config.dq_split == "rows" and config.ds_store == "sts":
+                # The sweep of dq_split 'rows' (50 kernels): 11 of the 18 with per-element dS^T
+                # stores spilled 1-2 registers (their swizzled addresses), none with stmatrix.
+                why = "P^T from registers, dq_split 'rows' and the per-element dS^T stores (use ds_store 'stmatrix')"
+            elif config.deterministic and problem.heads_q != problem.heads_kv:
                 why = "P^T from registers with the deterministic GQA dK/dV locks"
             elif config.stages < 2:
                 why = "P^T from registers with a one-deep Q/dO ring"
