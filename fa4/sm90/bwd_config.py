@@ -223,19 +223,29 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 
 
 def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
-    """Two-deep Q/dO ring, P^T from registers, bulk dQ adds; query tile 128 at hd64 where it fits
-    (not deterministic GQA), else 64.
+    """Two-deep Q/dO ring, P^T from registers, dS^T by stmatrix, bulk dQ adds; query tile 128 at
+    hd64 where it fits (not deterministic GQA), its dQ GEMM split by rows, else tile 64; the
+    deterministic non-causal kernel walks 4 (hd64) or 8 (hd128) heads per scheduling group.
 
     Measured on the H200 (S=8192, bench/RESULTS.md): at hd64 tile_m 128 with P^T from registers is
-    +7.5% (non-causal) / +6% (causal) over 64, and keeps the deterministic mode at 0.91 / 0.99 of it
-    (deterministic at tile_m 64 would be 0.84 of the tile-128 non-deterministic kernel); stages 1
-    loses 12-25% and 3 is within noise; ds_stages 1 loses 1-3%; dq_accum 'red_v2' loses 8-22%;
-    spt_order and head_swizzle 2 are within noise non-deterministic, head_swizzle 4 loses 7-14% at
-    hd128, and 8/32 do not help the deterministic mode. Deterministic as the problem asks.
+    +7.5% (non-causal) / +6% (causal) over 64 (deterministic at tile_m 64 would be 0.84 of the
+    tile-128 non-deterministic kernel); dq_split 'rows' +1.4-2.3% / +3.6-3.8% over 'head_dim' at
+    that tile; stages 1 loses 12-25% and 3 is within noise; ds_stages 1 is within noise; dq_accum
+    'red_v2' loses 8-22%; spt_order and head_swizzle 2 are within noise non-deterministic, head_swizzle
+    4 loses 7-14% at hd128. Deterministic non-causal, where every key tile of a head adds into the
+    same dQ tiles in turn, head_swizzle 4 took hd64 from 0.89 to 0.99 of the non-deterministic
+    kernel (8: 0.975) and 8 took hd128 from 0.947 to 0.974; causal it stays 1 (8 lost 10% at
+    hd128). Deterministic as the problem asks.
     """
+    swizzle = 1
+    if problem.deterministic and not problem.causal:
+        swizzle = 4 if problem.head_dim == 64 else 8
     for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
         for st in (2, 1):
-            cand = BwdConfigSm90(tile_m=tm, stages=st, deterministic=problem.deterministic)
-            if not violations(cand, problem, arch):
-                return cand
-    return BwdConfigSm90(deterministic=problem.deterministic)
+            for split in (("rows", "head_dim") if tm == 128 else ("head_dim",)):
+                cand = BwdConfigSm90(
+                    tile_m=tm, stages=st, dq_split=split, head_swizzle=swizzle, deterministic=problem.deterministic
+                )
+                if not violations(cand, problem, arch):
+                    return cand
+    return BwdConfigSm90(deterministic=problem.deterministic, head_swizzle=swizzle)
