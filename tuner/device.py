@@ -47,9 +47,24 @@ def cuda_device_info(provider_versions: dict | None = None) -> dict:
     }
 
 
-def has_cuda() -> bool:
+@functools.lru_cache(maxsize=1)
+def cuda_device_count() -> int:
+    """GPUs the CUDA driver shows this process (CUDA_VISIBLE_DEVICES applies), asked through the
+    driver API itself: importing torch with its CUDA libraries takes seconds, and the fa4-tune
+    parent asks before it starts its workers, so those seconds sat on every fleet run's clock
+    (the workers import torch themselves). 0 without a driver."""
+    import ctypes
+
     try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def has_cuda() -> bool:
+    """A CUDA GPU is visible to this process (whether torch can use it is the provider's check)."""
+    return cuda_device_count() > 0

@@ -61,11 +61,9 @@ class Slot:
 
 
 def gpu_count() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count()
+    from .device import cuda_device_count
+
+    return cuda_device_count()
 
 
 def _gpu_uuids() -> dict[str, str]:

@@ -1,0 +1,72 @@
+"""How the tuner counts GPUs: through the CUDA driver API, without importing torch."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+from tuner import device, fleet
+
+
+class FakeDriver:
+    """libcuda.so.1's cuInit / cuDeviceGetCount, returning CUresult codes like the driver."""
+
+    def __init__(self, count: int, init_status: int = 0):
+        self.count, self.init_status, self.calls = count, init_status, []
+
+    def cuInit(self, flags):
+        self.calls.append(("cuInit", flags))
+        return self.init_status
+
+    def cuDeviceGetCount(self, ref):
+        self.calls.append(("cuDeviceGetCount",))
+        ctypes.cast(ref, ctypes.POINTER(ctypes.c_int))[0] = self.count
+        return 0
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    def install(lib):
+        def cdll(name):
+            assert name == "libcuda.so.1"
+            if lib is None:
+                raise OSError("libcuda.so.1: cannot open shared object file")
+            return lib
+
+        monkeypatch.setattr(ctypes, "CDLL", cdll)
+        device.cuda_device_count.cache_clear()
+        return lib
+
+    yield install
+    device.cuda_device_count.cache_clear()
+
+
+def test_counts_what_the_driver_reports(driver):
+    lib = driver(FakeDriver(2))
+    assert device.cuda_device_count() == 2 and device.has_cuda() and fleet.gpu_count() == 2
+    assert lib.calls[:2] == [("cuInit", 0), ("cuDeviceGetCount",)]
+
+
+def test_no_driver_or_failed_init_is_no_gpu(driver):
+    driver(None)
+    assert device.cuda_device_count() == 0 and not device.has_cuda()
+    driver(FakeDriver(4, init_status=100))  # CUDA_ERROR_NO_DEVICE
+    assert device.cuda_device_count() == 0
+
+
+def test_devices_all_uses_the_driver_count(driver):
+    driver(FakeDriver(3))
+    slots = fleet.parse_devices("all", True, "fa4", visible=None, uuids={})
+    assert [s.name for s in slots] == ["gpu0", "gpu1", "gpu2"]
+    with pytest.raises(fleet.FleetError, match="no GPU 3"):
+        fleet.parse_devices("3", True, "fa4", visible=None, uuids={})
+
+
+def test_asking_does_not_import_torch():
+    code = ("import sys; from tuner.device import has_cuda; from tuner.fleet import gpu_count; "
+            "has_cuda(); gpu_count(); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out
