@@ -4,6 +4,7 @@
 #
 #   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-p-smem]
 #                             [fwd-tune] [fwd-sweep] [bwd-sweep] [fwd-persistent] [fleet]
+#                             [fleet2] [fleet1] [fleet-report] [bwd-ncu]
 #
 # With no argument it runs all but fwd-tune and the two S-range sweeps, in this order (about 12 minutes on an H200: split
 # it over two device calls, each under the 10-minute limit).
@@ -33,7 +34,7 @@ for s in "${steps[@]}"; do
         gpu-tests) run gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fa4/test_bwd_gpu.py tests/fa4/test_interface.py ;;
         fwd-check) run fwd-check 240 python3 bench/check_fwd.py --quick --seqlens 8192 --out "$out/fwd-check.json" ;;
         bwd-variants) run bwd-variants 200 python3 bench/check_bwd.py --no-check --out "$out/bwd-variants.json" \
-            --variants '[{"ds_store":"sts"},{"ds_stages":1},{"ds_stages":1,"deterministic":true}]' ;;
+            --variants '[{"spt_order":false},{"dq_split":"head_dim"},{"stages":3},{"deterministic":true,"head_swizzle":1}]' ;;
         fwd-sweep) run fwd-sweep 420 python3 bench/bench_fwd.py ;;
         fwd-tune)  # issue 3's tuned bar: tune our forward on the four shapes, then the side-by-side
             # table again with the tuned configs (flash_attn_func reads them from $FA4_DB).
@@ -46,6 +47,19 @@ for s in "${steps[@]}"; do
         fleet)  # issue 7, on nvidia-h200-x2: 1 vs 2 GPUs; the run folders are packed into one file
             run fleet 560 python3 bench/fleet_scaling.py --out "$out/fleet" --trials 20
             (cd "$out" && tar czf fleet.tgz fleet && rm -rf fleet) ;;
+        fleet2|fleet1)  # the same, one run per device call (each ~1.5-2.5 min), kept in /tmp/fleet on the
+            # warm machine; then 'fleet-report' compares them and packs the folders.
+            run "$s" 400 python3 bench/fleet_scaling.py --out /tmp/fleet --trials 20 --runs "${s#fleet}" ;;
+        fleet-report)
+            run fleet-report 60 python3 bench/fleet_scaling.py --out /tmp/fleet --report
+            tar czf "$out/fleet.tgz" -C /tmp fleet ;;
+        bwd-ncu)  # Nsight Compute of our backward and the reference's (hd128 causal, hd64), stall tables
+            run bwd-ncu 420 bash bench/ncu_bwd.sh
+            for t in bwd128c bwd64; do
+                python3 bench/ncu_stalls.py "$out/$t.source.csv" FlashBwdSm90 --top 30 > "$out/$t.ours-stalls.txt"
+                python3 bench/ncu_stalls.py "$out/$t.source.csv" FlashAttentionBackwardSm90 --top 30 > "$out/$t.ref-stalls.txt"
+                rm -f "$out/$t.source.csv" "$out/$t.ncu-rep"
+            done ;;
         fwd-persistent) run fwd-persistent 240 python3 bench/knob_effects.py --check \
             --shapes 8192:64:0,8192:64:1,8192:128:0,8192:128:1 \
             --variants '[{},{"persistent":true},{"persistent":true,"sched_order":"natural"},{"persistent":true,"head_swizzle":4}]' ;;

@@ -8,6 +8,8 @@
 #   bash bench/ncu_bwd.sh ['{"ds_store": "sts"}']   # optional knob overrides of our default
 set -u
 cfg=${1:-"{}"}
+OUT=${OUT:-bench/logs/session}
+mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
 echo "ncu: $NCU"
 for spec in "128 --causal" "64"; do
