@@ -106,7 +106,7 @@ VARIANTS = [
     dict(stages=1), dict(ds_stages=1),
     dict(dq_accum="red_v2"),
     dict(dq_accum="red"), dict(spt_order=False), dict(head_swizzle=4), dict(ds_store="sts"),
-    dict(tile_m=128, dq_split="rows"),
+    dict(tile_m=128, dq_split="rows"), dict(dkv_store="tma"),
 ]
 
 
@@ -131,6 +131,7 @@ def correctness(quick, det_only=False, only=None, hds=(64, 128)):
                         cases.append(("det", sh, D, causal, dataclasses.replace(base, dq_accum="red_v2")))
                         cases.append(("det", sh, D, causal, dataclasses.replace(base, ds_store="sts")))
                         cases.append(("det", sh, D, causal, dataclasses.replace(base, dq_split="rows")))
+                        cases.append(("det", sh, D, causal, dataclasses.replace(base, dkv_store="tma")))
     return run_cases(cases)
 
 

@@ -64,6 +64,7 @@ BAR_SEM = 3  # 256 consumers: semaphore turn acquired / all adds issued
 BAR_DQ_FULL = 4  # 4 + 2p + w: warpgroup w's dQ chunk is in sdQ -> writer warp p
 BAR_DQ_EMPTY = 8  # 8 + 2p + w: the reduction of the previous step has read sdQ -> warpgroup w
 BAR_P = 12  # 12..13: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
+BAR_EPI = 14  # 256 consumers: sK/sV free for the dK/dV tiles, then the tiles written (dkv_store 'tma')
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
 NUM_DQ_SYNC_THREADS = THREADS_PER_WG + 32
 
@@ -96,6 +97,7 @@ class FlashBwdSm90:
         self.p_smem = config.dv_operand == "smem"
         self.ds_stages = config.ds_stages
         self.ds_stmatrix = config.ds_store == "stmatrix"
+        self.dkv_tma = config.dkv_store == "tma" and not gqa
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
         self.kv_v2 = config.dq_accum != "red"
         self.num_threads = THREADS_PER_WG * 3
@@ -189,13 +191,23 @@ class FlashBwdSm90:
 
         self.shared_storage = SharedStorage
 
+        tma_dk = tma_dv = None
+        if cutlass.const_expr(self.dkv_tma):
+            # dK/dV leave from the K/V shared tiles (same shape, same swizzle) as TMA stores; the
+            # store clips the rows past seqlen_k.
+            s2g = cpasync.CopyBulkTensorTileS2GOp()
+            mdK = cute.make_tensor(mdK.iterator, cute.select(mdK.layout, mode=[1, 3, 2, 0]))
+            mdV = cute.make_tensor(mdV.iterator, cute.select(mdV.layout, mode=[1, 3, 2, 0]))
+            tma_dk, mdK = cpasync.make_tiled_tma_atom(s2g, mdK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, d))
+            tma_dv, mdV = cpasync.make_tiled_tma_atom(s2g, mdV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, d))
+
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
-            tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, mSemQ, mSemKV,
+            tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
             scale_log2, scale, head_swizzle, spt,
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
@@ -228,8 +240,10 @@ class FlashBwdSm90:
         tma_dsum: cute.CopyAtom,
         mDsum: cute.Tensor,
         mdQacc: cute.Tensor,
-        mdK: cute.Tensor,
+        mdK: cute.Tensor,  # dkv_store 'tma': (seqlen_k, d, heads_kv, batch), TMA view
         mdV: cute.Tensor,
+        tma_dk: cute.CopyAtom,  # None unless dkv_store 'tma'
+        tma_dv: cute.CopyAtom,
         mSemQ: cute.Tensor,
         mSemKV: cute.Tensor,
         sQ_layout: cute.ComposedLayout,
@@ -322,7 +336,7 @@ class FlashBwdSm90:
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, batch, num_n,
                 m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
-                (bidx, mQ, mK, head_swizzle),
+                (bidx, mQ, mK, head_swizzle), (tma_dk, tma_dv),
             )
 
     @cute.jit
@@ -389,7 +403,7 @@ class FlashBwdSm90:
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, batch, num_n,
-        m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args,
+        m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv,
     ):
         d = self.head_dim
         sdp_thr = sdp_mma.get_slice(ctid)
@@ -456,7 +470,7 @@ class FlashBwdSm90:
         )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, mK.shape[0], scale,
+            qhead_per_kvhead, mK.shape[0], scale, sK, sV, tma_dkv,
         )
 
     @cute.jit
@@ -683,7 +697,7 @@ class FlashBwdSm90:
     @cute.jit
     def epilogue(
         self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-        qhead_per_kvhead, seqlen_k, scale,
+        qhead_per_kvhead, seqlen_k, scale, sK, sV, tma_dkv,
     ):
         d = self.head_dim
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
@@ -701,6 +715,8 @@ class FlashBwdSm90:
             if cutlass.const_expr(self.deterministic):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
                 semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
+        elif cutlass.const_expr(self.dkv_tma):
+            self.store_dkv_tma(dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch)
         else:
             # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped.
             gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
@@ -717,5 +733,40 @@ class FlashBwdSm90:
                 if tcD[i][0] < seqlen_k:
                     tdKg[i] = rdK[i]
                     tdVg[i] = rdV[i]
+
+    @cute.jit
+    def store_dkv_tma(self, dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch):
+        """dK/dV through the K/V shared tiles and one TMA store each (dkv_store 'tma')."""
+        tma_dk, tma_dv = tma_dkv
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdK.store(acc_dK.load().to(self.dtype))
+        rdV.store(acc_dV.load().to(self.dtype))
+        # Both consumers' last GEMMs read sK and sV (dQ = dS K reads every key row): both must be
+        # done before either overwrites them.
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+        # A thread's accumulator holds two adjacent head_dim columns of a key row per 8x8 block:
+        # the stmatrix register order, 16-byte rows of the K-major tile.
+        st = cute.make_tiled_copy_C(
+            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dkv_mma
+        )
+        st_thr = st.get_slice(ctid)
+        cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
+        cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
+        # Generic-proxy stores, read by the TMA engine (async proxy).
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+        if ctid == 0:
+            one = cute.make_layout(1)
+            d = self.head_dim
+            gdK = cute.flat_divide(mdK, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
+            gdV = cute.flat_divide(mdV, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
+            tKs, tKg = cpasync.tma_partition(tma_dk, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gdK, 0, 2))
+            tVs, tVg = cpasync.tma_partition(tma_dv, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gdV, 0, 2))
+            cute.copy(tma_dk, tKs[None, 0], tKg[None, n_block])
+            cute.copy(tma_dv, tVs[None, 0], tVg[None, n_block])
+            cute.arch.cp_async_bulk_commit_group()
+            # Shared memory must stay valid until the engine has read it (the CTA exits next).
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     # ---------------------------------------------------------------- helpers

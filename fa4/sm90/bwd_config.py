@@ -88,6 +88,12 @@ class BwdConfigSm90:
         "head_dim (N = d; needs tile_m 128). With 'rows' each warpgroup reads only its own half of dS "
         "from shared memory, and K^T once per 64 rows in wider instructions.",
     )
+    dkv_store: str = knob(
+        ("direct", "tma"), "direct",
+        "How a CTA's dK and dV tiles (bf16/fp16, no GQA) reach global memory: 'direct' element by element "
+        "from the WGMMA fragment (2-byte stores spread over 8 rows per warp), 'tma' through the K and V "
+        "shared tiles (stmatrix, free once both consumers' last GEMMs are done) and one TMA store each.",
+    )
     dv_operand: str = knob(
         ("rmem", "smem"), "rmem",
         "Where the dV WGMMA reads P^T: 'rmem' straight from the registers it was computed in, 'smem' "
@@ -176,6 +182,9 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"shared memory {need} B (Q, dO {config.stages}x {config.tile_m}x"
             f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B"
         )
+    if config.dkv_store == "tma" and problem.heads_q != problem.heads_kv:
+        out.append("dkv_store 'tma' is for one K/V head per query head: under GQA dK/dV are fp32 sums over "
+                   "the query heads, added with reductions")
     if config.dq_split == "rows" and config.tile_m != 2 * ROWS_PER_WG:
         out.append(f"dq_split 'rows' gives each consumer warpgroup 64 query rows: needs tile_m 128, not {config.tile_m}")
     if config.tile_m == 128:
@@ -191,6 +200,9 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
                 # The sweep of dq_split 'rows' (50 kernels): 11 of the 18 with per-element dS^T
                 # stores spilled 1-2 registers (their swizzled addresses), none with stmatrix.
                 why = "P^T from registers, dq_split 'rows' and the per-element dS^T stores (use ds_store 'stmatrix')"
+            elif config.ds_store == "sts" and config.dkv_store == "tma":
+                # The sweep of dkv_store 'tma' (404 kernels): 3 of these 12 spilled 1-2 registers.
+                why = "P^T from registers, the per-element dS^T stores and dkv_store 'tma' (use ds_store 'stmatrix')"
             elif config.deterministic and problem.heads_q != problem.heads_kv:
                 why = "P^T from registers with the deterministic GQA dK/dV locks"
             elif config.stages < 2:

@@ -107,14 +107,22 @@ def test_main_kernel_codegen(hd, causal, gqa, config):
     from fa4.common import codegen_check as cc
 
     key = compile_key("bf16", hd, causal, gqa, config)
-    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4"])
+    ptx, cubin, ops = compile_and_read(
+        compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4", "UTMASTG.4D", "STG.E.U16"]
+    )
     assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
     # S^T of a consumer thread: 64 key rows x tile_m / 128 threads; masked and unmasked loops.
     assert ops["MUFU.EX2"] == 2 * 64 * config.tile_m // 128
     # dS^T of a consumer thread (64 keys x tile_m bf16) with ds_store 'stmatrix': one stmatrix.x4 per
-    # 16 of its bytes (masked and unmasked loops), and none otherwise.
+    # 16 of its bytes (masked and unmasked loops), and none otherwise. dkv_store 'tma' adds the dK and
+    # dV tiles (64 keys x hd bf16 each per thread's warpgroup: hd bytes per thread and tile).
     ds_bytes = 64 * config.tile_m * 2 // 128
-    assert ops["STSM.16.M88.4"] == (2 * ds_bytes // 16 if config.ds_store == "stmatrix" else 0), ops
+    tma = config.dkv_store == "tma"
+    stsm = (2 * ds_bytes // 16 if config.ds_store == "stmatrix" else 0) + (2 * hd // 16 if tma else 0)
+    assert ops["STSM.16.M88.4"] == stsm, ops
+    # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA) the element stores.
+    assert (ops["UTMASTG.4D"] > 0) == tma, ops
+    assert (ops["STG.E.U16"] > 0) == (not tma and not gqa), ops
 
     pops = cc.count_ops(
         cc.ptx_opcodes(ptx),

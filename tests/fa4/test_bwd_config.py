@@ -57,6 +57,12 @@ def test_dq_split_by_rows_needs_two_64_row_halves():
     assert any("dq_split 'rows'" in v and "tile_m 128" in v for v in violations(BwdConfigSm90(dq_split="rows"), prob))
 
 
+def test_dkv_tma_store_is_for_one_kv_head_per_query_head():
+    assert not violations(BwdConfigSm90(dkv_store="tma"), bwd(1024, 128))
+    gqa = Problem.standard(1024, 128, pass_="bwd", heads_kv=4)
+    assert any("dkv_store 'tma'" in v and "GQA" in v for v in violations(BwdConfigSm90(dkv_store="tma"), gqa))
+
+
 def test_unbuilt_choices_are_single_valued():
     specs = {s.name: s for s in knob_specs(BwdConfigSm90)}
     assert specs["cluster_exchange"].choices == (False,) and "not built" in specs["cluster_exchange"].doc

@@ -47,7 +47,7 @@ def test_grads_match_reference(check_bwd, hd, causal, det, shape):
 @pytest.mark.parametrize("change", [dict(stages=1), dict(dq_accum="red_v2"), dict(dq_accum="red"),
                                     dict(spt_order=False), dict(head_swizzle=4), dict(dv_operand="smem"),
                                     dict(tile_m=128, dv_operand="smem"), dict(ds_store="sts"),
-                                    dict(tile_m=128, dq_split="rows")])
+                                    dict(tile_m=128, dq_split="rows"), dict(dkv_store="tma")])
 def test_each_knob_alone(check_bwd, hd, causal, change):
     import torch
 
