@@ -62,6 +62,14 @@ BWD_COLUMNS = {"ours": ("fa4", False), "ours det": ("fa4", True), "ref FA4": ("f
 # check_*.py logs carry no date: these are the times the H200 runs' outputs came back (session 2),
 # minutes before commit b787737 added the logs to bench/logs/.
 MEASURED_AT = {BWD_LOG.name: "2026-11-30T05:26:33+00:00", FWD_LOG.name: "2026-11-30T05:27:36+00:00"}
+# The knobs a log's provider ran with where they differ from today's default (the logs name no
+# config: they ran the default of their day). Our backward's default moved after session 2 (query
+# tile 128 at hd64, stmatrix dS stores, the dQ GEMM split by rows, the deterministic head swizzle);
+# check_bwd5.log measured the session-2 kernel, which these knobs rebuild on today's default.
+MEASURED_WITH = {
+    BWD_LOG.name: {"fa4": {"tile_m": 64, "stages": 2, "ds_store": "sts", "dq_split": "head_dim",
+                           "dkv_store": "direct", "head_swizzle": 1}},
+}
 
 
 def _knob_cls(provider: str, problem: Problem):
@@ -219,20 +227,26 @@ def _table_log_rows(path: Path, device: dict, defaults: dict[tuple[str, int], di
     return out
 
 
-def _provider_default(provider: str, problem: Problem) -> dict | None:
+def _provider_default(provider: str, problem: Problem, pinned: dict | None = None) -> dict | None:
+    """The provider's default config for the problem, with the knobs in ``pinned`` set as given."""
+    import dataclasses
+
     from fa4.arch import SM90
     from tuner.providers import get_provider
 
     config = get_provider(provider).default_config(problem, SM90)
+    if config is not None and pinned:
+        config = dataclasses.replace(config, **pinned)
     return None if config is None else config_to_dict(config)
 
 
 def _check_log_rows(path: Path, device: dict, pass_: str, columns: dict[str, tuple[str, bool]]) -> list[dict]:
     """The measured cells of a check_fwd.py / check_bwd.py log (S, 16k tokens, heads*hd = 2048, bf16).
 
-    The configs are today's defaults, which are the ones these runs used: the logs were shipped
-    with the default changes they measured (fa4 fwd hd64 192x128 at 521 TFLOP/s is the +2.9% of
-    bench/logs/effects_s2_tile_n.log). A later change of a default must pin these configs here.
+    The configs are the defaults these runs used: the logs were shipped with the default changes
+    they measured (fa4 fwd hd64 192x128 at 521 TFLOP/s is the +2.9% of
+    bench/logs/effects_s2_tile_n.log), and where a default changed since, MEASURED_WITH pins the
+    knobs of the day.
     """
     log = parse_check_log(path.read_text())
     if (log["device"], log["torch"]) != (device["name"], device["torch"]):
@@ -251,7 +265,9 @@ def _check_log_rows(path: Path, device: dict, pass_: str, columns: dict[str, tup
                 continue  # missing or null: that provider did not run this shape
             problem = Problem.standard(row["S"], row["D"], causal=bool(row["causal"]), deterministic=deterministic,
                                        pass_=pass_)
-            out.append({"problem": problem, "provider": provider, "config": _provider_default(provider, problem),
+            pinned = MEASURED_WITH.get(path.name, {}).get(provider)
+            out.append({"problem": problem, "provider": provider,
+                        "config": _provider_default(provider, problem, pinned),
                         "tflops": float(row[column]), "created_at": created, "source": path.name})
     return out
 

@@ -188,6 +188,18 @@ def test_backward_log_gives_both_modes_of_ours_and_the_reference_and_sdpa_non_de
         assert ratio == pytest.approx(float(line["det/non-det"]), abs=5e-4)
     fa4_128 = (got[("fa4", False, 128, False)]["tflops"], got[("fa4", True, 128, False)]["tflops"])
     assert tuple(round(x) for x in fa4_128) == (507, 490)
+    # Labelled with the kernel that log ran (session 2's default), not with today's default.
+    from fa4.sm90.bwd_config import BwdConfigSm90, default_config, violations
+
+    for (provider, det, hd, causal), r in got.items():
+        if provider != "fa4":
+            continue
+        cfg = BwdConfigSm90(**r["config"])
+        assert (cfg.tile_m, cfg.stages, cfg.ds_store, cfg.dq_split, cfg.dkv_store, cfg.head_swizzle) == (
+            64, 2, "sts", "head_dim", "direct", 1)
+        prob = Problem.from_dict(r["problem"])
+        assert cfg.deterministic is det and not violations(cfg, prob)
+        assert cfg != default_config(prob)
 
 
 def test_check_log_parser_skips_failed_cells_and_rejects_variant_columns(tmp_path):
