@@ -246,27 +246,28 @@ def _emit(event: dict) -> None:
 
 def worker_main(spec: dict) -> int:
     """Tune every shape of ``spec`` on this process's GPU, sharing the studies with the others."""
-    from service.db import ResultsStore
-
     from .study import Tuner, resolve_provider
     from .worker import InProcessRunner, IsolatedRunner
 
     slot, k, n = spec["slot"], spec["index"], spec["n_workers"]
     provider = resolve_provider(spec["provider"])
+    # Virtual slots exist only for GPU-less providers; those cannot poison a CUDA context.
+    runner = IsolatedRunner() if provider.needs_gpu else InProcessRunner()
+    if provider.needs_gpu:
+        # The measuring process imports torch / the CuTe DSL / the kernels and makes its CUDA
+        # context (seconds: the path to the first trial) while this process imports the DB layer
+        # and opens the results DB and the studies.
+        runner.prestart(spec["provider"])
+    from service.db import ResultsStore
+
     problems = [Problem.from_dict(d) for d in spec["problems"]]
     order = worker_order(problems, k, n)
     store = ResultsStore.open(spec["db"])
-    # Virtual slots exist only for GPU-less providers; those cannot poison a CUDA context.
-    runner = IsolatedRunner() if provider.needs_gpu else InProcessRunner()
     t0 = spec.get("t0") or time.time()
 
     def stamp() -> str:
         return f"[{slot} +{time.time() - t0:.1f}s]"
 
-    if provider.needs_gpu:
-        # The measuring process imports torch / the CuTe DSL / the kernels and makes its CUDA
-        # context while this process opens the studies, instead of on the first trial's clock.
-        runner.prestart(spec["provider"])
     print(f"{stamp()} worker ready ({len(problems)} shapes)", file=sys.stderr, flush=True)
 
     def on_trial(t, study, trial):
