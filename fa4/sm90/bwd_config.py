@@ -241,7 +241,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
 
     Measured on the H200 (S=8192, bench/RESULTS.md): at hd64 tile_m 128 with P^T from registers is
     +7.5% (non-causal) / +6% (causal) over 64 (deterministic at tile_m 64 would be 0.84 of the
-    tile-128 non-deterministic kernel); dq_split 'rows' +1.4-2.3% / +3.6-3.8% over 'head_dim' at
+    tile-128 non-deterministic kernel); dq_split 'rows' +1.4-2.3% / +3.5-3.8% over 'head_dim' at
     that tile; stages 1 loses 12-25% and 3 is within noise; ds_stages 1 is within noise; dq_accum
     'red_v2' loses 8-22%; spt_order and head_swizzle 2 are within noise non-deterministic, head_swizzle
     4 loses 7-14% at hd128. Deterministic non-causal, where every key tile of a head adds into the
@@ -254,7 +254,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
         swizzle = 4 if problem.head_dim == 64 else 8
     for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
         for st in (2, 1):
-            for split in (("rows", "head_dim") if tm == 128 else ("head_dim",)):
+            for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
                 cand = BwdConfigSm90(
                     tile_m=tm, stages=st, dq_split=split, head_swizzle=swizzle, deterministic=problem.deterministic
                 )

@@ -1,6 +1,6 @@
 """Pre- and postprocess kernels of the Hopper backward.
 
-Preprocess, one thread per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PAD):
+Preprocess, per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PAD):
   D[row]     = sum_d dO[row, d] * O[row, d]            (fp32; 0 on padded rows)
   LSE2[row]  = LSE[row] * log2(e), and +inf where the forward saw no key (LSE = -inf) or on
                padded rows, so that P = 2^(S*scale*log2e - LSE2) is exactly 0 there instead
@@ -8,7 +8,7 @@ Preprocess, one thread per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PA
   dQacc[row] = 0
 Postprocess: out = acc * scale in the output dtype. dQ comes from an accumulator kept in the
 main kernel's fragment order (BwdPostprocessDq, below); the GQA dK/dV accumulators are row-major
-(BwdPostprocess, one thread per row).
+(BwdPostprocess).
 
 These are memory-bound: what matters is that every warp-wide load and store covers whole
 32-byte sectors (consecutive threads on consecutive 16 bytes of a row).
