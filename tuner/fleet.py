@@ -34,6 +34,8 @@ from pathlib import Path
 
 from fa4.problem import Problem
 
+from .device import cuda_device_count
+
 _VIRTUAL = re.compile(r"^cpu(\d+)$")
 EXIT_SLOT_BUSY = 3
 
@@ -58,12 +60,6 @@ class Slot:
 
 
 # ---- which devices ----------------------------------------------------------------------
-
-
-def gpu_count() -> int:
-    from .device import cuda_device_count
-
-    return cuda_device_count()
 
 
 def _gpu_uuids() -> dict[str, str]:
@@ -102,7 +98,7 @@ def parse_devices(spec: str, needs_gpu: bool, provider: str, visible: str | None
     if visible is not None and visible.strip() != "":
         entries = [e.strip() for e in visible.split(",") if e.strip()]
     else:
-        n = gpu_count() if count is None else count
+        n = cuda_device_count() if count is None else count
         entries = [] if visible is not None and visible.strip() == "" else [str(i) for i in range(n)]
     if count is not None:
         entries = entries[:count]
