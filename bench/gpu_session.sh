@@ -15,7 +15,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 out="${OUT:-bench/logs/session}"
 mkdir -p "$out"
 tune_db="sqlite:///$(cd "$out" && pwd)/tune.db"
-steps=("$@")
+steps=()
+for s in "$@"; do  # 'fleet': both runs and the report, in one call
+    if [ "$s" = fleet ]; then steps+=(fleet2 fleet1 fleet-report); else steps+=("$s"); fi
+done
 [ ${#steps[@]} -eq 0 ] && steps=(bwd-check gpu-tests fwd-check bwd-variants fwd-p-smem)
 summary=()
 
@@ -44,11 +47,9 @@ for s in "${steps[@]}"; do
                 --quick --no-check --seqlens 8192 ;;
         bwd-sweep) run bwd-sweep 420 python3 bench/check_bwd.py --no-check --seqlens 1024,2048,4096,8192,16384 \
             --out "$out/bwd-sweep.json" ;;
-        fleet)  # issue 7, on nvidia-h200-x2: 1 vs 2 GPUs; the run folders are packed into one file
-            run fleet 560 python3 bench/fleet_scaling.py --out "$out/fleet" --trials 20
-            (cd "$out" && tar czf fleet.tgz fleet && rm -rf fleet) ;;
-        fleet2|fleet1)  # the same, one run per device call (each ~1.5-2.5 min), kept in /tmp/fleet on the
-            # warm machine; then 'fleet-report' compares them and packs the folders.
+        fleet2|fleet1)  # issue 7, on nvidia-h200-x2: the 2-GPU or the 1-GPU run (each ~1.5-2.5 min), kept
+            # in /tmp/fleet on the warm machine, so the two may go in separate device calls;
+            # 'fleet-report' compares them and packs the run folders into one file.
             run "$s" 400 python3 bench/fleet_scaling.py --out /tmp/fleet --trials 20 --runs "${s#fleet}" ;;
         fleet-report)
             run fleet-report 60 python3 bench/fleet_scaling.py --out /tmp/fleet --report
