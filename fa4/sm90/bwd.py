@@ -51,6 +51,7 @@ from fa4.common import bwd_schedule, mma, scheduling, semaphore
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
+from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view, make_dq_mma
 
@@ -364,16 +365,10 @@ class FlashBwdSm90:
         for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
             cpasync.prefetch_descriptor(atom)
         one = cute.make_layout(1)
-        gK = cute.flat_divide(mK, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
-        gV = cute.flat_divide(mV, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
-        gQ = cute.flat_divide(mQ, (self.tile_m, d))[None, None, None, 0, head, batch]
-        gdO = cute.flat_divide(mdO, (self.tile_m, d))[None, None, None, 0, head, batch]
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
-        tdOsdO, tdOgdO = cpasync.tma_partition(
-            tma_do, 0, one, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2)
-        )
+        tKsK, tKgK = seq_tiles(tma_k, mK, sK, (self.tile_n, d), head_kv, batch)
+        tVsV, tVgV = seq_tiles(tma_v, mV, sV, (self.tile_n, d), head_kv, batch)
+        tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (self.tile_m, d), head, batch)
+        tdOsdO, tdOgdO = seq_tiles(tma_do, mdO, sdO, (self.tile_m, d), head, batch)
         gLSE = cute.flat_divide(mLSE2, (self.tile_m,))[None, None, head, batch]
         gDsum = cute.flat_divide(mDsum, (self.tile_m,))[None, None, head, batch]
         tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, one, cute.group_modes(sLSE, 0, 1), cute.group_modes(gLSE, 0, 1))
@@ -757,12 +752,8 @@ class FlashBwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
         if ctid == 0:
-            one = cute.make_layout(1)
-            d = self.head_dim
-            gdK = cute.flat_divide(mdK, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
-            gdV = cute.flat_divide(mdV, (self.tile_n, d))[None, None, None, 0, head_kv, batch]
-            tKs, tKg = cpasync.tma_partition(tma_dk, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gdK, 0, 2))
-            tVs, tVg = cpasync.tma_partition(tma_dv, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gdV, 0, 2))
+            tKs, tKg = seq_tiles(tma_dk, mdK, sK, (self.tile_n, self.head_dim), head_kv, batch)
+            tVs, tVg = seq_tiles(tma_dv, mdV, sV, (self.tile_n, self.head_dim), head_kv, batch)
             cute.copy(tma_dk, tKs[None, 0], tKg[None, n_block])
             cute.copy(tma_dv, tVs[None, 0], tVg[None, n_block])
             cute.arch.cp_async_bulk_commit_group()

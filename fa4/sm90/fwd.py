@@ -32,6 +32,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from fa4.common import convert, masking, mma, scheduling, softmax
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
+from fa4.common.tma import seq_tiles
 from fa4.sm90.fwd_config import (
     REG_SPLIT,
     ROWS_PER_WG,
@@ -281,14 +282,8 @@ class FlashFwdSm90:
         n_block_max, _ = scheduling.kv_block_range(
             m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
         )
-        gQ = cute.flat_divide(mQ, (ROWS_PER_WG, self.head_dim))[None, None, None, 0, head, batch]
-        tQsQ, tQgQ = cpasync.tma_partition(
-            tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)
-        )
-        gK = cute.flat_divide(mK, (self.tile_n, self.head_dim))[None, None, None, 0, head_kv, batch]
-        tKsK, tKgK = cpasync.tma_partition(
-            tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2)
-        )
+        tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (ROWS_PER_WG, self.head_dim), head, batch)
+        tKsK, tKgK = seq_tiles(tma_k, mK, sK, (self.tile_n, self.head_dim), head_kv, batch)
         gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))[None, None, 0, None, head_kv, batch]
         tVsV, tVgV = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
@@ -479,10 +474,7 @@ class FlashFwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPILOGUE + cwg, number_of_threads=THREADS_PER_WG)
         if ctid < 32:
-            gO = cute.flat_divide(mO, (ROWS_PER_WG, self.head_dim))[None, None, None, 0, head, batch]
-            tOsO_tma, tOgO = cpasync.tma_partition(
-                tma_o, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gO, 0, 2)
-            )
+            tOsO_tma, tOgO = seq_tiles(tma_o, mO, sQ, (ROWS_PER_WG, self.head_dim), head, batch)
             cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * self.num_wg + cwg])
             cute.arch.cp_async_bulk_commit_group()
             # The CTA must not retire (nor, persistent, the producer refill this buffer with the
