@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
@@ -69,6 +71,27 @@ def make_engine(url: URL) -> Engine:
     return engine
 
 
+def retry_locked(statement, timeout_s: float, first_delay_s: float = 0.005):
+    """Run ``statement`` again while SQLite answers "database is locked", up to ``timeout_s``.
+
+    For the switch of a fresh file to WAL: it needs the file to itself, and when several
+    processes open a new database at once, SQLite refuses it at once instead of waiting on
+    busy_timeout (a connection holding a shared lock while another waits to write would
+    deadlock), seen in tests/service/test_db.py's concurrent writers. WAL persists in the file,
+    so a retry finds it switched by another process, or the file free.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = first_delay_s
+    while True:
+        try:
+            return statement()
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2 * delay, 0.1)
+
+
 def _tune_sqlite(engine: Engine, wal: bool) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
@@ -83,7 +106,7 @@ def _tune_sqlite(engine: Engine, wal: bool) -> None:
             cur.execute("PRAGMA foreign_keys = ON")
             if wal:
                 # WAL lets readers (the service, dashboards) proceed while a tuner writes.
-                cur.execute("PRAGMA journal_mode = WAL")
+                retry_locked(lambda: cur.execute("PRAGMA journal_mode = WAL"), SQLITE_BUSY_TIMEOUT_S)
                 # In WAL mode NORMAL never corrupts; it only risks the last commits on power loss.
                 cur.execute("PRAGMA synchronous = NORMAL")
         finally:

@@ -428,3 +428,41 @@ def test_concurrent_writers_and_readers_never_hit_locked_database(db_url, tmp_pa
             assert trials == list(range(per_writer))
         best = store.best(H200["name"], "toy", Problem.standard(4096, 128))
         assert best["tflops"] == 1000.0 * (writers - 1) + per_writer - 1
+
+
+def test_wal_switch_is_retried_while_sqlite_answers_locked():
+    """SQLite refuses the switch of a fresh file to WAL at once (no busy wait) while another
+    process opening the same new file holds a lock: the connection hook retries it."""
+    import sqlite3
+
+    from service.db.engine import retry_locked
+
+    calls = []
+
+    def statement():
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return "wal"
+
+    assert retry_locked(statement, timeout_s=5.0, first_delay_s=0.001) == "wal"
+    assert len(calls) == 3 and calls[2] - calls[0] >= 0.003  # waited 1 ms, then 2 ms
+
+    def other_error():
+        calls.append(0)
+        raise sqlite3.OperationalError("no such table: x")
+
+    calls.clear()
+    with pytest.raises(sqlite3.OperationalError, match="no such table"):
+        retry_locked(other_error, timeout_s=5.0)
+    assert calls == [0]  # only "locked" is retried
+
+    def always_locked():
+        calls.append(time.monotonic())
+        raise sqlite3.OperationalError("database is locked")
+
+    calls.clear()
+    t0 = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        retry_locked(always_locked, timeout_s=0.2, first_delay_s=0.01)
+    assert 0.1 <= time.monotonic() - t0 <= 1.0 and len(calls) > 2  # gave up at the deadline
