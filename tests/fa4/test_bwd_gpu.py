@@ -23,12 +23,19 @@ def check_bwd():
     return mod
 
 
-def _config(hd, causal, det, change):
+def _problem(shape, hd, causal, det):
     from fa4.problem import Problem
+
+    b, sq, sk, hq, hkv = shape
+    return Problem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
+                   causal=causal, deterministic=det, pass_="bwd")
+
+
+def _config(shape, hd, causal, det, change):
+    """The default config of this very problem (GQA changes it: dK/dV by reductions) with ``change``."""
     from fa4.sm90.bwd_config import default_config
 
-    base = default_config(Problem.standard(1024, hd, causal=causal, deterministic=det, pass_="bwd"))
-    return dataclasses.replace(base, **change)
+    return dataclasses.replace(default_config(_problem(shape, hd, causal, det)), **change)
 
 
 @pytest.mark.parametrize("hd", [64, 128])
@@ -38,7 +45,7 @@ def _config(hd, causal, det, change):
 def test_grads_match_reference(check_bwd, hd, causal, det, shape):
     import torch
 
-    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, _config(hd, causal, det, {}))
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, _config(shape, hd, causal, det, {}))
     assert ok, info
 
 
@@ -47,17 +54,17 @@ def test_grads_match_reference(check_bwd, hd, causal, det, shape):
 @pytest.mark.parametrize("change", [dict(stages=1), dict(dq_accum="red_v2"), dict(dq_accum="red"),
                                     dict(spt_order=False), dict(head_swizzle=4), dict(dv_operand="smem"),
                                     dict(tile_m=128, dv_operand="smem"), dict(ds_store="sts"),
-                                    dict(tile_m=128, dq_split="rows"), dict(dkv_store="tma")])
+                                    dict(tile_m=128, dq_split="rows"), dict(dkv_store="direct")])
 def test_each_knob_alone(check_bwd, hd, causal, change):
     import torch
 
-    from fa4.problem import Problem
     from fa4.sm90.bwd_config import violations
 
-    cfg = _config(hd, causal, False, change)
-    if violations(cfg, Problem.standard(1024, hd, causal=causal, pass_="bwd")):
+    shape = check_bwd.variant_shape(change)
+    cfg = _config(shape, hd, causal, False, change)
+    if violations(cfg, _problem(shape, hd, causal, False)):
         pytest.skip(f"{change} infeasible at hd{hd}")
-    ok, info = check_bwd.check_case(1, 1000, 1000, 8, 2, hd, causal, torch.bfloat16, cfg)
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
     assert ok, info
 
 
@@ -69,11 +76,10 @@ def test_each_knob_alone(check_bwd, hd, causal, change):
 def test_deterministic_bitwise(check_bwd, hd, causal, dq_accum, spt, shape):
     import torch
 
-    from fa4.problem import Problem
     from fa4.sm90.bwd_config import violations
 
-    cfg = _config(hd, causal, True, dict(dq_accum=dq_accum, spt_order=spt))
-    if violations(cfg, Problem.standard(1024, hd, causal=causal, deterministic=True, pass_="bwd")):
+    cfg = _config(shape, hd, causal, True, dict(dq_accum=dq_accum, spt_order=spt))
+    if violations(cfg, _problem(shape, hd, causal, True)):
         pytest.skip(f"dq_accum {dq_accum} infeasible at hd{hd}")
     ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
     assert ok, info
