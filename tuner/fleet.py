@@ -197,7 +197,13 @@ def compile_class(problem: Problem) -> tuple:
 
 def worker_order(problems: list[Problem], k: int, n: int) -> list[Problem]:
     """The order in which worker ``k`` of ``n`` visits the shapes: its own share first, then the
-    others' (it helps where studies are not full yet).
+    others' (it helps where studies are not full yet)."""
+    shares = worker_shares(problems, n)
+    return shares[k] + [p for j in range(1, n) for p in shares[(k + j) % n]]
+
+
+def worker_shares(problems: list[Problem], n: int) -> list[list[Problem]]:
+    """The shapes each of ``n`` workers owns (tunes first).
 
     A trial's cost is mostly the compile of a config not seen before (1.2-1.8 s for the reference
     FA4 on the H200 host, 0.3-0.4 s when the kernel is already compiled in that process: measured
@@ -227,9 +233,20 @@ def worker_order(problems: list[Problem], k: int, n: int) -> list[Problem]:
             ws, workers = workers[:c], workers[c:]
             for j, w in enumerate(ws):
                 shares[w].extend(g[j * len(g) // c:(j + 1) * len(g) // c])
-    own = shares[k]
-    rest = [p for j in range(1, n) for p in shares[(k + j) % n]]
-    return own + rest
+    return shares
+
+
+def sampler_seed(base: int, sampler: str, owner: bool, k: int) -> int:
+    """The seed of worker ``k``'s sampler on a study. The worker that owns the study uses ``base``,
+    the seed a plain single-GPU run uses for every study: the sampler's start-up proposals are then
+    the same whatever the fleet size (the same kernels compiled, winners comparable across runs),
+    and shapes of one compile class, owned by one worker, get the same ones (compiled once for all
+    of them). A worker that helps on another's study takes its own seed, so the two do not
+    propose the same configs in lockstep. The grid keeps one seed: it shuffles the grid's
+    numbering of points."""
+    if sampler == "grid" or owner:
+        return base
+    return base + 1 + k
 
 
 # ---- the worker process -----------------------------------------------------------------
@@ -258,6 +275,7 @@ def worker_main(spec: dict) -> int:
 
     problems = [Problem.from_dict(d) for d in spec["problems"]]
     order = worker_order(problems, k, n)
+    own = {p.key() for p in worker_shares(problems, n)[k]}
     store = ResultsStore.open(spec["db"])
     t0 = spec.get("t0") or time.time()
 
@@ -273,16 +291,14 @@ def worker_main(spec: dict) -> int:
         print(f"{stamp()} {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
               f"{what}{dup}", file=sys.stderr, flush=True)
 
-    # Different seeds keep TPE/random workers from proposing the same configs in lockstep;
-    # the grid must keep one seed, since the seed shuffles the grid's numbering of points.
-    seed = spec["seed"] + (k if spec["sampler"] != "grid" else 0)
     try:
         # First round: take what is free, shape after shape. Second round: wait until
         # every study is full, taking over trials of workers that died.
         for final in (False, True):
             for problem in order:
                 t = Tuner(provider, problem, store=store, storage=spec["storage"], sampler=spec["sampler"],
-                          trials=spec["trials"], runner=runner, seed=seed,
+                          trials=spec["trials"], runner=runner,
+                          seed=sampler_seed(spec["seed"], spec["sampler"], problem.key() in own, k),
                           provider_spec=spec["provider"], worker=slot, parallel=True,
                           heartbeat_s=spec.get("heartbeat_s"))
                 res = t.run(on_trial=on_trial, wait=final)

@@ -327,6 +327,37 @@ def test_workers_take_whole_compile_classes_first(n):
     assert max(counts) - min(counts) <= 3
 
 
+def test_a_study_gets_the_same_proposals_whatever_the_fleet_size(tmp_path):
+    """The worker that owns a study samples with the seed a single-GPU run uses, so 1 and 2 GPUs
+    propose the same configs there (the same kernels compiled, winners comparable); a worker that
+    helps on another's study samples with a seed of its own, not in lockstep with the owner."""
+    from tuner.fleet import sampler_seed, worker_shares
+    from tuner.study import default_storage
+
+    problems = [RECORDED[0], RECORDED[2]]  # two compile classes (hd64, hd128): one per worker
+    seqs = {}
+    for devices in ("cpu0", "cpu0,cpu1"):
+        db = f"sqlite:///{tmp_path / (devices + '.db')}"
+        r = fa4_tune("--shapes", shapes_file(tmp_path, problems), "--provider", "replay", "--devices", devices,
+                     "--sampler", "random", "--trials", "12", "--db", db, "--json",
+                     env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks")})
+        assert r.returncode == 0, r.stderr
+        owners = {p.key(): f"cpu{k}" for k, share in enumerate(worker_shares(problems, devices.count(",") + 1))
+                  for p in share}
+        for res in json.loads(r.stdout)["results"]:
+            key = Problem.from_dict(res["problem"]).key()
+            trials = sorted(load(default_storage(db), res["study_name"]).trials, key=lambda t: t.number)
+            # The owner's own proposals, in its order (the enqueued default is not a proposal).
+            seqs[devices, key] = [t.params for t in trials if t.user_attrs.get("worker") == owners[key]
+                                  and not t.user_attrs.get("enqueued_default")]
+    for p in problems:
+        one, two = seqs["cpu0", p.key()], seqs["cpu0,cpu1", p.key()]
+        assert len(two) >= 6 and two == one[:len(two)], (p.key(), one, two)
+    assert sampler_seed(0, "random", True, 1) == 0 != sampler_seed(0, "random", False, 1)
+    assert sampler_seed(0, "random", False, 0) != sampler_seed(0, "random", False, 1)
+    assert sampler_seed(5, "grid", False, 1) == 5
+
+
 def test_preflight_failure_stops_the_started_workers(tmp_path, monkeypatch):
     # The parent's provider check runs while the workers start (its imports overlap theirs); when it
     # says no, the workers are killed and the caller gets the reason, not a half-run fleet.
