@@ -73,3 +73,16 @@ class WarmupProbe(ReplayProvider):
         m = super().measure(problem, config, settings)
         m.reason = f"pid={os.getpid()} warmed={self.warmed}"
         return m
+
+
+class SlowTeardown(ReplayProvider):
+    """Replays the real H200 recording; the process it measures in takes $FA4_TEST_TEARDOWN_S
+    seconds to shut down (an atexit hook, like the CUDA and compiler teardown of a real provider)."""
+
+    name = "slow-teardown"
+
+    def warmup(self) -> None:
+        import atexit
+        import time
+
+        atexit.register(time.sleep, float(os.environ.get("FA4_TEST_TEARDOWN_S", "5")))

@@ -282,3 +282,24 @@ def test_failed_warmup_is_reported_and_measuring_goes_on(monkeypatch):
         m = r.run(spec, problem, cfg, Settings(target_ms=30, warmup_ms=20))
     assert "warm-up failed on purpose" in r.warm_result
     assert m.status == OK and m.reason.endswith("warmed=False")
+
+
+def test_close_stops_the_measuring_process_without_its_teardown(monkeypatch):
+    """At the end of a run the measuring process exits at once, cleanly (exit code 0), instead of
+    running its teardown into close()'s grace and a SIGKILL: seconds at the end of every run."""
+    import time
+
+    from tuner.worker import CLOSE_GRACE_S, IsolatedRunner
+
+    monkeypatch.setenv("FA4_TEST_TEARDOWN_S", "5")
+    spec = "tests.tuner.fake_providers:SlowTeardown"
+    problem, cfg = _recorded_case()
+    r = IsolatedRunner(timeout_s=120)
+    r.prestart(spec)
+    assert r.run(spec, problem, cfg, Settings(target_ms=30, warmup_ms=20)).status == OK
+    proc = r._proc
+    t = time.monotonic()
+    r.close()
+    took = time.monotonic() - t
+    assert proc.exitcode == 0, f"measuring process ended with {proc.exitcode} (killed, not exited)"
+    assert took < CLOSE_GRACE_S / 2, f"close() took {took:.2f} s"
