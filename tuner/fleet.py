@@ -284,12 +284,22 @@ def worker_main(spec: dict) -> int:
 
     print(f"{stamp()} worker ready ({len(problems)} shapes)", file=sys.stderr, flush=True)
 
+    warm_logged = False
+
     def on_trial(t, study, trial):
+        nonlocal warm_logged
+        if not warm_logged and getattr(runner, "warm_s", None) is not None:
+            warm_logged = True
+            print(f"{stamp()} measuring process had warmed up in {runner.warm_s:.1f} s ({runner.warm_result})",
+                  file=sys.stderr, flush=True)
         ua = trial.user_attrs
         what = f"{trial.value:.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
         dup = f" (= trial {ua['duplicate_of']})" if "duplicate_of" in ua else ""
+        # Where a measured trial's time went: a new kernel's compile shows in 'build'.
+        took = ("  [" + " ".join(f"{k} {v:.2f}s" for k, v in ua["phases"].items()) + "]"
+                if ua.get("phases") and "duplicate_of" not in ua else "")
         print(f"{stamp()} {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
-              f"{what}{dup}", file=sys.stderr, flush=True)
+              f"{what}{dup}{took}", file=sys.stderr, flush=True)
 
     try:
         # First round: take what is free, shape after shape. Second round: wait until

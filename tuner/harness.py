@@ -56,6 +56,9 @@ class Measurement:
     tflops: float | None = None
     error: float | None = None
     ref_error: float | None = None
+    # Seconds per phase of this measurement in the measuring process: 'build' (compile and
+    # first run), 'check' (against the reference), 'time'. Where a tuning run's time goes.
+    phases: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.status not in STATUSES:
@@ -318,6 +321,15 @@ def measure(provider, problem: Problem, config, settings: Settings) -> Measureme
     import torch
 
     first_call = True
+    phases: dict[str, float] = {}
+    t0 = time.perf_counter()
+
+    def phase(name: str) -> None:
+        nonlocal t0
+        now = time.perf_counter()
+        phases[name] = round(now - t0, 3)
+        t0 = now
+
     try:
         q, k, v, do = make_inputs(problem, settings.seed)
         if problem.pass_ == "fwd":
@@ -327,6 +339,7 @@ def measure(provider, problem: Problem, config, settings: Settings) -> Measureme
         out = fn()
         torch.cuda.synchronize()
         first_call = False
+        phase("build")
         if settings.check:
             if problem.pass_ == "fwd":
                 err, ref_err = fwd_errors(problem, out, q, k, v, settings)
@@ -338,13 +351,16 @@ def measure(provider, problem: Problem, config, settings: Settings) -> Measureme
                     reason=f"max abs error {err:.3g} > 2 x PyTorch's {ref_err:.3g} + {settings.atol:g}",
                     error=err,
                     ref_error=ref_err,
+                    phases=dict(phases, check=round(time.perf_counter() - t0, 3)),
                 )
+            phase("check")
         else:
             err = ref_err = None
         del out
         samples = time_callable(fn, settings)
+        phase("time")
     except Exception as e:  # every failure is a result, never a crash of the study
-        return Measurement(classify_exception(e, first_call), reason=short_reason(e))
+        return Measurement(classify_exception(e, first_call), reason=short_reason(e), phases=phases)
     med, iqr = sample_stats(samples)
     return Measurement(
         OK,
@@ -354,4 +370,5 @@ def measure(provider, problem: Problem, config, settings: Settings) -> Measureme
         tflops=tflops(problem, med),
         error=err,
         ref_error=ref_err,
+        phases=phases,
     )

@@ -276,7 +276,7 @@ class Tuner:
                 ref_error=m.ref_error,
             )
             trial.set_user_attr("measured", True)
-            for k in ("status", "reason", "median_ms", "iqr_ms", "tflops", "error"):
+            for k in ("status", "reason", "median_ms", "iqr_ms", "tflops", "error", "phases"):
                 trial.set_user_attr(k, getattr(m, k))
             if not m.ok:
                 raise optuna.TrialPruned(f"{m.status}: {m.reason}")

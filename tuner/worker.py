@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 import traceback
 
 from fa4.problem import Problem
@@ -59,11 +60,12 @@ def _serve(conn) -> None:
             sys.stderr.flush()
             os._exit(0)
         if "warm" in msg:
+            t0 = time.perf_counter()
             try:
                 get_provider(msg["warm"]).warmup()
-                conn.send({"warm": "ok"})
+                conn.send({"warm": "ok", "s": time.perf_counter() - t0})
             except Exception as e:  # the first real measurement reports the failure
-                conn.send({"warm": f"{type(e).__name__}: {e}"[:300]})
+                conn.send({"warm": f"{type(e).__name__}: {e}"[:300], "s": time.perf_counter() - t0})
             continue
         try:
             provider = get_provider(msg["provider"])
@@ -101,6 +103,7 @@ class IsolatedRunner:
         self._started = False
         self._warming = False  # a warm-up reply is still to be read before the next result
         self.warm_result: str | None = None
+        self.warm_s: float | None = None  # how long the measuring process took to warm up
 
     def _start(self) -> None:
         if self._started:
@@ -134,7 +137,8 @@ class IsolatedRunner:
             return
         self._warming = False
         if self._conn.poll(timeout):
-            self.warm_result = self._conn.recv().get("warm")
+            reply = self._conn.recv()
+            self.warm_result, self.warm_s = reply.get("warm"), reply.get("s")
         else:
             # Warm-up hangs: start over; the real request then runs in a fresh process.
             self.warm_result = f"no warm-up reply within {timeout:g} s"

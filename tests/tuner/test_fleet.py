@@ -292,6 +292,9 @@ def test_two_workers_halve_the_trial_phase(tmp_path):
         lines = re.findall(r"^\[cpu\d \+([0-9.]+)s\] \S+ trial \d+: (\w+)", r.stderr, flags=re.M)
         assert len(lines) >= 16, r.stderr[-2000:]  # 2 shapes x 8 trials (+ a grid point handed out twice)
         assert sum(st == "ok" for _, st in lines) >= 12, r.stderr[-2000:]  # the rest pruned as infeasible
+        # Each measured trial's line says where its time went (here: the 0.6 s "timing").
+        timed = re.findall(r"^\[cpu\d \+[0-9.]+s\] \S+ trial \d+: ok .*\[time ([0-9.]+)s\]$", r.stderr, flags=re.M)
+        assert len(timed) >= 12 and all(0.6 <= float(x) < 1.2 for x in timed), r.stderr[-2000:]
         stamps = [float(t) for t, _ in lines]
         spans[devices] = max(stamps) - min(stamps)
     # ~14 sleeps of 0.6 s: ~8.5 s on one worker, about half on two.

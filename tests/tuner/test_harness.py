@@ -168,6 +168,37 @@ def test_measurement_round_trip():
     assert Measurement(INCORRECT, reason="x").ok is False
 
 
+def test_measure_reports_where_its_time_went(monkeypatch):
+    """measure() times its phases: the build (compile and first run), the check against the
+    reference and the timing loop. Run here on CPU tensors with a provider whose build takes
+    0.3 s and a timing loop that takes 0.2 s."""
+    import time
+
+    import torch
+
+    from tuner import harness
+
+    problem = Problem.standard(256, 64, batch=1, heads_q=2)
+
+    class Provider:
+        def make_fwd(self, problem, config, q, k, v):
+            time.sleep(0.3)  # the compile of a kernel not seen before
+            return lambda: harness.reference_attention(problem, q, k, v, upcast=True).to(q.dtype)
+
+    make_inputs = harness.make_inputs
+    monkeypatch.setattr(harness, "make_inputs", lambda p, seed: make_inputs(p, seed, device="cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(harness, "time_callable", lambda fn, settings: time.sleep(0.2) or [1.0, 1.1, 0.9])
+    t = time.perf_counter()
+    m = harness.measure(Provider(), problem, None, Settings())
+    wall = time.perf_counter() - t
+    assert m.status == OK, m.reason
+    assert list(m.phases) == ["build", "check", "time"]
+    assert 0.3 <= m.phases["build"] < 0.3 + 0.25 and 0.2 <= m.phases["time"] < 0.2 + 0.25
+    assert sum(m.phases.values()) <= wall + 0.003  # each phase rounded to the millisecond
+    assert Measurement.from_dict(m.to_dict()) == m
+
+
 # ---- GPU ------------------------------------------------------------------------------
 
 SMALL = Problem.standard(1024, 128, batch=2, heads_q=4)
@@ -260,7 +291,7 @@ def test_prestart_warms_the_measuring_process_while_the_caller_works(monkeypatch
         m = r.run(spec, problem, cfg, settings)
         first = time.monotonic() - t
         m2 = r.run(spec, problem, cfg, settings)
-    assert r.warm_result == "ok"
+    assert r.warm_result == "ok" and 2.0 <= r.warm_s < 3.0
     assert m.status == OK and m.reason.endswith("warmed=True")
     assert m.reason.split()[0] == m2.reason.split()[0]  # the same (warmed) process measured both
     assert first < 1.5, f"first measurement waited {first:.2f} s: the warm-up was not overlapped"
