@@ -50,7 +50,8 @@ for s in "${steps[@]}"; do
         fleet2|fleet1)  # issue 7, on nvidia-h200-x2: the 2-GPU or the 1-GPU run (each ~1.5-2.5 min), kept
             # in /tmp/fleet on the warm machine, so the two may go in separate device calls;
             # 'fleet-report' compares them and packs the run folders into one file.
-            run "$s" 400 python3 bench/fleet_scaling.py --out /tmp/fleet --trials 20 --runs "${s#fleet}" ;;
+            # FLEET_TRIALS=40 (fa4-tune's default) for runs whose trial phase outweighs the fixed cost.
+            run "$s" 560 python3 bench/fleet_scaling.py --out /tmp/fleet --trials "${FLEET_TRIALS:-20}" --runs "${s#fleet}" ;;
         fleet-report)
             run fleet-report 60 python3 bench/fleet_scaling.py --out /tmp/fleet --report
             tar czf "$out/fleet.tgz" -C /tmp fleet ;;
