@@ -65,6 +65,38 @@ def cuda_device_count() -> int:
     return count.value
 
 
+def format_uuid(raw: bytes) -> str:
+    """The 16 bytes of a CUDA device UUID as nvidia-smi and CUDA_VISIBLE_DEVICES write it."""
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_device_uuids() -> tuple[str, ...]:
+    """The UUID of each GPU the CUDA driver shows this process, by CUDA ordinal (the numbering
+    CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER give it, which is what a worker started with
+    CUDA_VISIBLE_DEVICES=<ordinal> gets). From the driver API, like cuda_device_count: no
+    nvidia-smi process on the path to the workers' start. Empty without a driver."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return ()
+    count = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return ()
+    get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
+    out = []
+    for i in range(count.value):
+        dev = ctypes.c_int(0)
+        raw = (ctypes.c_ubyte * 16)()
+        if lib.cuDeviceGet(ctypes.byref(dev), i) != 0 or get_uuid(raw, dev) != 0:
+            return ()
+        out.append(format_uuid(bytes(raw)))
+    return tuple(out)
+
+
 def has_cuda() -> bool:
     """A CUDA GPU is visible to this process (whether torch can use it is the provider's check)."""
     return cuda_device_count() > 0

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from fa4.problem import Problem
 
-from .device import cuda_device_count
+from .device import cuda_device_count, cuda_device_uuids
 
 _VIRTUAL = re.compile(r"^cpu(\d+)$")
 EXIT_SLOT_BUSY = 3
@@ -60,17 +60,6 @@ class Slot:
 
 
 # ---- which devices ----------------------------------------------------------------------
-
-
-def _gpu_uuids() -> dict[str, str]:
-    """nvidia-smi's index -> UUID, so a GPU locked by index and one by UUID are the same lock."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    pairs = (line.split(",") for line in out.stdout.splitlines() if "," in line)
-    return {i.strip(): u.strip() for i, u in pairs} if out.returncode == 0 else {}
 
 
 def parse_devices(spec: str, needs_gpu: bool, provider: str, visible: str | None = None,
@@ -117,7 +106,8 @@ def parse_devices(spec: str, needs_gpu: bool, provider: str, visible: str | None
             if i in ordinals:
                 raise FleetError(f"--devices lists GPU {i} twice: one timing worker per GPU")
             ordinals.append(i)
-    uuids = _gpu_uuids() if uuids is None else uuids
+    if uuids is None:  # each visible entry's UUID, by CUDA ordinal, from the driver
+        uuids = dict(zip(entries, cuda_device_uuids()))
     slots = []
     for i in ordinals:
         phys = entries[i]

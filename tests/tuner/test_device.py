@@ -26,6 +26,18 @@ class FakeDriver:
         ctypes.cast(ref, ctypes.POINTER(ctypes.c_int))[0] = self.count
         return 0
 
+    def cuDeviceGet(self, ref, ordinal):
+        if not 0 <= ordinal < self.count:
+            return 101  # CUDA_ERROR_INVALID_DEVICE
+        ctypes.cast(ref, ctypes.POINTER(ctypes.c_int))[0] = 100 + ordinal  # a handle, not the ordinal
+        return 0
+
+    def cuDeviceGetUuid_v2(self, raw, dev):
+        self.calls.append(("cuDeviceGetUuid_v2", dev.value))
+        for j, b in enumerate(bytes([dev.value - 100]) * 16):
+            raw[j] = b
+        return 0
+
 
 @pytest.fixture
 def driver(monkeypatch):
@@ -38,10 +50,12 @@ def driver(monkeypatch):
 
         monkeypatch.setattr(ctypes, "CDLL", cdll)
         device.cuda_device_count.cache_clear()
+        device.cuda_device_uuids.cache_clear()
         return lib
 
     yield install
     device.cuda_device_count.cache_clear()
+    device.cuda_device_uuids.cache_clear()
 
 
 def test_counts_what_the_driver_reports(driver):
@@ -73,3 +87,18 @@ def test_asking_does_not_import_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out
+
+
+def test_uuids_by_cuda_ordinal_lock_the_gpus_the_workers_get(driver):
+    """--devices locks each GPU by its UUID, asked from the driver by CUDA ordinal: the ordinal a
+    worker's CUDA_VISIBLE_DEVICES names (no nvidia-smi, whose numbering is PCI order)."""
+    assert device.format_uuid(bytes(range(16))) == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    driver(FakeDriver(2))
+    assert device.cuda_device_uuids() == ("GPU-" + "-".join(["00" * 4, "00" * 2, "00" * 2, "00" * 2, "00" * 6]),
+                                          "GPU-" + "-".join(["01" * 4, "01" * 2, "01" * 2, "01" * 2, "01" * 6]))
+    slots = fleet.parse_devices("1,0", True, "fa4", visible="4,6")
+    assert [(s.name, s.cuda_visible, s.lock_key) for s in slots] == [
+        ("gpu1", "6", device.cuda_device_uuids()[1]), ("gpu0", "4", device.cuda_device_uuids()[0])]
+    driver(None)
+    assert device.cuda_device_uuids() == ()
+    assert [s.lock_key for s in fleet.parse_devices("0", True, "fa4", visible="3")] == ["3"]
