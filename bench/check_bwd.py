@@ -97,7 +97,9 @@ def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, runs=10):
         again = flash_attn_bwd(dout, q, k, v, out, lse, None, causal, True, config)
         same += all(torch.equal(a, b) for a, b in zip(first, again))
     torch.cuda.synchronize()
-    return same == runs - 1, dict(identical_runs=same + 1, runs=runs)
+    # Reproducible and right: a deterministic kernel that is wrong the same way each time fails.
+    right, info = grads_match_reference(first, q, k, v, dout, causal, 1.0 / math.sqrt(D))
+    return same == runs - 1 and right, dict(identical_runs=same + 1, runs=runs, **info)
 
 
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (2, 128, 128, 2, 2), (3, 65, 1, 2, 1)]

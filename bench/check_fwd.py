@@ -46,7 +46,8 @@ def reference(q, k, v, causal, scale, dtype=torch.float32):
 
 
 def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, scale_mult=1.0):
-    torch.manual_seed(int(time.time() * 1e6) % (2**31))
+    seed = int(time.time() * 1e6) % (2**31)
+    torch.manual_seed(seed)
     q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype) * scale_mult
     k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype) * scale_mult
     v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype)
@@ -63,7 +64,7 @@ def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, scale_mult=1.0):
     lse_err = (lse[fin] - ref_lse[fin]).abs().max().item() if fin.any() else 0.0
     lse_masked_ok = bool((lse[~fin] == float("-inf")).all().item()) if (~fin).any() else True
     ok = (not nan) and err <= 2 * err_pt + 1e-4 and lse_err <= 1e-3 and lse_masked_ok
-    return ok, dict(err=err, err_torch=err_pt, lse_err=lse_err, nan=nan, lse_masked_ok=lse_masked_ok)
+    return ok, dict(seed=seed, err=err, err_torch=err_pt, lse_err=lse_err, nan=nan, lse_masked_ok=lse_masked_ok)
 
 
 def correctness(quick, base_change=None):

@@ -35,6 +35,8 @@ def test_short_load_run_against_a_seeded_service(tmp_path):
     assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
 
 
-def test_refuses_non_loopback_targets():
-    with pytest.raises(SystemExit):
+def test_refuses_non_loopback_targets(capsys):
+    with pytest.raises(SystemExit) as exc:
         _bench().main(["--url", "http://example.com:8000", "--duration", "1"])
+    assert exc.value.code == 2  # a usage error, before any request
+    assert "only loopback targets are allowed, not 'example.com'" in capsys.readouterr().err

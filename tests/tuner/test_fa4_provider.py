@@ -37,7 +37,8 @@ def test_knob_class_follows_the_pass():
     # A forward config offered for a backward problem (or the reverse) is refused by name.
     assert p.violations(FwdConfigSm90(), BWD, SM90) == ["a bwd config of fa4 is a BwdConfigSm90, got FwdConfigSm90"]
     assert "FwdConfigSm90" in p.violations(BwdConfigSm90(), FWD, SM90)[0]
-    assert p.problem_errors(Problem.standard(4096, 96, pass_="bwd"))
+    assert p.problem_errors(Problem.standard(4096, 96, pass_="bwd")) == [
+        "head_dim 96 not supported by fa4 (supported: (64, 128))"]
 
 
 @pytest.mark.parametrize("problem", [BWD, BWD_DET, BWD_GQA])

@@ -1,5 +1,6 @@
 """Harness pure functions on CPU, and (marked) real measurements on a GPU."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -156,10 +157,13 @@ def test_bwd_gate_compares_all_three_gradients():
     grads = [g.to(torch.bfloat16) for g in torch.autograd.grad(o, (qf, kf, vf), do.float())]
     err, ref_err = harness.bwd_errors(p, grads, q, k, v, do, s)
     assert passes_error_rule(err, ref_err, s.atol)
-    grads[2] = grads[2].clone()
-    grads[2][0, 10, 1, 0] += 1.0  # a wrong dV element of kv head 1
-    err, _ = harness.bwd_errors(p, grads, q, k, v, do, s)
-    assert err >= 0.9
+    # One wrong element in any of the three gradients is caught: dQ of query head 3 (the last
+    # head of kv group 1), dK and dV of kv head 1.
+    for which, index in ((0, (0, 5, 3, 7)), (1, (0, 20, 1, 3)), (2, (0, 10, 1, 0))):
+        bad = [g.clone() for g in grads]
+        bad[which][index] += 1.0
+        err, ref_err = harness.bwd_errors(p, bad, q, k, v, do, s)
+        assert err >= 0.9 and not passes_error_rule(err, ref_err, s.atol), (which, err, ref_err)
 
 
 def test_measurement_round_trip():
@@ -224,6 +228,11 @@ def test_sdpa_backward_on_gpu():
     prob = Problem.standard(1024, 64, batch=1, heads_q=4, causal=True, pass_="bwd")
     m = get_provider("cudnn").measure(prob, None, Settings(target_ms=30, warmup_ms=20))
     assert m.status == OK, m.reason
+    assert m.error <= 2 * m.ref_error + Settings().atol  # all three gradients against fp32 autograd
+    assert len(m.samples_ms) >= 10 and list(m.phases) == ["build", "check", "time"]
+    # Backward FLOPs are 2.5x the forward's (the FlashAttention convention).
+    assert m.tflops == pytest.approx(prob.flops / (m.median_ms * 1e-3) / 1e12)
+    assert prob.flops == pytest.approx(2.5 * dataclasses.replace(prob, pass_="fwd").flops)
 
 
 @pytest.mark.gpu
@@ -259,7 +268,11 @@ def test_isolated_runner_on_gpu():
 
     with IsolatedRunner() as r:
         m = r.run("cudnn", SMALL, None, Settings(target_ms=30, warmup_ms=20))
+    # The whole measurement comes back over the pipe: checked, timed, its phases.
     assert m.status == OK, m.reason
+    assert m.error <= 2 * m.ref_error + Settings().atol
+    assert len(m.samples_ms) >= 10 and m.tflops == pytest.approx(SMALL.flops / (m.median_ms * 1e-3) / 1e12)
+    assert list(m.phases) == ["build", "check", "time"] and m.phases["time"] > 0
 
 
 def _recorded_case():

@@ -133,10 +133,15 @@ def test_feasible_counts_follow_head_dim():
     n128 = len(p.feasible_configs(HD128, SM90))
     n256 = len(p.feasible_configs(Problem.standard(8192, 256), SM90))
     assert n64 > n128 > n256 > 0
-    # Each rejected config says why.
+    # Each rejected config of the menu says why, and the reason is the budget it exceeds.
+    from tuner.providers.flash_attn4 import fwd_register_use, fwd_smem_bytes
+
     for c in iter_configs(RefFa4FwdKnobs):
         v = fwd_violations(c, HD128, SM90)
-        assert all(isinstance(r, str) and r for r in v)
+        used, budget = fwd_register_use(c, HD128)
+        want = (["registers"] if used > budget else []) + (
+            ["shared memory"] if fwd_smem_bytes(c, HD128) > SM90.smem_per_cta else [])
+        assert [r.split(":")[0] for r in v] == want, (c, v)
 
 
 def test_config_round_trip_and_validation():
