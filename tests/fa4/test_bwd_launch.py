@@ -34,15 +34,32 @@ def test_resolve_config():
         resolve_config(prob, "fast")
 
 
-def test_inputs_are_checked_before_any_launch():
+def test_inputs_are_checked_before_any_launch(monkeypatch):
     q, k, v = tensors()
     out = torch.empty_like(q)
     lse = torch.empty(1, 4, 100)
     with pytest.raises(ValueError, match="CUDA"):
         flash_attn_bwd(q, q, k, v, out, lse)
+    # The rest with the device check off (CPU tensors here), each with what it names. None of
+    # them may reach a compile or a launch: those are replaced by a failure.
+    from fa4.interface import validate
+    from fa4.sm90 import bwd_launch
+
+    monkeypatch.setattr(bwd_launch, "validate", lambda q, k, v: validate(q, k, v, require_cuda=False))
+    monkeypatch.setattr(bwd_launch, "_get", lambda *a: pytest.fail("compiled or launched after bad inputs"))
     q96, k96, v96 = tensors(d=96)
-    with pytest.raises(ValueError):
-        flash_attn_bwd(q96, q96, k96, v96, q96, lse)
+    cases = [
+        ((q96, q96, k96, v96, q96, lse), "head_dim 96 is not supported"),
+        ((q[:, :50], q, k, v, out, lse), "dout must match q in shape"),
+        ((q, q, k, v, out.half(), lse), "out must match q in shape, dtype"),
+        ((q, q, k, v, out, lse[:, :, :50]), r"lse must be fp32 of shape \(1, 4, 100\)"),
+        ((q, q, k, v, out, lse.double()), "lse must be fp32"),
+        ((q, q, k, v, out, lse), "infeasible config"),
+    ]
+    for args, match in cases:
+        kw = {"config": {"tile_m": 128, "stages": 1, "dv_operand": "rmem"}} if match == "infeasible config" else {}
+        with pytest.raises(ValueError, match=match):
+            flash_attn_bwd(*args, **kw)
 
 
 def test_padding_covers_every_tile():

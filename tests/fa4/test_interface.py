@@ -20,8 +20,23 @@ def test_cpu_tensors_are_rejected_by_device():
         validate(t(1, 8, 2, 64), t(1, 8, 2, 64), t(1, 8, 2, 64))
 
 
-def test_good_inputs_pass():
-    validate(t(2, 100, 8, 128), t(2, 77, 2, 128), t(2, 77, 2, 128), require_cuda=False)
+@pytest.mark.parametrize("q,k,v,want", [
+    # GQA with Sq != Sk; fp16; one query against many keys; MQA at head_dim 64; a strided layout
+    # (heads interleaved differently) whose last dimension is still contiguous.
+    (t(2, 100, 8, 128), t(2, 77, 2, 128), t(2, 77, 2, 128), (2, 100, 77, 8, 2, 128, "bf16")),
+    (t(1, 8, 2, 64, dtype=torch.float16), t(1, 8, 2, 64, dtype=torch.float16), t(1, 8, 2, 64, dtype=torch.float16),
+     (1, 8, 8, 2, 2, 64, "fp16")),
+    (t(3, 1, 4, 64), t(3, 513, 1, 64), t(3, 513, 1, 64), (3, 1, 513, 4, 1, 64, "bf16")),
+    (t(1, 4, 16, 128).transpose(1, 2).contiguous().transpose(1, 2), t(1, 16, 4, 128), t(1, 16, 4, 128),
+     (1, 4, 16, 16, 4, 128, "bf16")),
+])
+def test_good_inputs_pass(q, k, v, want):
+    from fa4.interface import problem_of
+
+    validate(q, k, v, require_cuda=False)  # no error, and the problem it describes:
+    p = problem_of(q, k, v, causal=True)
+    assert (p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim, p.dtype) == want
+    assert p.head_dim_v == p.head_dim and p.causal and p.pass_ == "fwd"
 
 
 @pytest.mark.parametrize(
