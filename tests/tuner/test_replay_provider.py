@@ -32,7 +32,11 @@ def test_serves_recorded_measurements(tmp_path):
     assert p.device_info()["name"].startswith("replay of ")
     assert p.arch() == SM90
     assert p.versions()["replay"] == "r.json"
-    assert len(p.source_fingerprint()) == 16
+    # The fingerprint is the recording's content: the same file, the same one; another file, another.
+    fp = p.source_fingerprint()
+    assert fp == ReplayProvider(path).source_fingerprint() and len(fp) == 16
+    other = write_synthetic(tmp_path / "r2.json", [PROBLEM, Problem.standard(1024, 64)])
+    assert ReplayProvider(other).source_fingerprint() != fp
 
 
 def test_missing_config_is_a_runtime_error_not_a_guess(tmp_path):
