@@ -34,7 +34,7 @@ run() {  # name, limit in s, command...
 for s in "${steps[@]}"; do
     case $s in
         bwd-check) run bwd-check 300 python3 bench/check_bwd.py --quick --no-bench --out "$out/bwd-check.json" ;;
-        gpu-tests) run gpu-tests 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fa4/test_bwd_gpu.py tests/fa4/test_interface.py ;;
+        gpu-tests) run gpu-tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fa4/test_bwd_gpu.py tests/fa4/test_interface.py ;;
         fwd-check) run fwd-check 240 python3 bench/check_fwd.py --quick --seqlens 8192 --out "$out/fwd-check.json" ;;
         bwd-variants) run bwd-variants 200 python3 bench/check_bwd.py --no-check --out "$out/bwd-variants.json" \
             --variants '[{"dkv_store":"direct"},{"dkv_store":"direct","deterministic":true}]' ;;
