@@ -2,7 +2,7 @@
 # One device call's worth of pending checks, each with its own time limit, logs under $OUT
 # (or bench/logs/session when $OUT is unset), and a short summary last.
 #
-#   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-check] [bwd-variants] [fwd-p-smem]
+#   bash bench/gpu_session.sh [bwd-check] [gpu-tests] [fwd-tests] [fwd-check] [bwd-variants] [fwd-p-smem]
 #                             [fwd-tune] [fwd-sweep] [bwd-sweep] [fwd-persistent] [fleet]
 #                             [fleet2] [fleet1] [fleet-report] [bwd-ncu]
 #
@@ -35,6 +35,8 @@ for s in "${steps[@]}"; do
     case $s in
         bwd-check) run bwd-check 300 python3 bench/check_bwd.py --quick --no-bench --out "$out/bwd-check.json" ;;
         gpu-tests) run gpu-tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fa4/test_bwd_gpu.py tests/fa4/test_interface.py ;;
+        fwd-tests) run fwd-tests 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/fa4/test_fwd_gpu.py \
+            tests/tuner/test_harness.py ;;
         fwd-check) run fwd-check 240 python3 bench/check_fwd.py --quick --seqlens 8192 --out "$out/fwd-check.json" ;;
         bwd-variants) run bwd-variants 200 python3 bench/check_bwd.py --no-check --out "$out/bwd-variants.json" \
             --variants '[{"dkv_store":"direct"},{"dkv_store":"direct","deterministic":true}]' ;;
