@@ -47,22 +47,28 @@ def cuda_device_info(provider_versions: dict | None = None) -> dict:
     }
 
 
+def _cuda_driver():
+    """(libcuda, visible device count) after cuInit, or None without a working driver."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    count = ctypes.c_int(0)
+    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return None
+    return lib, count.value
+
+
 @functools.lru_cache(maxsize=1)
 def cuda_device_count() -> int:
     """GPUs the CUDA driver shows this process (CUDA_VISIBLE_DEVICES applies), asked through the
     driver API itself: importing torch with its CUDA libraries takes seconds, and the fa4-tune
     parent asks before it starts its workers, so those seconds sat on every fleet run's clock
     (the workers import torch themselves). 0 without a driver."""
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0
-    count = ctypes.c_int(0)
-    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return 0
-    return count.value
+    driver = _cuda_driver()
+    return driver[1] if driver else 0
 
 
 def format_uuid(raw: bytes) -> str:
@@ -79,16 +85,13 @@ def cuda_device_uuids() -> tuple[str, ...]:
     nvidia-smi process on the path to the workers' start. Empty without a driver."""
     import ctypes
 
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+    driver = _cuda_driver()
+    if driver is None:
         return ()
-    count = ctypes.c_int(0)
-    if lib.cuInit(0) != 0 or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
-        return ()
+    lib, count = driver
     get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or lib.cuDeviceGetUuid
     out = []
-    for i in range(count.value):
+    for i in range(count):
         dev = ctypes.c_int(0)
         raw = (ctypes.c_ubyte * 16)()
         if lib.cuDeviceGet(ctypes.byref(dev), i) != 0 or get_uuid(raw, dev) != 0:
