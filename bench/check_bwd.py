@@ -122,10 +122,15 @@ def variant_shape(var):
     return (1, 1000, 1000, 8, 8) if "dkv_store" in var else (1, 1000, 1000, 8, 2)
 
 
-def default_for(sh, D, causal, det):
-    """The default config of this very problem: GQA changes it (dK/dV by reductions, not TMA)."""
+def problem_for(sh, D, causal, det):
     B, Sq, Sk, Hq, Hkv = sh
-    return default_config(Problem(B, Sq, Sk, Hq, Hkv, D, D, causal=causal, deterministic=det, pass_="bwd"))
+    return Problem(B, Sq, Sk, Hq, Hkv, D, D, causal=causal, deterministic=det, pass_="bwd")
+
+
+def default_for(sh, D, causal, det, **change):
+    """The default config of this very problem (GQA changes it: dK/dV by reductions, not TMA),
+    with the knob ``change`` applied."""
+    return dataclasses.replace(default_config(problem_for(sh, D, causal, det)), **change)
 
 
 def correctness(quick, det_only=False, only=None, hds=(64, 128)):
@@ -142,11 +147,11 @@ def correctness(quick, det_only=False, only=None, hds=(64, 128)):
                     cases.append(("grad", sh, D, causal, default_for(sh, D, causal, det)))
                 for var in VARIANTS[1:]:
                     sh = variant_shape(var)
-                    cases.append(("grad", sh, D, causal, dataclasses.replace(default_for(sh, D, causal, det), **var)))
+                    cases.append(("grad", sh, D, causal, default_for(sh, D, causal, det, **var)))
                 if det:
                     for sh in DET_SHAPES:
                         for var in DET_VARIANTS:
-                            cases.append(("det", sh, D, causal, dataclasses.replace(default_for(sh, D, causal, det), **var)))
+                            cases.append(("det", sh, D, causal, default_for(sh, D, causal, det, **var)))
     return run_cases(cases)
 
 
@@ -156,10 +161,9 @@ def correctness_of(variants, hds):
         for causal in (False, True):
             for var in variants:
                 det = bool(var.get("deterministic", False))
-                cases += [("grad", sh, D, causal, dataclasses.replace(default_for(sh, D, causal, det), **var))
-                          for sh in SHAPES[:3]]
+                cases += [("grad", sh, D, causal, default_for(sh, D, causal, det, **var)) for sh in SHAPES[:3]]
                 if det:
-                    cases += [("det", sh, D, causal, dataclasses.replace(default_for(sh, D, causal, det), **var))
+                    cases += [("det", sh, D, causal, default_for(sh, D, causal, det, **var))
                               for sh in (DET_SHAPES[0], DET_SHAPES[2])]
     return run_cases(cases)
 

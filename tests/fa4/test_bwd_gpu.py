@@ -23,21 +23,6 @@ def check_bwd():
     return mod
 
 
-def _problem(shape, hd, causal, det):
-    from fa4.problem import Problem
-
-    b, sq, sk, hq, hkv = shape
-    return Problem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
-                   causal=causal, deterministic=det, pass_="bwd")
-
-
-def _config(shape, hd, causal, det, change):
-    """The default config of this very problem (GQA changes it: dK/dV by reductions) with ``change``."""
-    from fa4.sm90.bwd_config import default_config
-
-    return dataclasses.replace(default_config(_problem(shape, hd, causal, det)), **change)
-
-
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("det", [False, True])
@@ -45,7 +30,7 @@ def _config(shape, hd, causal, det, change):
 def test_grads_match_reference(check_bwd, hd, causal, det, shape):
     import torch
 
-    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, _config(shape, hd, causal, det, {}))
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, check_bwd.default_for(shape, hd, causal, det))
     assert ok, info
 
 
@@ -69,12 +54,12 @@ KNOB_CHANGES = [(64, c) for c in (
 def test_each_knob_alone(check_bwd, hd, causal, change):
     import torch
 
-    from fa4.sm90.bwd_config import default_config, violations
+    from fa4.sm90.bwd_config import violations
 
     shape = check_bwd.variant_shape(change)
-    cfg = _config(shape, hd, causal, False, change)
-    assert cfg != default_config(_problem(shape, hd, causal, False)), f"{change} is the default at hd{hd}"
-    assert not violations(cfg, _problem(shape, hd, causal, False))
+    cfg = check_bwd.default_for(shape, hd, causal, False, **change)
+    assert cfg != check_bwd.default_for(shape, hd, causal, False), f"{change} is the default at hd{hd}"
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
     ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
     assert ok, info
 
@@ -95,8 +80,8 @@ def test_deterministic_bitwise(check_bwd, hd, causal, change, shape):
 
     from fa4.sm90.bwd_config import violations
 
-    cfg = _config(shape, hd, causal, True, change)
-    assert not violations(cfg, _problem(shape, hd, causal, True))
+    cfg = check_bwd.default_for(shape, hd, causal, True, **change)
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, True))
     ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
     assert ok, info
 
