@@ -7,7 +7,8 @@ Order (first that answers wins):
      current measurement of provider "fa4" for this device and exact problem,
      used only when its source fingerprint matches the running kernel code;
   4. the tuning service when $FA4_TUNING_URL is set: one HTTP call per problem class
-     per process, 0.5 s timeout; after a failure the service is left alone for 60 s;
+     per process, 0.5 s timeout ($FA4_TUNING_TIMEOUT_S); after a failure the service is
+     left alone for 60 s;
   5. the heuristic default of the kernel's knob declaration.
 
 The same chain serves both passes: a Problem with ``pass_="bwd"`` (and its
@@ -37,6 +38,9 @@ URL_ENV = "FA4_TUNING_URL"
 DEVICE_ENV = "FA4_DEVICE_NAME"
 # Set to 0 to skip the local results DB (e.g. a read-only home directory on a cluster).
 LOCAL_DB_ENV = "FA4_LOOKUP_LOCAL_DB"
+# A launch waits at most this long for the service once per problem class; a busy host
+# (or a service across a WAN) may need more, set in seconds through TIMEOUT_ENV.
+TIMEOUT_ENV = "FA4_TUNING_TIMEOUT_S"
 HTTP_TIMEOUT_S = 0.5
 SERVICE_RETRY_S = 60.0
 
@@ -328,10 +332,11 @@ def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None
     if fp is not None:
         params["source_fingerprint"] = fp
     url = base.rstrip("/") + "/v1/configs/best"
+    timeout = _http_timeout(steps)
     try:
         import httpx
 
-        r = httpx.get(url, params=params, timeout=HTTP_TIMEOUT_S)
+        r = httpx.get(url, params=params, timeout=timeout)
     except Exception as e:
         return _service_failed(steps, f"{type(e).__name__}: {e}")
     if r.status_code >= 500:
@@ -357,6 +362,21 @@ def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None
     steps.append(Step("service", "used", f"{prov}{stale} answer of {base}, measurement {body.get('measurement_id')}"))
     return (cfg, f"service:{prov}", tflops if isinstance(tflops, (int, float)) else None,
             body.get("measured_problem")), math.inf
+
+
+def _http_timeout(steps) -> float:
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return HTTP_TIMEOUT_S
+    try:
+        t = float(raw)
+    except ValueError:
+        t = math.nan
+    if not (math.isfinite(t) and t > 0):
+        steps.append(Step("service", "error", f"{TIMEOUT_ENV}={raw!r} is not a positive number of seconds; "
+                                              f"using {HTTP_TIMEOUT_S} s"))
+        return HTTP_TIMEOUT_S
+    return t
 
 
 def _service_failed(steps, reason: str) -> tuple[None, float]:

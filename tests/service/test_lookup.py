@@ -54,6 +54,9 @@ def env(tmp_path, monkeypatch):
     monkeypatch.delenv("FA4_TUNING_URL", raising=False)
     monkeypatch.delenv("FA4_DB", raising=False)
     monkeypatch.delenv("FA4_LOOKUP_LOCAL_DB", raising=False)
+    # Tests that expect the service to answer give it time: CI runs them beside compile-heavy
+    # workers, where a 0.5 s answer is not guaranteed. The timeout tests set their own.
+    monkeypatch.setenv(lookup.TIMEOUT_ENV, "30")
     monkeypatch.setattr(platformdirs, "user_data_dir", lambda app: str(tmp_path / "ud" / app))
     lookup.reset()
     yield tmp_path
@@ -149,6 +152,7 @@ def test_service_over_http_one_call_per_problem_class(env, monkeypatch, fp):
 
 
 def test_service_failures_are_remembered(env, monkeypatch):
+    monkeypatch.delenv(lookup.TIMEOUT_ENV)
     with silent_server() as base:
         monkeypatch.setenv("FA4_TUNING_URL", base)
         t0 = time.perf_counter()
@@ -171,6 +175,32 @@ def test_service_failures_are_remembered(env, monkeypatch):
             **{**lookup._state.cache[(P2, SM90)].__dict__, "expires": 0.0})
         res = fa4.explain(problem=P2)
         assert ("service", "miss") in sources(res)  # reached it this time: nothing measured there
+
+
+@pytest.mark.parametrize("raw, timeout", [("0.2", 0.2), ("junk", lookup.HTTP_TIMEOUT_S), ("-1", lookup.HTTP_TIMEOUT_S)])
+def test_service_timeout_from_the_environment(env, monkeypatch, raw, timeout):
+    import httpx
+
+    given = []
+    real_get = httpx.get
+
+    def spy(*a, **kw):
+        given.append(kw["timeout"])
+        return real_get(*a, **kw)
+
+    monkeypatch.setattr(httpx, "get", spy)
+    monkeypatch.setenv(lookup.TIMEOUT_ENV, raw)
+    with silent_server() as base:
+        monkeypatch.setenv("FA4_TUNING_URL", base)
+        t0 = time.perf_counter()
+        res = fa4.explain(problem=P)
+        took = time.perf_counter() - t0
+    service = [s for s in res.steps if s.source == "service"]
+    assert given == [timeout]
+    assert res.provenance == "default" and "Timeout" in service[-1].detail
+    assert took >= 0.9 * timeout, took  # the silent service was waited for, that long
+    if timeout == lookup.HTTP_TIMEOUT_S:
+        assert service[0].outcome == "error" and f"{raw!r} is not a positive number" in service[0].detail
 
 
 def test_explicit_config_and_tensors(env):
@@ -258,8 +288,9 @@ def test_bwd_config_over_the_service(env, monkeypatch, fp):
         r = httpx.post(base + "/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 201, r.text
         monkeypatch.setenv("FA4_TUNING_URL", base)
+        res = fa4.explain(problem=PB_DET)
+        assert res.provenance == "service:exact", res.steps
         assert lookup.resolve_bwd_config(PB_DET, SM90) == tuned_bwd(PB_DET, 3)
-        assert fa4.explain(problem=PB_DET).provenance == "service:exact"
         # The non-deterministic class is another family: nothing measured, the heuristic.
         assert fa4.explain(problem=PB).provenance == "default"
 
