@@ -185,10 +185,11 @@ def compile_class(problem: Problem) -> tuple:
             problem.deterministic, problem.heads_q != problem.heads_kv)
 
 
-def worker_order(problems: list[Problem], k: int, n: int) -> list[Problem]:
-    """The order in which worker ``k`` of ``n`` visits the shapes: its own share first, then the
-    others' (it helps where studies are not full yet)."""
-    shares = worker_shares(problems, n)
+def worker_order(shares: list[list[Problem]], k: int) -> list[Problem]:
+    """The order in which worker ``k`` visits the shapes, given every worker's share
+    (:func:`worker_shares`): its own share first, then the others' (it helps where studies are
+    not full yet)."""
+    n = len(shares)
     return shares[k] + [p for j in range(1, n) for p in shares[(k + j) % n]]
 
 
@@ -264,8 +265,9 @@ def worker_main(spec: dict) -> int:
     from service.db import ResultsStore
 
     problems = [Problem.from_dict(d) for d in spec["problems"]]
-    order = worker_order(problems, k, n)
-    own = {p.key() for p in worker_shares(problems, n)[k]}
+    shares = worker_shares(problems, n)
+    order = worker_order(shares, k)
+    own = {p.key() for p in shares[k]}
     store = ResultsStore.open(spec["db"])
     t0 = spec.get("t0") or time.time()
 

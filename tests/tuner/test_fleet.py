@@ -307,10 +307,10 @@ def test_workers_take_whole_compile_classes_first(n):
     # workers do not compile the same configs (the 1.10x of the first 2-GPU run): every worker visits
     # every shape once, its own share first, and with at least as many classes as workers no class
     # is split.
-    from tuner.fleet import compile_class, worker_order
+    from tuner.fleet import compile_class, worker_order, worker_shares
 
     shapes = [Problem.standard(s, hd, causal=c) for s in (1024, 2048, 4096) for hd in (64, 128) for c in (False, True)]
-    orders = [worker_order(shapes, k, n) for k in range(n)]
+    orders = [worker_order(worker_shares(shapes, n), k) for k in range(n)]
     for order in orders:
         assert sorted(p.key() for p in order) == sorted(p.key() for p in shapes)
     counts = [0] * n
