@@ -164,7 +164,8 @@ def test_service_failures_are_remembered(env, monkeypatch):
         # Within the pause, other problems do not even try.
         t0 = time.perf_counter()
         res = fa4.explain(problem=P2)
-        assert time.perf_counter() - t0 < 0.2
+        # Well under the 0.5 s a try would wait (a loaded CI host gets some slack).
+        assert time.perf_counter() - t0 < 0.4
         assert ("service", "skipped") in sources(res) and "retried after 60 s" in res.steps[-2].detail
     # The skipped class asks again once the pause is over; it did not get its one call yet.
     lookup._state.service_down_until = 0.0
