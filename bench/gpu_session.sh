@@ -49,11 +49,11 @@ for s in "${steps[@]}"; do
                 --quick --no-check --seqlens 8192 ;;
         bwd-sweep) run bwd-sweep 420 python3 bench/check_bwd.py --no-check --seqlens 1024,2048,4096,8192,16384 \
             --out "$out/bwd-sweep.json" ;;
-        fleet2|fleet1)  # issue 7, on nvidia-h200-x2: the 2-GPU or the 1-GPU run (each ~1.5-2.5 min), kept
-            # in /tmp/fleet on the warm machine, so the two may go in separate device calls;
-            # 'fleet-report' compares them and packs the run folders into one file.
-            # FLEET_TRIALS=40 (fa4-tune's default) for runs whose trial phase outweighs the fixed cost.
-            run "$s" 560 python3 bench/fleet_scaling.py --out /tmp/fleet --trials "${FLEET_TRIALS:-20}" --runs "${s#fleet}" ;;
+        fleet2|fleet1)  # issue 7, on nvidia-h200-x2: the 2-GPU or the 1-GPU run (at 40 trials per shape,
+            # fa4-tune's default: ~2 and ~3.5 min), kept in /tmp/fleet on the warm machine, so the two may
+            # go in separate device calls; 'fleet-report' compares them and packs the run folders into one
+            # file. FLEET_TRIALS=20 for the shorter runs of sessions 3-5.
+            run "$s" 560 python3 bench/fleet_scaling.py --out /tmp/fleet --trials "${FLEET_TRIALS:-40}" --runs "${s#fleet}" ;;
         fleet-report)
             run fleet-report 60 python3 bench/fleet_scaling.py --out /tmp/fleet --report
             tar czf "$out/fleet.tgz" -C /tmp fleet ;;
