@@ -243,6 +243,14 @@ def sampler_seed(base: int, sampler: str, owner: bool, k: int) -> int:
 # ---- the worker process -----------------------------------------------------------------
 
 
+def _say(msg: str) -> None:
+    """One log line on stderr in one write: the workers and the parent share that file, and
+    print() writes the text and its newline separately (unbuffered stderr), so two workers'
+    lines could interleave mid-line."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
 def _emit(event: dict) -> None:
     sys.stdout.write(json.dumps(event, default=str) + "\n")
     sys.stdout.flush()
@@ -274,7 +282,7 @@ def worker_main(spec: dict) -> int:
     def stamp() -> str:
         return f"[{slot} +{time.time() - t0:.1f}s]"
 
-    print(f"{stamp()} worker ready ({len(problems)} shapes)", file=sys.stderr, flush=True)
+    _say(f"{stamp()} worker ready ({len(problems)} shapes)")
 
     warm_logged = False
 
@@ -282,16 +290,15 @@ def worker_main(spec: dict) -> int:
         nonlocal warm_logged
         if not warm_logged and getattr(runner, "warm_s", None) is not None:
             warm_logged = True
-            print(f"{stamp()} measuring process had warmed up in {runner.warm_s:.1f} s ({runner.warm_result})",
-                  file=sys.stderr, flush=True)
+            _say(f"{stamp()} measuring process had warmed up in {runner.warm_s:.1f} s ({runner.warm_result})")
         ua = trial.user_attrs
         what = f"{trial.value:.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
         dup = f" (= trial {ua['duplicate_of']})" if "duplicate_of" in ua else ""
         # Where a measured trial's time went: a new kernel's compile shows in 'build'.
         took = ("  [" + " ".join(f"{k} {v:.2f}s" for k, v in ua["phases"].items()) + "]"
                 if ua.get("phases") and "duplicate_of" not in ua else "")
-        print(f"{stamp()} {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
-              f"{what}{dup}{took}", file=sys.stderr, flush=True)
+        _say(f"{stamp()} {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
+             f"{what}{dup}{took}")
 
     try:
         # First round: take what is free, shape after shape. Second round: wait until
@@ -306,11 +313,11 @@ def worker_main(spec: dict) -> int:
                 res = t.run(on_trial=on_trial, wait=final)
                 _emit({"event": "result", "slot": slot, "final": final, "key": problem.key(),
                        "stored": t.stored, "result": res.to_dict()})
-            print(f"{stamp()} {'every study full' if final else 'first round done'}", file=sys.stderr, flush=True)
+            _say(f"{stamp()} {'every study full' if final else 'first round done'}")
     finally:
         runner.close()
         store.close()
-        print(f"{stamp()} worker done", file=sys.stderr, flush=True)
+        _say(f"{stamp()} worker done")
     return 0
 
 
@@ -361,7 +368,7 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
     provider's imports) overlaps theirs; a reason stops the workers and raises Unavailable."""
     from .storage import open_storage
 
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = log or _say
     fds = acquire_all(slots)
     try:
         open_storage(storage, heartbeat_s)  # make the schema / journal once, not in a race of workers
@@ -466,7 +473,7 @@ if __name__ == "__main__":
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group; the parent says what to do
         code = 130
     except Exception as e:  # one line in the fleet's log, not a traceback per worker
-        print(f"[{spec.get('slot')}] worker failed: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
+        _say(f"[{spec.get('slot')}] worker failed: {type(e).__name__}: {e}".splitlines()[0])
         code = 1
     # Every result is on stdout and in the DBs (closed above): skip the interpreter's teardown
     # (CUDA context, compiler libraries), seconds at the end of every fleet run.

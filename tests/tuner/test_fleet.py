@@ -380,3 +380,23 @@ def test_preflight_failure_stops_the_started_workers(tmp_path, monkeypatch):
     assert len(spawned) == 2 and all(p.poll() is not None for p in spawned)
     fd = acquire(Slot("cpu0", "", "virtual-cpu0"))  # the locks were let go
     os.close(fd)
+
+
+def test_log_lines_are_written_whole(monkeypatch):
+    # Workers and the parent share one stderr. print() hands the text and its newline to the file
+    # separately, and stderr passes each write straight to the OS, so two workers' lines met
+    # mid-line in a CI run ("...[time 0.60s][cpu0 +2.1s] ..."); a log line is one write.
+    from tuner import fleet
+
+    writes = []
+
+    class Recorder:
+        def write(self, s):
+            writes.append(s)
+
+        def flush(self):
+            writes.append(None)
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    fleet._say("[cpu1 +2.1s] b2_sq8192 trial 1: ok 586.8 TFLOP/s")
+    assert writes == ["[cpu1 +2.1s] b2_sq8192 trial 1: ok 586.8 TFLOP/s\n", None]
