@@ -341,9 +341,12 @@ def test_a_study_gets_the_same_proposals_whatever_the_fleet_size(tmp_path):
     seqs = {}
     for devices in ("cpu0", "cpu0,cpu1"):
         db = f"sqlite:///{tmp_path / (devices + '.db')}"
-        r = fa4_tune("--shapes", shapes_file(tmp_path, problems), "--provider", "replay", "--devices", devices,
-                     "--sampler", "random", "--trials", "12", "--db", db, "--json",
-                     env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks")})
+        # Measurements that take time, as on a GPU: with instant ones, a worker that started a
+        # second later than the other (a loaded CI host) found its own study filled by the other
+        # worker, which had finished its share and come to help (4 own proposals of 12 in one run).
+        r = fa4_tune("--shapes", shapes_file(tmp_path, problems), "--provider", "tests.tuner.fake_providers:SlowReplay",
+                     "--devices", devices, "--sampler", "random", "--trials", "12", "--db", db, "--json",
+                     env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks"), "FA4_TEST_SLOW_S": "0.5"})
         assert r.returncode == 0, r.stderr
         owners = {p.key(): f"cpu{k}" for k, share in enumerate(worker_shares(problems, devices.count(",") + 1))
                   for p in share}
