@@ -49,6 +49,41 @@ class KnobSpec:
         }
 
 
+class Violation(str):
+    """One reason a config cannot run a problem: the text says how, ``kind`` names the budget or
+    rule it breaks, so reports can say what rejected a config ("shared memory: 33,840 configs")
+    without parsing the text. A str, so every caller that shows or stores reasons is unchanged."""
+
+    kind: str
+
+    def __new__(cls, kind: str, text: str):
+        s = super().__new__(cls, text)
+        s.kind = kind
+        return s
+
+    def __reduce__(self):  # a str subclass pickles as a plain str otherwise (worker processes)
+        return (Violation, (self.kind, str(self)))
+
+
+#: The kinds of violation the kernels' ``violations()`` report, in the order reports list them.
+VIOLATION_KINDS = (
+    "problem",          # the kernel does not take this problem at all (head dim, pass, arch)
+    "problem contradiction",  # a knob restates the problem and disagrees with it
+    "tile shape",       # WGMMA / TMA / warpgroup shape rules
+    "shared memory",    # the per-CTA shared-memory budget
+    "registers",        # fragments over the register budget, or measured spills
+    "value range",      # a setting the dtype cannot hold (tau)
+    "knob combination",  # two knobs that do not work together
+    "not built",        # a declared value the kernel does not implement yet
+)
+
+
+def violation_kind(reason: str) -> str:
+    """The kind of a reason: its own for a :class:`Violation`, "unclassified" for plain text
+    (providers that wrap another library's checks)."""
+    return getattr(reason, "kind", None) or "unclassified"
+
+
 def knob(choices: Sequence, default: Any, doc: str):
     """A dataclass field that is a tunable knob with a finite set of choices."""
     choices = tuple(choices)

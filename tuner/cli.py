@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd", help="fwd, or bwd (the backward timed)")
     p.add_argument("--deterministic", action="store_true", help="require a deterministic backward")
-    p.add_argument("--provider", help="implementation to tune (default: fa4 when available, else flash-attn-4)")
+    p.add_argument("--provider", help="implementation to tune (default: fa4, our kernels; flash-attn-4, cudnn, fa2 are the peers)")
     p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
     p.add_argument("--db", help="results DB: SQLAlchemy URL or SQLite path (default: $FA4_DB, else user data dir)")
@@ -122,7 +122,7 @@ def print_no_gpu(report: dict, console) -> None:
         f"{report['infeasible']} infeasible"
     )
     for kind, r in report["infeasible_reasons"].items():
-        console.print(escape(f"  rejected by {kind}: {r['count']} (e.g. {r['example']})"))
+        console.print(escape(f"  rejected by {kind}: {r['count']} configs ({r['only']} by it alone; e.g. {r['example']})"))
     d = report["default"]
     state = "feasible" if not d["violations"] else "INFEASIBLE: " + "; ".join(d["violations"])
     console.print(escape(f"default config: {d['label']} ({state})"))
@@ -140,33 +140,48 @@ def print_no_gpu(report: dict, console) -> None:
     console.print("[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
 
 
-def print_result(res, console) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+def _row(row: dict | None) -> str:
+    if row is None:
+        return "none measured ok"
+    if row.get("tflops") is None:
+        return f"{row.get('status') or 'not measured'}: {row.get('reason') or ''}".rstrip(": ")
+    return (f"{row['tflops']:.1f} TFLOP/s, median {_fmt(row['median_ms'], '.4f')} ms "
+            f"(IQR {_fmt(row['iqr_ms'], '.4f')}), max error {_fmt(row['error'], '.2e')}, trial {row['trial']}")
 
-    t = Table(title=f"{res.provider} on {res.device}: {Problem.from_dict(res.problem).key()}")
-    for col in ("", "config", "TFLOP/s", "median ms", "IQR ms", "max abs error", "trial"):
-        t.add_column(col, justify="right" if col not in ("", "config") else "left", no_wrap=True)
-    for label, row in (("default", res.default), ("best", res.best)):
-        if row is None:
-            t.add_row(label, "(none measured ok)", "-", "-", "-", "-", "-")
-            continue
-        t.add_row(
-            label, row["label"], _fmt(row["tflops"], ".1f"), _fmt(row["median_ms"], ".4f"),
-            _fmt(row["iqr_ms"], ".4f"), _fmt(row["error"], ".2e"), str(row["trial"]),
-        )
-    console.print(t)
+
+def _changes(changes: dict | None) -> str:
+    if changes is None:
+        return "-"
+    if not changes:
+        return "the default"
+    return "the default with " + ", ".join(f"{k}={v}" for k, v in changes.items())
+
+
+def _trial_counts(res) -> str:
+    """measured / infeasible / failed, with the failures by kind."""
+    st = dict(res.statuses)
+    ok, infeasible = st.pop("ok", 0), st.pop("infeasible", 0)
+    failed = sum(st.values())
+    kinds = f" ({', '.join(f'{k} {v}' for k, v in sorted(st.items()))})" if st else ""
+    return f"{res.trials} in study: {ok} measured ok, {infeasible} infeasible, {failed} failed{kinds}"
+
+
+def print_result(res, console) -> None:
+    """The outcome as lines of text, not a table: piped or in an 80-column terminal a table is
+    squeezed to ellipses and loses its numbers, lines only wrap."""
+    from rich.markup import escape
+
+    say = lambda text: console.print(escape(text))  # noqa: E731  data may hold brackets
+    say(f"{res.provider} on {res.device}: {Problem.from_dict(res.problem).key()}")
+    say(f"default: {_row(res.default)}")
+    say(f"best:    {_row(res.best)}")
     if res.default and res.default.get("status") not in (None, "ok"):
-        console.print(escape(f"default config failed: {res.default['status']}: {res.default['reason']}"))
-    speed = "-" if res.speedup is None else f"{res.speedup:.3f}x"
-    counts = ", ".join(f"{k} {v}" for k, v in sorted(res.statuses.items()))
-    console.print(f"speedup best/default: {speed}")
-    console.print(
-        f"trials: {res.trials} in study ({res.measured} measured; {counts})"
-        + (f"; resumed with {res.resumed_with}" if res.resumed_with else "")
-    )
-    console.print(escape(f"results DB: {res.db_url}"))
-    console.print(escape(f"Optuna study: {res.study_name} in {res.storage}"))
+        say(f"default config failed: {res.default['status']}: {res.default['reason']}")
+    say(f"speedup best/default: {'-' if res.speedup is None else f'{res.speedup:.3f}x'}")
+    say(f"best config: {_changes(res.best_changes)}")
+    say(f"trials: {_trial_counts(res)}" + (f"; resumed with {res.resumed_with}" if res.resumed_with else ""))
+    say(f"results DB: {res.db_url}")
+    say(f"Optuna study: {res.study_name} in {res.storage}")
 
 
 def _shape_label(p: Problem) -> str:
@@ -178,22 +193,23 @@ def _shape_label(p: Problem) -> str:
 
 
 def print_summary(results: list[dict], console) -> None:
-    """One line per shape for multi-shape runs."""
+    """One line per shape for multi-shape runs (lines, for the reason print_result gives)."""
     from rich.markup import escape
-    from rich.table import Table
+
+    from .study import TuneResult
 
     if not results:
         return
     r0 = results[0]
-    t = Table(title=f"{r0['provider']} on {r0['device']}: {len(results)} shapes")
-    for col in ("shape", "default TFLOP/s", "best TFLOP/s", "speedup", "best config", "trials"):
-        t.add_column(col, justify="left" if col in ("shape", "best config") else "right", no_wrap=True)
-    for r in results:
-        d, b = r["default"] or {}, r["best"] or {}
-        t.add_row(_shape_label(Problem.from_dict(r["problem"])), _fmt(d.get("tflops"), ".1f"), _fmt(b.get("tflops"), ".1f"),
-                  "-" if r["speedup"] is None else f"{r['speedup']:.3f}x", escape(b.get("label", "-")),
-                  str(r["trials"]))
-    console.print(t)
+    console.print(escape(f"{r0['provider']} on {r0['device']}: {len(results)} shapes"))
+    for r in map(lambda d: TuneResult(**d), results):
+        d, b = r.default or {}, r.best or {}
+        speed = "-" if r.speedup is None else f"{r.speedup:.3f}x"
+        console.print(escape(
+            f"{_shape_label(Problem.from_dict(r.problem))}: default {_fmt(d.get('tflops'), '.1f')}, "
+            f"best {_fmt(b.get('tflops'), '.1f')} TFLOP/s, speedup {speed}, error {_fmt(b.get('error'), '.1e')}; "
+            f"best config: {_changes(r.best_changes)}; trials: {_trial_counts(r)}"
+        ))
     console.print(escape(f"results DB: {r0['db_url']}"))
     console.print(escape(f"Optuna studies in {r0['storage']}"))
 

@@ -118,10 +118,10 @@ def parse_devices(spec: str, needs_gpu: bool, provider: str, visible: str | None
 
 
 def current_slot() -> Slot:
-    """The GPU a plain (no --devices) run times on: the first visible one."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    first = (visible.split(",")[0].strip() if visible else "") or "0"
-    return Slot("gpu0", first, _gpu_uuids().get(first, first))
+    """The GPU a plain (no --devices) run times on: CUDA ordinal 0 of the visible ones, locked
+    by the UUID the driver gives it, the key ``--devices 0`` locks, so a plain run and a fleet
+    on one host never time on the same GPU."""
+    return parse_devices("0", needs_gpu=True, provider="fa4-tune")[0]
 
 
 # ---- one timing process per GPU ---------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from fa4.arch import SM90, Arch, current_arch
-from fa4.knobs import iter_configs, knob_specs, search_space
+from fa4.knobs import VIOLATION_KINDS, iter_configs, knob_specs, search_space, violation_kind
 from fa4.problem import Problem
 
 from .harness import INFEASIBLE, Settings
@@ -27,6 +27,7 @@ from .providers import Provider, ProviderError, get_provider
 from .storage import fail_stale, heartbeat_interval, masked_storage, open_storage
 
 SAMPLERS = ("tpe", "grid", "random")
+DEFAULT_PROVIDER = "fa4"
 
 
 class TuneError(ValueError):
@@ -84,15 +85,10 @@ def suggest_config(trial, knob_cls):
 
 
 def resolve_provider(spec: str | None) -> Provider:
-    """The requested provider, or the default: our kernel "fa4" when usable, else the reference."""
-    from .providers import list_providers
-
+    """The requested provider, or the default: our kernels, "fa4", on any machine (without a GPU
+    it reports their feasible space and compile-checks them); the reference runs when asked."""
     if spec is None:
-        if "fa4" in list_providers():
-            p = get_provider("fa4")
-            if p.available() is None:
-                return p
-        spec = "flash-attn-4"
+        spec = DEFAULT_PROVIDER
     try:
         return get_provider(spec)
     except ProviderError as e:
@@ -127,6 +123,7 @@ class TuneResult:
     stored_measurements: int = 0
     budget: int = 0  # finished trials the study should hold
     failed: int = 0  # trials whose worker died (FAIL); their retries count instead
+    best_changes: dict | None = None  # knob -> value where the best config differs from the default
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -392,7 +389,12 @@ class Tuner:
         import optuna
 
         trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-        statuses = collections.Counter(t.user_attrs.get("status", "unknown") for t in trials if "duplicate_of" not in t.user_attrs)
+        # A trial whose worker died (marked FAIL by the heartbeat, retried elsewhere) never
+        # stored a status of its own.
+        statuses = collections.Counter(
+            t.user_attrs.get("status") or ("worker_died" if t.state == optuna.trial.TrialState.FAIL else "unknown")
+            for t in trials if "duplicate_of" not in t.user_attrs
+        )
         measured = sum(1 for t in trials if t.user_attrs.get("measured"))
         default = None
         for t in trials:
@@ -407,6 +409,10 @@ class Tuner:
         speedup = None
         if best and default and default.get("tflops"):
             speedup = best["tflops"] / default["tflops"]
+        # The best config as what it changes: a full knob list hides the one knob that won.
+        changes = None
+        if best is not None and self.default_dict is not None:
+            changes = {k: v for k, v in best["config"].items() if self.default_dict.get(k) != v}
         return TuneResult(
             study_name=self.name,
             storage=masked_storage(self.storage_spec),
@@ -425,15 +431,11 @@ class Tuner:
             stored_measurements=self.stored,
             budget=self.budget(),
             failed=sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
+            best_changes=changes,
         )
 
 
 # ---- without a GPU --------------------------------------------------------------------
-
-
-def _reason_kind(reason: str) -> str:
-    head = reason.split(":", 1)[0].strip()
-    return head if len(head) <= 24 else "other"
 
 
 def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, compile_configs: bool = True,
@@ -441,17 +443,22 @@ def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, c
     """Everything that runs without a GPU: feasibility of every config, compile-only where possible."""
     cls = provider.knob_cls_for(problem)
     configs = list(iter_configs(cls)) if cls is not None else [None]
-    feasible, infeasible = [], collections.Counter()
+    # A config may break several rules: each kind counts the configs it rejects (so the counts
+    # add up to more than the infeasible total), "only" those it alone rejects.
+    feasible, infeasible, alone = [], collections.Counter(), collections.Counter()
     examples = {}
     for c in configs:
         v = provider.violations(c, problem, arch)
         if v:
-            for r in v:
-                kind = _reason_kind(r)
+            kinds = {violation_kind(r): r for r in v}
+            for kind, r in kinds.items():
                 infeasible[kind] += 1
                 examples.setdefault(kind, r)
+            if len(kinds) == 1:
+                alone[next(iter(kinds))] += 1
         else:
             feasible.append(c)
+    order = {k: i for i, k in enumerate(VIOLATION_KINDS)}
     default = provider.default_config(problem, arch)
     out = {
         "provider": provider.name,
@@ -460,7 +467,10 @@ def check_without_gpu(provider: Provider, problem: Problem, arch: Arch = SM90, c
         "configs": len(configs),
         "feasible": len(feasible),
         "infeasible": len(configs) - len(feasible),
-        "infeasible_reasons": {k: {"count": n, "example": examples[k]} for k, n in infeasible.items()},
+        "infeasible_reasons": {
+            k: {"count": infeasible[k], "only": alone[k], "example": str(examples[k])}
+            for k in sorted(infeasible, key=lambda k: (order.get(k, len(order)), k))
+        },
         "default": {
             "config": provider.config_to_dict(default),
             "label": provider.describe(default),

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from fa4.arch import SM90, Arch
-from fa4.knobs import knob
+from fa4.knobs import Violation, knob
 from fa4.problem import Problem
 
 HEAD_DIMS = (64, 128)
@@ -156,37 +156,40 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     """Why this config cannot run this problem on this arch (empty list = feasible)."""
     out: list[str] = []
     if arch.name != "sm90":
-        out.append(f"BwdConfigSm90 targets sm90, not {arch.name}")
+        out.append(Violation("problem", f"BwdConfigSm90 targets sm90, not {arch.name}"))
     if problem.pass_ != "bwd":
-        out.append("BwdConfigSm90 tunes the backward pass only")
+        out.append(Violation("problem", "BwdConfigSm90 tunes the backward pass only"))
     if problem.head_dim not in HEAD_DIMS:
-        out.append(f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})")
+        out.append(Violation("problem", f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})"))
     if problem.head_dim_v != problem.head_dim:
-        out.append(f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}")
+        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}"))
     if config.deterministic != problem.deterministic:
-        out.append(
+        out.append(Violation(
+            "problem contradiction",
             f"config.deterministic={config.deterministic} but the problem asks for "
-            f"deterministic={problem.deterministic}"
+            f"deterministic={problem.deterministic}")
         )
     if config.tile_m % ROWS_PER_WG:
-        out.append(f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)")
+        out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))
     if config.tile_n != CONSUMER_WGS * ROWS_PER_WG:
-        out.append(f"tile_n {config.tile_n} must be {CONSUMER_WGS} consumer warpgroups x 64 rows")
+        out.append(Violation("tile shape", f"tile_n {config.tile_n} must be {CONSUMER_WGS} consumer warpgroups x 64 rows"))
     if not config.sdp_swap_ab:
-        out.append("sdp_swap_ab=False is not built")
+        out.append(Violation("not built", "sdp_swap_ab=False is not built"))
     if config.cluster_exchange:
-        out.append("cluster_exchange is not built")
+        out.append(Violation("not built", "cluster_exchange is not built"))
     need = smem_bytes(config, problem)
     if need > arch.smem_per_cta:
-        out.append(
+        out.append(Violation(
+            "shared memory",
             f"shared memory {need} B (Q, dO {config.stages}x {config.tile_m}x"
-            f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B"
+            f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B")
         )
     if config.dkv_store == "tma" and problem.heads_q != problem.heads_kv:
-        out.append("dkv_store 'tma' is for one K/V head per query head: under GQA dK/dV are fp32 sums over "
-                   "the query heads, added with reductions")
+        out.append(Violation("knob combination",
+            "dkv_store 'tma' is for one K/V head per query head: under GQA dK/dV are fp32 sums over "
+                   "the query heads, added with reductions"))
     if config.dq_split == "rows" and config.tile_m != 2 * ROWS_PER_WG:
-        out.append(f"dq_split 'rows' gives each consumer warpgroup 64 query rows: needs tile_m 128, not {config.tile_m}")
+        out.append(Violation("knob combination", f"dq_split 'rows' gives each consumer warpgroup 64 query rows: needs tile_m 128, not {config.tile_m}"))
     if config.tile_m == 128:
         # At 128 query columns the consumers run within a few registers of the budget, and
         # ptxas spills 1-8 of them for some combinations. The combinations allowed here are
@@ -213,23 +216,26 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             # The one combination of the sweep with ds_store (756 kernels) that spills: 2 loads, 1 store.
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
         if why:
-            out.append(f"tile_m 128: {why} spills at this tile")
+            out.append(Violation("registers", f"tile_m 128: {why} spills at this tile"))
     if problem.head_dim == 128 and config.dv_operand == "rmem" and problem.causal and config.tile_m == 64:
         # Measured (ptxas 13.0, every distinct kernel compiled): beside the causal mask limits,
         # the ring position of a 3-deep ring (a division by 3, not a shift) spills 2 registers,
         # and so does a 1-deep ring in deterministic mode; the same with P^T through shared
         # memory compiles clean.
         if config.stages == 3:
-            out.append("head_dim 128, causal, stages 3 with P^T from registers spills (use dv_operand 'smem')")
+            out.append(Violation("registers",
+            "head_dim 128, causal, stages 3 with P^T from registers spills (use dv_operand 'smem')"))
         elif config.stages == 1 and config.deterministic:
-            out.append("head_dim 128, causal, deterministic, stages 1 with P^T from registers spills "
-                       "(use dv_operand 'smem' or stages 2)")
+            out.append(Violation("registers",
+            "head_dim 128, causal, deterministic, stages 1 with P^T from registers spills "
+                       "(use dv_operand 'smem' or stages 2)"))
     regs = consumer_registers(config, problem)
     if regs > CONSUMER_REG_BUDGET:
-        out.append(
+        out.append(Violation(
+            "registers",
             f"consumer state needs ~{regs} registers per thread (tile_m {config.tile_m}, head_dim "
             f"{problem.head_dim}, dq_accum '{config.dq_accum}') > {CONSUMER_REG_BUDGET}: measured spills "
-            "and WGMMA serialization (C7512)"
+            "and WGMMA serialization (C7512)")
         )
     return out
 

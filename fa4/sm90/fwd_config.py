@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from fa4.arch import SM90, Arch
-from fa4.knobs import knob
+from fa4.knobs import Violation, knob
 from fa4.problem import Problem
 
 HEAD_DIMS = (64, 128)
@@ -143,49 +143,54 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     """Why this config cannot run this problem on this arch (empty list = feasible)."""
     out: list[str] = []
     if arch.name != "sm90":
-        out.append(f"FwdConfigSm90 targets sm90, not {arch.name}")
+        out.append(Violation("problem", f"FwdConfigSm90 targets sm90, not {arch.name}"))
     if problem.head_dim not in HEAD_DIMS:
-        out.append(f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})")
+        out.append(Violation("problem", f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})"))
     if problem.head_dim_v != problem.head_dim:
-        out.append(f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}")
+        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}"))
     if problem.pass_ != "fwd":
-        out.append("FwdConfigSm90 tunes the forward pass only")
+        out.append(Violation("problem", "FwdConfigSm90 tunes the forward pass only"))
     n_wg = config.tile_m // ROWS_PER_WG
     if config.tile_m % ROWS_PER_WG or n_wg not in CONSUMER_WGS:
-        out.append(f"tile_m {config.tile_m} must be 64 x {CONSUMER_WGS} consumer warpgroups")
+        out.append(Violation("tile shape", f"tile_m {config.tile_m} must be 64 x {CONSUMER_WGS} consumer warpgroups"))
         n_wg = 2
     if config.tile_n % 16:
-        out.append(f"tile_n {config.tile_n} must be a multiple of 16 (K of the PV WGMMA)")
+        out.append(Violation("tile shape", f"tile_n {config.tile_n} must be a multiple of 16 (K of the PV WGMMA)"))
     if config.tile_n > 256:
-        out.append(f"tile_n {config.tile_n} exceeds the WGMMA N limit and TMA box limit of 256")
+        out.append(Violation("tile shape", f"tile_n {config.tile_n} exceeds the WGMMA N limit and TMA box limit of 256"))
     need = smem_bytes(config, problem)
     if need > arch.smem_per_cta:
-        out.append(
+        out.append(Violation(
+            "shared memory",
             f"shared memory {need} B (Q {config.tile_m}x{problem.head_dim}, K/V {config.kv_stages} stages of "
-            f"{config.tile_n}x{problem.head_dim}) exceeds {arch.smem_per_cta} B per CTA"
+            f"{config.tile_n}x{problem.head_dim}) exceeds {arch.smem_per_cta} B per CTA")
         )
     regs = consumer_registers(config, problem)
     if regs > FRAGMENT_REG_BUDGET[n_wg]:
-        out.append(
+        out.append(Violation(
+            "registers",
             f"consumer fragments need {regs} registers per thread (O {problem.head_dim_v // 2}, "
             f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if config.intra_wg_overlap else ''}) "
-            f"> {FRAGMENT_REG_BUDGET[n_wg]} with {n_wg} consumer warpgroups: ptxas would serialize the WGMMAs"
+            f"> {FRAGMENT_REG_BUDGET[n_wg]} with {n_wg} consumer warpgroups: ptxas would serialize the WGMMAs")
         )
     if config.tau > 0 and config.tau + 1 > LOG2_DTYPE_MAX[problem.dtype]:
-        out.append(
-            f"tau {config.tau} lets unnormalized P reach 2^{config.tau}, beyond the {problem.dtype} range"
+        out.append(Violation(
+            "value range",
+            f"tau {config.tau} lets unnormalized P reach 2^{config.tau}, beyond the {problem.dtype} range")
         )
     if config.pingpong == "mma_exp" and not config.intra_wg_overlap:
         # Without overlap the exp phase of one warpgroup already sits between its own GEMMs,
         # which the 'mma' barrier orders; the extra barrier would only serialize further.
-        out.append("pingpong 'mma_exp' needs intra_wg_overlap (the exp barrier brackets the overlapped softmax)")
+        out.append(Violation("knob combination",
+            "pingpong 'mma_exp' needs intra_wg_overlap (the exp barrier brackets the overlapped softmax)"))
     if (config.persistent and problem.causal and problem.head_dim == 128
             and (config.tile_n != 128 or config.p_operand != "rmem")):
         # The tile loop keeps the scheduler's values and pipeline phases live through the mainloop;
         # on top of the causal mask arithmetic at hd128 that spills (compiled: tile_n 96/160/176,
         # P through shared memory: 2-16 local loads/stores), while tile_n 128 with P in registers
         # compiled clean with and without overlap and with the exp2 split.
-        out.append("persistent at head_dim 128, causal, needs tile_n 128 and p_operand 'rmem' (others spill)")
+        out.append(Violation("registers",
+            "persistent at head_dim 128, causal, needs tile_n 128 and p_operand 'rmem' (others spill)"))
     return out
 
 

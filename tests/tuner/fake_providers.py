@@ -89,3 +89,41 @@ class SlowTeardown(ReplayProvider):
         import time
 
         atexit.register(time.sleep, float(os.environ.get("FA4_TEST_TEARDOWN_S", "5")))
+
+
+class GpuReplay(ReplayProvider):
+    """A provider that times on a GPU, as fa4 and the peers do, but answers from the real H200
+    recording: on the fake machine of tests/fakegpu it takes every branch a GPU run takes (the
+    GPU lock, the measuring process, the device record) without launching a kernel.
+
+    With $FA4_TEST_EXPECT_LOCK naming a lock file, each measurement first checks that another
+    process (the fa4-tune that started this one) holds that file's lock: the GPU is locked
+    while it is timed. A measurement on an unlocked GPU raises (a runtime_error trial)."""
+
+    name = "gpu-replay"
+    needs_gpu = True
+
+    def available(self):
+        from tuner.device import has_cuda
+
+        return None if has_cuda() else "needs a CUDA GPU"
+
+    def warmup(self) -> None:
+        """Nothing to load: the base class would create a CUDA context, which the fake machine
+        has none of (torch's CPU build)."""
+
+    def measure(self, problem, config, settings):
+        import fcntl
+
+        expect = os.environ.get("FA4_TEST_EXPECT_LOCK")
+        if expect:
+            fd = os.open(expect, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # held by fa4-tune, as it must be
+            else:
+                raise RuntimeError(f"timing on a GPU whose lock {expect} nobody holds")
+            finally:
+                os.close(fd)
+        return super().measure(problem, config, settings)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fa4.arch import SM90
-from fa4.knobs import config_to_dict
+from fa4.knobs import VIOLATION_KINDS, config_to_dict
 from fa4.problem import Problem
 from tests.tuner.synthetic import best_synthetic, write_synthetic
 from tuner.providers import get_provider
@@ -31,7 +32,7 @@ def fa4_tune(*args, env_extra=None, timeout=300):
     [
         (["--seqlen", "-8", "--hdim", "128"], "--seqlen must be a positive integer, got -8"),
         (["--seqlen", "8192", "--hdim", "128", "--batch", "0"], "--batch must be a positive integer"),
-        (["--seqlen", "8192", "--hdim", "100"], "head_dim=100"),
+        (["--seqlen", "8192", "--hdim", "100"], "head_dim 100 not supported by fa4"),
         (["--seqlen", "8192", "--hdim", "128", "--provider", "nope"], "unknown provider 'nope'"),
         (["--seqlen", "8192"], "--hdim"),
         (["--seqlen", "8192", "--hdim", "128", "--sampler", "anneal"], "invalid choice: 'anneal'"),
@@ -52,29 +53,42 @@ def test_bad_arguments_give_one_line_and_exit_2(args, needle):
 
 
 def test_without_gpu_checks_feasibility_and_says_timing_needs_a_gpu(tmp_path):
+    """The default provider is our kernels, also without a GPU: their feasible space, what
+    rejected the rest (by the rule that did, none unclassified), and compiled kernels."""
     db = tmp_path / "r.db"
-    r = fa4_tune("--seqlen", "8192", "--hdim", "128", "--db", f"sqlite:///{db}")
+    r = fa4_tune("--seqlen", "8192", "--hdim", "128", "--trials", "2", "--db", f"sqlite:///{db}")
     assert r.returncode == 0, r.stderr
-    p = get_provider("flash-attn-4")
+    p = get_provider("fa4")
     prob = Problem.standard(8192, 128)
+    assert r.stdout.startswith("fa4-tune: fa4 on sm90 (no CUDA GPU here)"), r.stdout
     n_feasible = len(p.feasible_configs(prob, SM90))
     assert f"{n_feasible} feasible" in r.stdout
     assert "Timing needs a CUDA GPU" in r.stdout
     assert p.describe(p.default_config(prob, SM90)) in r.stdout
+    kinds = re.findall(r"^  rejected by ([a-z ]+): (\d+) configs \((\d+) by it alone", r.stdout, re.M)
+    assert {k for k, _, _ in kinds} >= {"shared memory", "registers", "knob combination"}, r.stdout
+    assert all(k in VIOLATION_KINDS for k, _, _ in kinds), r.stdout
+    assert "compile-only: 2 of 2 kernels compiled for sm90" in r.stdout, r.stdout
     assert not db.exists()  # nothing pretended to be measured
 
 
 def test_without_gpu_json(tmp_path):
-    r = fa4_tune("--seqlen", "4096", "--hdim", "64", "--causal", "--json")
+    r = fa4_tune("--seqlen", "4096", "--hdim", "64", "--causal", "--json", "--trials", "1")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     prob = Problem.standard(4096, 64, causal=True)
-    assert rep["problem"] == prob.to_dict()
-    p = get_provider("flash-attn-4")
-    assert rep["feasible"] == len(p.feasible_configs(prob, SM90))
+    assert rep["problem"] == prob.to_dict() and rep["provider"] == "fa4"
+    p = get_provider("fa4")
+    feasible = p.feasible_configs(prob, SM90)
+    assert rep["feasible"] == len(feasible)
     assert rep["configs"] == rep["feasible"] + rep["infeasible"]
     assert rep["default"]["config"] == config_to_dict(p.default_config(prob, SM90))
     assert "timing needs a CUDA GPU" in rep["timing"]
+    # Each kind counts the configs it rejects, once per config; the configs only it rejects add
+    # up to at most the infeasible total.
+    reasons = rep["infeasible_reasons"]
+    assert sum(r["only"] for r in reasons.values()) <= rep["infeasible"] <= sum(r["count"] for r in reasons.values())
+    assert set(reasons) <= set(VIOLATION_KINDS)
 
 
 def test_replay_end_to_end_and_resume(tmp_path):
@@ -93,5 +107,6 @@ def test_replay_end_to_end_and_resume(tmp_path):
     assert r2.returncode == 0 and res2["resumed_with"] == 30 and res2["trials"] == 40
     table = fa4_tune(*args, "--trials", "40")  # human table
     assert table.returncode == 0
-    for needle in ("default", "best", "speedup best/default", "results DB:", "Optuna study:", "128x160 RS OL"):
+    for needle in ("default", "best", "speedup best/default", "results DB:", "Optuna study:",
+                   "best config: the default with tile_n=160\n"):
         assert needle in table.stdout

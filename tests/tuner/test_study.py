@@ -155,7 +155,7 @@ def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, mon
     assert res.default["status"] == "ok"
 
 
-def test_default_provider_prefers_fa4_when_registered_and_available():
+def test_default_provider_is_fa4_on_any_machine():
     from tuner import providers
     from tuner.providers.base import Provider
     from tuner.study import resolve_provider
@@ -169,13 +169,14 @@ def test_default_provider_prefers_fa4_when_registered_and_available():
 
     saved = dict(providers._REGISTRY)
     try:
-        if "fa4" not in saved:
-            assert resolve_provider(None).name == "flash-attn-4"
         providers.register("fa4", FakeFa4)
         assert resolve_provider(None).name == "fa4"
+        # Unusable here (no GPU, not built): still fa4, whose CPU report or "not available"
+        # error the user then sees; the reference runs only when asked for.
         FakeFa4.usable = False
         providers._CACHE.pop("fa4", None)
-        assert resolve_provider(None).name == "flash-attn-4"
+        assert resolve_provider(None).name == "fa4"
+        assert resolve_provider("flash-attn-4").name == "flash-attn-4"
     finally:
         providers._REGISTRY.clear()
         providers._REGISTRY.update(saved)

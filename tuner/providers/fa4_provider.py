@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fa4.arch import Arch
+from fa4.knobs import Violation
 from fa4.problem import Problem
 
 from .base import Provider
@@ -69,7 +70,7 @@ class Fa4Provider(Provider):
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:
         errs = self.problem_errors(problem)
         if errs:
-            return errs
+            return [Violation("problem", e) for e in errs]
         cls, m = self._knobs(problem)
         if not isinstance(config, cls):
             return [f"a {problem.pass_} config of fa4 is a {cls.__name__}, got {type(config).__name__}"]

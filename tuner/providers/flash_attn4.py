@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fa4.arch import Arch
-from fa4.knobs import knob
+from fa4.knobs import Violation, knob
 from fa4.problem import Problem
 
 from .base import Provider
@@ -101,39 +101,41 @@ def head_dim_errors(problem: Problem) -> list[str]:
     for name, d in dims:
         # TMA needs 16-byte rows: 8 elements of a 16-bit type.
         if d % 8 != 0 or not 8 <= d <= 256:
-            bad.append(f"{name}={d}: the reference FA4 on sm90 needs a multiple of 8 in [8, 256]")
+            bad.append(Violation("problem", f"{name}={d}: the reference FA4 on sm90 needs a multiple of 8 in [8, 256]"))
     return bad
 
 
 def fwd_violations(cfg: RefFa4FwdKnobs, problem: Problem, arch: Arch) -> list[str]:
     v = []
     if arch.name != "sm90":
-        v.append(f"these knobs drive the reference's sm90 kernel, not {arch.name}")
+        v.append(Violation("problem", f"these knobs drive the reference's sm90 kernel, not {arch.name}"))
     v.extend(head_dim_errors(problem))
     if v:
         return v
     if cfg.tile_m % 64 != 0 or cfg.tile_m // 64 not in MMA_REG_CEILING:
-        v.append(f"tile_m={cfg.tile_m}: must be 64, 128 or 192 (one MMA warpgroup per 64 rows)")
+        v.append(Violation("tile shape", f"tile_m={cfg.tile_m}: must be 64, 128 or 192 (one MMA warpgroup per 64 rows)"))
         return v
     # tile_n is the K extent of the PV WGMMA (16 per instruction for 16-bit inputs) and the N
     # extent of the QK WGMMA (at most 256).
     if cfg.tile_n % 16 != 0 or cfg.tile_n > 256:
-        v.append(f"tile_n={cfg.tile_n}: must be a multiple of 16 up to 256 (WGMMA K/N shape)")
+        v.append(Violation("tile shape", f"tile_n={cfg.tile_n}: must be a multiple of 16 up to 256 (WGMMA K/N shape)"))
     used, budget = fwd_register_use(cfg, problem)
     if used > budget:
         parts = f"S {cfg.tile_n // 2} + O {padded_head_dim(problem.head_dim_v) // 2}"
         if holds_p_with_s(cfg):
             parts += f" + P {cfg.tile_n // 4}"
-        v.append(
+        v.append(Violation(
+            "registers",
             f"registers: {used} accumulator registers per thread ({parts}) exceed the "
-            f"{budget} left with {cfg.tile_m // 64} MMA warpgroup(s)"
-        )
+            f"{budget} left with {cfg.tile_m // 64} MMA warpgroup(s)",
+        ))
     smem = fwd_smem_bytes(cfg, problem)
     if smem > arch.smem_per_cta:
-        v.append(
+        v.append(Violation(
+            "shared memory",
             f"shared memory: {smem / 1024:.0f} KiB (Q/O, {KV_STAGES}-stage K and V"
-            f"{', P' if not cfg.mma_pv_is_rs else ''}) exceeds {arch.smem_per_cta / 1024:.0f} KiB"
-        )
+            f"{', P' if not cfg.mma_pv_is_rs else ''}) exceeds {arch.smem_per_cta / 1024:.0f} KiB",
+        ))
     return v
 
 
@@ -180,10 +182,10 @@ class FlashAttn4Provider(Provider):
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:
         if isinstance(config, RefFa4FwdKnobs):
             return fwd_violations(config, problem, arch)
-        v = [] if arch.name == "sm90" else [f"tuned here for sm90 only, not {arch.name}"]
+        v = [] if arch.name == "sm90" else [Violation("problem", f"tuned here for sm90 only, not {arch.name}")]
         v.extend(head_dim_errors(problem))
         if problem.deterministic and not config.deterministic:
-            v.append("the problem asks for a deterministic backward; this config is not")
+            v.append(Violation("problem contradiction", "the problem asks for a deterministic backward; this config is not"))
         return v
 
     def default_config(self, problem: Problem, arch: Arch):
