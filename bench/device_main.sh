@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# README command (1) on the device machine, through the device kit (../shared/device/stage.sh).
+# The machine reaches no package index and carries torch 2.11: the kit's wheels stand in for the
+# two pip installs of command (1) (torch==2.13.0 is the CPU machines' pin; the GPU image has its
+# own CUDA build), and `pip install -e .` without an index puts the `fa4-tune` program on PATH.
+# Then the main job runs exactly as README command (1) writes it. Log under $OUT/main.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/logs/session}"
+mkdir -p "$out"
+{
+  echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Running pip as" || true
+  echo "\$ fa4-tune --seqlen 8192 --hdim 128"
+  start=$SECONDS
+  fa4-tune --seqlen 8192 --hdim 128
+  echo "rc=$? wall=$((SECONDS - start))s"
+} > >(tee "$out/main.log") 2> >(tee "$out/main.err" >&2)
