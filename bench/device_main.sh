@@ -10,6 +10,8 @@ out="${OUT:-bench/logs/session}"
 mkdir -p "$out"
 {
   echo "== $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  # platformdirs (the default DB's folder) is not on the image: carried as a wheel in .whl/.
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-cache-dir .whl/*.whl 2>&1 | grep -v "^WARNING: Running pip as"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Running pip as" || true
   echo "\$ fa4-tune --seqlen 8192 --hdim 128"
   start=$SECONDS
