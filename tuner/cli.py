@@ -160,10 +160,12 @@ def _changes(changes: dict | None) -> str:
 def _trial_counts(res) -> str:
     """measured / infeasible / failed, with the failures by kind."""
     st = dict(res.statuses)
+    repeats = res.trials - sum(st.values())  # a config proposed again is answered from its first trial
     ok, infeasible = st.pop("ok", 0), st.pop("infeasible", 0)
     failed = sum(st.values())
     kinds = f" ({', '.join(f'{k} {v}' for k, v in sorted(st.items()))})" if st else ""
-    return f"{res.trials} in study: {ok} measured ok, {infeasible} infeasible, {failed} failed{kinds}"
+    again = f", {repeats} repeated a config already tried (not measured again)" if repeats else ""
+    return f"{res.trials} in study: {ok} measured ok, {infeasible} infeasible, {failed} failed{kinds}{again}"
 
 
 def print_result(res, console) -> None:
