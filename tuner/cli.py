@@ -165,7 +165,9 @@ def _trial_counts(res) -> str:
     failed = sum(st.values())
     kinds = f" ({', '.join(f'{k} {v}' for k, v in sorted(st.items()))})" if st else ""
     again = f", {repeats} repeated a config already tried (not measured again)" if repeats else ""
-    return f"{res.trials} in study: {ok} measured ok, {infeasible} infeasible, {failed} failed{kinds}{again}"
+    space = f" (of {res.feasible_configs} feasible configs)" if res.feasible_configs is not None else ""
+    return (f"{res.trials} in study{space}: {ok} measured ok, {infeasible} infeasible, {failed} failed"
+            f"{kinds}{again}")
 
 
 def print_result(res, console) -> None:

@@ -59,21 +59,31 @@ def default_storage(db_url: str) -> str:
     return str(Path(platformdirs.user_data_dir("fa4-tune")) / "optuna.journal")
 
 
-def make_sampler(kind: str, knob_cls, seed: int, parallel: bool = False):
+def make_sampler(kind: str, knob_cls, seed: int, parallel: bool = False, feasible: list[dict] | None = None):
+    """The Optuna sampler of ``kind``; with ``feasible`` (the problem's feasible configs) wrapped
+    so that it proposes only those, each once (tuner/sampling.py)."""
     import optuna
 
+    from .sampling import FeasibleSampler
+
+    if kind not in SAMPLERS:
+        raise TuneError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
+    space = {k: tuple(v) for k, v in search_space(knob_cls).items()} if knob_cls else {}
     if kind == "grid":
-        space = {k: list(v) for k, v in search_space(knob_cls).items()} if knob_cls else {}
-        return optuna.samplers.GridSampler(space, seed=seed)
+        if feasible is not None and knob_cls is not None:
+            return FeasibleSampler(None, space, feasible, seed)
+        return optuna.samplers.GridSampler({k: list(v) for k, v in space.items()}, seed=seed)
     if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if kind == "tpe":
+        base = optuna.samplers.RandomSampler(seed=seed)
+    else:
         # Tile knobs interact (tile_m x tile_n decide registers), so model them jointly.
         # With several workers on one study, constant_liar makes each one treat the others'
         # running trials as bad results, so they do not all sample the same promising config.
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True,
+        base = optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True,
                                           constant_liar=parallel)
-    raise TuneError(f"unknown sampler {kind!r} (choose from {', '.join(SAMPLERS)})")
+    if feasible is not None and knob_cls is not None:
+        return FeasibleSampler(base, space, feasible, seed)
+    return base
 
 
 def suggest_config(trial, knob_cls):
@@ -124,6 +134,7 @@ class TuneResult:
     budget: int = 0  # finished trials the study should hold
     failed: int = 0  # trials whose worker died (FAIL); their retries count instead
     best_changes: dict | None = None  # knob -> value where the best config differs from the default
+    feasible_configs: int | None = None  # configs of the problem's space that can run (None: no knobs)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -289,32 +300,36 @@ class Tuner:
         return optuna.create_study(
             study_name=self.name,
             storage=open_storage(self.storage_spec, self.heartbeat_s),
-            sampler=make_sampler(self.sampler_kind, self.knob_cls, self.seed, self.parallel),
+            sampler=make_sampler(self.sampler_kind, self.knob_cls, self.seed, self.parallel, self.feasible()),
             direction="maximize",
             load_if_exists=True,
         )
 
     def budget(self) -> int:
-        """Finished trials a full study holds (the grid: every config, plus the enqueued default)."""
+        """Finished trials a full study holds: ``trials``, or every feasible config when the
+        problem has fewer (the sampler proposes nothing else)."""
         if self.knob_cls is None:
             return 1
-        if self.sampler_kind == "grid":
-            return min(self.trials, self._n_space() + 1)
-        return self.trials
+        return min(self.trials, len(self.feasible()))
 
-    def _n_space(self) -> int:
-        if not hasattr(self, "_space_size"):
-            self._space_size = len(list(iter_configs(self.knob_cls)))
-        return self._space_size
+    def feasible(self) -> list[dict] | None:
+        """The problem's feasible configs (knob dicts), computed once per study."""
+        if self.knob_cls is None:
+            return None
+        if not hasattr(self, "_feasible"):
+            self._feasible = [self.provider.config_to_dict(c)
+                              for c in self.provider.feasible_configs(self.problem, self.arch)]
+            if not self._feasible:
+                raise TuneError(f"{self.provider.name}: no config of the search space can run "
+                                f"{self.problem.key()} on {self.arch.name}")
+        return self._feasible
 
     def _left(self, study) -> tuple[int, int, int]:
         """(trials still worth starting, answered trials, running trials).
 
         Answered = completed or pruned. FAIL trials (their worker died) do not count: their
-        retries do. Running trials count as taken, whoever runs them. For the grid, configs
-        already answered or running elsewhere are taken too: several workers asking a
-        GridSampler at once may be handed the same point, and a trial count alone would
-        then end the study with a config never measured.
+        retries do. Running trials count as taken, whoever runs them, and so do the feasible
+        configs already answered or running: no more trials than untried feasible configs.
         """
         import optuna
 
@@ -323,9 +338,14 @@ class Tuner:
         answered = [t for t in trials if t.state in (S.COMPLETE, S.PRUNED)]
         running = [t for t in trials if t.state == S.RUNNING]
         left = (1 if self.knob_cls is None else self.trials) - len(answered) - len(running)
-        if self.sampler_kind == "grid" and self.knob_cls is not None:
-            seen = {_key(t.params) for t in answered + running if t.params}
-            left = min(left, self._n_space() - len(seen))
+        if self.knob_cls is not None:
+            # Configs answered or running elsewhere are taken: several workers may be handed
+            # the same config at once, and a trial count alone would then end the study with
+            # a feasible config never measured.
+            if not hasattr(self, "_feasible_keys"):
+                self._feasible_keys = {_key(c) for c in self.feasible()}
+            seen = {_key(t.params) for t in answered + running if t.params} & self._feasible_keys
+            left = min(left, len(self._feasible_keys) - len(seen))
         return left, len(answered), len(running)
 
     def run(self, on_trial: Callable | None = None, on_start: Callable | None = None,
@@ -432,6 +452,7 @@ class Tuner:
             budget=self.budget(),
             failed=sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
             best_changes=changes,
+            feasible_configs=None if self.knob_cls is None else len(self.feasible()),
         )
 
 

@@ -70,9 +70,10 @@ def test_plain_run_on_one_gpu_locks_it_stores_its_trials_and_reports(tmp_path):
     assert default and best and speedup, out
     assert float(speedup.group(1)) == pytest.approx(float(best.group(1)) / float(default.group(1)), abs=1e-3)
     assert re.search(r"^best config: the default( with \w+=\S+(, \w+=\S+)*)?$", out, re.M), out
-    counts = re.search(r"^trials: 6 in study: (\d+) measured ok, (\d+) infeasible, (\d+) failed"
+    counts = re.search(r"^trials: 6 in study \(of \d+ feasible configs\): (\d+) measured ok, (\d+) infeasible, (\d+) failed"
                        r"(?:, (\d+) repeated a config already tried \(not measured again\))?$", out, re.M)
     assert counts and sum(int(x or 0) for x in counts.groups()) == 6, out
+    assert int(counts.group(2)) == 0, out  # only feasible configs are proposed
     assert int(counts.group(3)) == 0, out  # every measurement found the GPU locked
 
     # The DB holds the trials under the faked device, with what the driver and nvidia-smi said.

@@ -1,5 +1,7 @@
 """The tuner's logic on CPU, driven by the replay provider over a synthetic recording."""
 
+import json
+
 import optuna
 import pytest
 
@@ -58,32 +60,53 @@ def test_default_is_enqueued_first_and_flagged(env):
     assert d is not None and d["tflops"] == pytest.approx(synthetic_tflops(fwd_default(PROBLEM)), rel=1e-3)
 
 
-def test_infeasible_configs_are_pruned_with_reason_and_stored(env):
+def test_the_grid_measures_every_feasible_config_once_and_no_infeasible_one(env):
     t = _tuner(env, sampler="grid", trials=1000)
     res = t.run()
     study = _study(t)
-    n_space = len(list(iter_configs(RefFa4FwdKnobs)))
-    assert res.trials == n_space + 1  # the grid plus the enqueued default (a duplicate)
-    infeasible = {}
-    for tr in study.trials:
-        cfg = RefFa4FwdKnobs(**tr.params)
-        v = fwd_violations(cfg, PROBLEM, SM90)
-        if v:
-            assert tr.state == optuna.trial.TrialState.PRUNED  # pruned, never FAILed
-            assert tr.user_attrs["status"] == "infeasible"
-            assert tr.user_attrs["reason"] == "; ".join(v)
-            infeasible[tr.number] = tr.user_attrs["reason"]
-    assert infeasible, "the space has infeasible configs for hd128"
-    rows = env["store"].measurements(study_name=t.name, status="infeasible")
-    assert {r["trial_number"]: r["reason"] for r in rows} == infeasible
-    # The failing statuses of the recording are pruned too, with their own status.
-    by_cfg = {tuple(tr.params.values()): tr for tr in study.trials if "duplicate_of" not in tr.user_attrs}
+    space = list(iter_configs(RefFa4FwdKnobs))
+    feasible = [c for c in space if not fwd_violations(c, PROBLEM, SM90)]
+    assert len(feasible) < len(space), "the space has infeasible configs for hd128"
+    # The budget is the feasible space: every feasible config once (the default among them).
+    assert res.trials == len(feasible) == res.feasible_configs == res.budget
+    assert sorted(json.dumps(tr.params, sort_keys=True) for tr in study.trials) == sorted(
+        json.dumps(config_to_dict(c), sort_keys=True) for c in feasible)
+    assert "infeasible" not in res.statuses
+    assert env["store"].count(study_name=t.name, status="infeasible") == 0
+    # The failing statuses of the recording are pruned, with their own status.
+    by_cfg = {tuple(tr.params.values()): tr for tr in study.trials}
     ce = by_cfg[tuple(config_to_dict(COMPILE_ERROR_CFG).values())]
     assert ce.state == optuna.trial.TrialState.PRUNED and ce.user_attrs["status"] == "compile_error"
     bad = by_cfg[tuple(config_to_dict(INCORRECT_CFG).values())]
     assert bad.user_attrs["status"] == "incorrect"
     assert res.best["config"] == config_to_dict(best_synthetic(PROBLEM))
-    assert sum(res.statuses.values()) == n_space
+    assert sum(res.statuses.values()) == len(feasible)
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_samplers_propose_only_untried_feasible_configs(env, sampler):
+    """--trials N is N measured configs: no infeasible proposal, no config twice."""
+    res = _tuner(env, sampler=sampler, trials=30).run()
+    trials = _study(_tuner(env, sampler=sampler, trials=30)).trials
+    assert res.trials == 30 and len(trials) == 30
+    assert all(not fwd_violations(RefFa4FwdKnobs(**tr.params), PROBLEM, SM90) for tr in trials)
+    assert len({json.dumps(tr.params, sort_keys=True) for tr in trials}) == 30
+    assert "infeasible" not in res.statuses and sum(res.statuses.values()) == 30
+
+
+def test_an_infeasible_config_that_gets_in_is_pruned_with_reason_and_stored(env):
+    """The check before each measurement stays: a config enqueued by hand is not measured."""
+    t = _tuner(env, trials=2)
+    cfg = next(c for c in iter_configs(RefFa4FwdKnobs) if fwd_violations(c, PROBLEM, SM90))
+    study = t.open_study()
+    study.enqueue_trial(config_to_dict(cfg))
+    t.run()
+    tr = next(tr for tr in _study(t).trials if tr.params == config_to_dict(cfg))
+    reason = "; ".join(fwd_violations(cfg, PROBLEM, SM90))
+    assert tr.state == optuna.trial.TrialState.PRUNED and tr.user_attrs["status"] == "infeasible"
+    assert tr.user_attrs["reason"] == reason
+    rows = env["store"].measurements(study_name=t.name, status="infeasible")
+    assert [(r["trial_number"], r["reason"]) for r in rows] == [(tr.number, reason)]
 
 
 def test_rerun_resumes_the_study(env):
@@ -151,7 +174,10 @@ def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, mon
     assert trials[3].user_attrs["status"] == "ok"
     assert trials[3].value == pytest.approx(synthetic_tflops(after), rel=1e-3)
     rows = env["store"].measurements(study_name=t.name, status="runtime_error")
-    assert sorted(r["trial_number"] for r in rows) == [1, 2]
+    # The queued pair, and any later proposal of a config the provider misbehaves on.
+    misbehaving = sorted(tr.number for tr in trials if tr.params["tile_n"] in (96, 112))
+    assert misbehaving[:2] == [1, 2]
+    assert sorted(r["trial_number"] for r in rows) == misbehaving
     assert res.default["status"] == "ok"
 
 
