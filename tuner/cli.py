@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", help="implementation to tune (default: fa4, our kernels; flash-attn-4, cudnn, fa2 are the peers)")
     p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    p.add_argument("--verify-rounds", type=int, default=7, metavar="N",
+                   help="re-measure the top 3 configs against the default, interleaved over N rounds, and "
+                   "serve a challenger only if its gain beats the rounds' spread (default 7; 0: off)")
     p.add_argument("--db", help="results DB: SQLAlchemy URL or SQLite path (default: $FA4_DB, else user data dir)")
     p.add_argument("--storage", help="Optuna storage: a journal file (one host, default: beside the DB) or "
                    "postgresql://... (several hosts)")
@@ -78,6 +81,8 @@ def _die(msg: str, code: int = EXIT_USAGE):
 def problems_from_args(a) -> list[Problem]:
     from .shapes import ShapeError, grid, load_shapes, parse_int_list
 
+    if a.verify_rounds is not None and a.verify_rounds < 0:
+        _die(f"--verify-rounds must be 0 (off) or a positive integer, got {a.verify_rounds}")
     for flag, v in (("--batch", a.batch), ("--heads", a.heads), ("--heads-kv", a.heads_kv),
                     ("--seqlen-k", a.seqlen_k), ("--trials", a.trials), ("--heartbeat", a.heartbeat)):
         if v is not None and v <= 0:
@@ -157,6 +162,14 @@ def _changes(changes: dict | None) -> str:
     return "the default with " + ", ".join(f"{k}={v}" for k, v in changes.items())
 
 
+def _served(v: dict) -> str:
+    """What lookups serve after the top configs were re-measured against the default."""
+    conf = f"{v['gain'] * 100:+.1f}% +- {v['spread'] * 100:.1f}% over {v['rounds']} interleaved rounds"
+    if v["significant"]:
+        return f"{_changes(v['changes'])} ({conf})"
+    return f"the default: no significant gain ({conf})"
+
+
 def _trial_counts(res) -> str:
     """measured / infeasible / failed, with the failures by kind."""
     st = dict(res.statuses)
@@ -183,6 +196,8 @@ def print_result(res, console) -> None:
         say(f"default config failed: {res.default['status']}: {res.default['reason']}")
     say(f"speedup best/default: {'-' if res.speedup is None else f'{res.speedup:.3f}x'}")
     say(f"best config: {_changes(res.best_changes)}")
+    if res.served is not None:
+        say(f"served: {_served(res.served)}")
     say(f"trials: {_trial_counts(res)}" + (f"; resumed with {res.resumed_with}" if res.resumed_with else ""))
     say(f"results DB: {res.db_url}")
     say(f"Optuna study: {res.study_name} in {res.storage}")
@@ -212,7 +227,9 @@ def print_summary(results: list[dict], console) -> None:
         console.print(escape(
             f"{_shape_label(Problem.from_dict(r.problem))}: default {_fmt(d.get('tflops'), '.1f')}, "
             f"best {_fmt(b.get('tflops'), '.1f')} TFLOP/s, speedup {speed}, error {_fmt(b.get('error'), '.1e')}; "
-            f"best config: {_changes(r.best_changes)}; trials: {_trial_counts(r)}"
+            f"best config: {_changes(r.best_changes)}; "
+            + (f"served: {_served(r.served)}; " if r.served is not None else "")
+            + f"trials: {_trial_counts(r)}"
         ))
     console.print(escape(f"results DB: {r0['db_url']}"))
     console.print(escape(f"Optuna studies in {r0['storage']}"))
@@ -283,7 +300,7 @@ def main(argv=None) -> int:
             outcome = fleet.run_fleet(
                 slots, problems, provider_spec=spec, db=str(store.engine.url.render_as_string(hide_password=False)),
                 storage=storage, sampler=args.sampler, trials=args.trials, heartbeat_s=args.heartbeat,
-                preflight=lambda: (f"{provider.name} is not available: {why}"
+                verify_rounds=args.verify_rounds, preflight=lambda: (f"{provider.name} is not available: {why}"
                                    if (why := provider.available()) else None),
             )
             results, workers = outcome.results, outcome.workers
@@ -308,7 +325,7 @@ def main(argv=None) -> int:
                 for problem in problems:
                     tuner = Tuner(provider, problem, store=store, storage=storage, sampler=args.sampler,
                                   trials=args.trials, provider_spec=spec, heartbeat_s=args.heartbeat,
-                                  parallel="://" in storage, runner=runner)
+                                  parallel="://" in storage, runner=runner, verify_rounds=args.verify_rounds)
                     results.append(_run_with_progress(tuner, err).to_dict())
             finally:
                 if runner is not None:

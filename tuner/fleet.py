@@ -309,7 +309,9 @@ def worker_main(spec: dict) -> int:
                           trials=spec["trials"], runner=runner,
                           seed=sampler_seed(spec["seed"], spec["sampler"], problem.key() in own, k),
                           provider_spec=spec["provider"], worker=slot, parallel=True,
-                          heartbeat_s=spec.get("heartbeat_s"))
+                          heartbeat_s=spec.get("heartbeat_s"),
+                          # The owner of a study judges its winners, once, when the study is full.
+                          verify_rounds=spec.get("verify_rounds", 7) if final and problem.key() in own else 0)
                 res = t.run(on_trial=on_trial, wait=final)
                 _emit({"event": "result", "slot": slot, "final": final, "key": problem.key(),
                        "stored": t.stored, "result": res.to_dict()})
@@ -361,7 +363,7 @@ def _exit_words(code: int) -> str:
 
 def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str, db: str, storage: str,
               sampler: str, trials: int, seed: int = 0, heartbeat_s: int | None = None,
-              log=None, on_spawn=None, preflight=None) -> FleetOutcome:
+              log=None, on_spawn=None, preflight=None, verify_rounds: int = 7) -> FleetOutcome:
     """Start one worker per slot, wait for all, and gather each problem's final result.
 
     ``preflight`` (returns a reason or None) runs once the workers are started, so its cost (a
@@ -400,15 +402,19 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
                 stored[ev["key"]] = stored.get(ev["key"], 0) + ev["stored"]
                 resumed[ev["key"]] = min(resumed.get(ev["key"], 1 << 30), ev["result"]["resumed_with"])
                 prev = finals.get(ev["key"])
-                # The fullest view of a study wins (a later one never has fewer trials).
-                if prev is None or ev["result"]["trials"] >= prev["trials"]:
-                    finals[ev["key"]] = ev["result"]
+                # The fullest view of a study wins (a later one never has fewer trials); of two
+                # full ones, the owner's, which carries the re-measurement's verdict.
+                res = ev["result"]
+                if (prev is None or res["trials"] > prev["trials"]
+                        or (res["trials"] == prev["trials"] and (res.get("served") or not prev.get("served")))):
+                    finals[ev["key"]] = res
 
     try:
         for k, (slot, fd) in enumerate(zip(slots, fds)):
             spec = {"slot": slot.name, "index": k, "n_workers": len(slots), "provider": provider_spec,
                     "problems": [p.to_dict() for p in problems], "db": db, "storage": storage,
                     "sampler": sampler, "trials": trials, "seed": seed, "heartbeat_s": heartbeat_s,
+                    "verify_rounds": verify_rounds,
                     "parent_pid": os.getpid(), "t0": t0}
             env = dict(os.environ)
             env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible

@@ -16,6 +16,8 @@ import numpy as np
 from optuna.distributions import CategoricalDistribution
 from optuna.samplers import BaseSampler
 
+CLAIM = "fa4_claimed_config"  # trial system attribute: the config a running trial will measure
+
 
 class FeasibleSampler(BaseSampler):
     """Proposes only configs in ``feasible`` (knob-name -> value dicts) not yet in the study.
@@ -49,16 +51,27 @@ class FeasibleSampler(BaseSampler):
         except KeyError:  # a partial config, or a value off the menu
             return None
 
-    def _tried(self, study) -> np.ndarray:
+    def _tried(self, study, trial=None) -> np.ndarray:
         """Mask over the feasible configs: proposed already (any state, running ones too, so
-        workers sharing a study do not all measure one config) or enqueued."""
+        workers sharing a study do not all measure one config), claimed by another running
+        trial, or enqueued."""
         mask = np.zeros(len(self._feasible), dtype=bool)
         for t in study.get_trials(deepcopy=False):
-            params = t.params if len(t.params) == len(self._names) else t.system_attrs.get("fixed_params", {})
+            if trial is not None and t._trial_id == trial._trial_id:
+                continue
+            params = t.params if len(t.params) == len(self._names) else (
+                t.system_attrs.get(CLAIM) or t.system_attrs.get("fixed_params", {}))
             code = self._encode(params)
             if code is not None and code in self._row:
                 mask[self._row[code]] = True
         return mask
+
+    def _claim(self, study, trial, row: int) -> bool:
+        """Record in the trial, before its parameters exist, which config it will measure; then
+        look again. Another worker that picked the same config at the same moment wrote its
+        claim first or reads this one: at most one of the two keeps it."""
+        study._storage.set_trial_system_attr(trial._trial_id, CLAIM, self._feasible[row])
+        return not self._tried(study, trial)[row]
 
     def infer_relative_search_space(self, study, trial):
         return dict(self._space)
@@ -66,25 +79,34 @@ class FeasibleSampler(BaseSampler):
     def sample_relative(self, study, trial, search_space):
         if not search_space:
             return {}
-        tried = self._tried(study)
-        if tried.all():
+        for _ in range(8):  # a lost claim (another worker took the config) picks again
+            row = self._pick(study, trial)
+            if row is None or self._claim(study, trial, row):
+                break
+        if row is None:
             # Every feasible config is taken (the study asks for more than the space holds):
             # propose one again, which the tuner answers from its first trial.
             return dict(self._feasible[self._rng.randint(len(self._feasible))])
+        return dict(self._feasible[row])
+
+    def _pick(self, study, trial) -> int | None:
+        tried = self._tried(study, trial)
+        if tried.all():
+            return None
         if self._base is None:
-            return dict(self._feasible[next(i for i in self._order if not tried[i])])
+            return int(next(i for i in self._order if not tried[i]))
         want = self._base.sample_relative(study, trial, self._base.infer_relative_search_space(study, trial))
         code = self._encode(want)
         if code is None:  # the base sampler's start-up: uniform over what is left
             free = np.flatnonzero(~tried)
-            return dict(self._feasible[free[self._rng.randint(len(free))]])
+            return int(free[self._rng.randint(len(free))])
         row = self._row.get(code)
         if row is not None and not tried[row]:
-            return dict(self._feasible[row])
+            return row
         distance = (self._codes != np.array(code, dtype=np.int32)).sum(axis=1)
         distance[tried] = len(self._names) + 1
         nearest = np.flatnonzero(distance == distance.min())
-        return dict(self._feasible[nearest[self._rng.randint(len(nearest))]])
+        return int(nearest[self._rng.randint(len(nearest))])
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         # Reached only for a parameter outside the knob space (none today) or a trial whose

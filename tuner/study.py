@@ -135,6 +135,10 @@ class TuneResult:
     failed: int = 0  # trials whose worker died (FAIL); their retries count instead
     best_changes: dict | None = None  # knob -> value where the best config differs from the default
     feasible_configs: int | None = None  # configs of the problem's space that can run (None: no knobs)
+    # After the re-measurement of the top configs against the default: the config lookups serve,
+    # whether its gain is significant, gain and spread (fractions) and the rounds. None: not
+    # re-measured (the default was the study's best, or verification was off).
+    served: dict | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -180,6 +184,8 @@ class Tuner:
         worker: str | None = None,
         parallel: bool = False,
         heartbeat_s: int | None = None,
+        verify_rounds: int = 7,
+        verify_top: int = 3,
     ):
         if isinstance(provider, str):
             provider_spec, provider = provider, resolve_provider(provider)
@@ -196,6 +202,11 @@ class Tuner:
         self.worker = worker  # a label stored with each trial (which GPU / host ran it)
         self.parallel = parallel  # other workers may run trials of the same study
         self.heartbeat_s = heartbeat_s
+        # Re-measure the top configs against the default before a challenger is served
+        # (tuner/verify.py); 0 rounds serves the study's fastest row as it is.
+        self.verify_rounds = verify_rounds
+        self.verify_top = verify_top
+        self.verdict: dict | None = None
         self._runner = runner
         check_request(provider, problem)
         why = provider.available()
@@ -389,11 +400,53 @@ class Tuner:
                 # Others are still running trials of this study: wait for them, or for
                 # their heartbeats to go stale, whichever comes first.
                 time.sleep(min(2.0, heartbeat_interval(self.heartbeat_s) / 2))
+            if wait and self.verify_rounds > 0:
+                self.verdict = self._verify(study)
         finally:
             if getattr(self, "_own_runner", False):
                 self._runner.close()
                 self._runner = None
         return self.result(study, before or 0)
+
+    def _verify(self, study) -> dict | None:
+        """Re-measure the study's best configs beside the default and record which one lookups
+        serve (tuner/verify.py). None when there is nothing to decide: the default is the
+        study's best, or it has no successful measurement to compare with."""
+        import optuna
+
+        from .verify import judge, remeasure
+
+        done = [t for t in study.get_trials(deepcopy=False)
+                if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+        default = next((t for t in done if t.params == (self.default_dict or {})), None)
+        ranked = sorted((t for t in done if t is not default), key=lambda t: (-t.value, t.number))
+        if default is None or not ranked or ranked[0].value <= default.value:
+            return None
+        top = [default] + ranked[: self.verify_top]
+        prior = self.store.verdict(self.device_info["name"], self.provider.name, self.problem,
+                                   source_fingerprint=self.fingerprint)
+        configs = [dict(t.params) for t in top]
+        if prior is not None and prior["study_name"] == self.name and prior["rounds"]["configs"] == configs:
+            return prior  # this study's candidates were judged already (a resumed, full study)
+        tflops, order, failed = remeasure(self._runner_or_new(), self.spec, self.problem, configs,
+                                          self.settings, self.verify_rounds)
+        j = judge(tflops, failed)
+        rows = {r["trial_number"]: r["id"] for r in self.store.measurements(study_name=self.name, status="ok")}
+        served = top[j.winner]
+        if served.number not in rows:
+            return None
+        # The gain shown: the winner's, or where the default stays, the closest challenger's.
+        shown = j.winner if j.significant else max(range(1, len(top)), key=lambda i: (j.gains[i], -i))
+        verdict = {
+            "significant": j.significant, "gain": j.gains[shown], "spread": j.spreads[shown],
+            "rounds": {"configs": configs, "trials": [t.number for t in top], "tflops": tflops, "order": order,
+                       "gains": j.gains, "spreads": j.spreads, "failed": j.failed, "winner": j.winner},
+        }
+        verdict["id"] = self.store.add_verdict(
+            self.device_id, self.problem_id, self.provider.name, measurement_id=rows[served.number],
+            study_name=self.name, source_fingerprint=self.fingerprint, **verdict)
+        verdict["study_name"] = self.name
+        return verdict
 
     def _enqueue_default(self, study) -> None:
         import optuna
@@ -433,6 +486,14 @@ class Tuner:
         changes = None
         if best is not None and self.default_dict is not None:
             changes = {k: v for k, v in best["config"].items() if self.default_dict.get(k) != v}
+        served = None  # what lookups serve once the study's winners were re-measured
+        if self.verdict is not None:
+            cfg = self.verdict["rounds"]["configs"][self.verdict["rounds"]["winner"]]
+            served = {
+                "config": cfg, "significant": self.verdict["significant"], "gain": self.verdict["gain"],
+                "spread": self.verdict["spread"], "rounds": len(self.verdict["rounds"]["tflops"]),
+                "changes": {k: v for k, v in cfg.items() if (self.default_dict or {}).get(k) != v},
+            }
         return TuneResult(
             study_name=self.name,
             storage=masked_storage(self.storage_spec),
@@ -453,6 +514,7 @@ class Tuner:
             failed=sum(1 for t in trials if t.state == optuna.trial.TrialState.FAIL),
             best_changes=changes,
             feasible_configs=None if self.knob_cls is None else len(self.feasible()),
+            served=served,
         )
 
 

@@ -169,3 +169,33 @@ class Measurement(Base):
     device: Mapped[Device] = relationship(lazy="joined")
     problem: Mapped[Problem] = relationship(lazy="joined")
     config: Mapped[Config] = relationship(lazy="joined")
+
+
+class Verdict(Base):
+    """The outcome of re-measuring a study's top configs against the default, interleaved in one
+    process over several rounds (tuner/verify.py): which config a lookup serves for the problem.
+
+    A study's best trial can be a noise winner (the same config moves 3-5% run to run on the
+    H200); a challenger is served only when its gain over the default beats the spread of the
+    rounds. ``measurement_id`` is the study's row of the served config, which lookups return.
+    """
+
+    __tablename__ = "verdicts"
+    __table_args__ = (Index("ix_verdicts_lookup", "problem_id", "device_id", "provider"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
+    provider: Mapped[str] = mapped_column(String(64))
+    study_name: Mapped[str | None] = mapped_column(String(255))
+    measurement_id: Mapped[int] = mapped_column(ForeignKey("measurements.id", ondelete="CASCADE"))
+    significant: Mapped[bool] = mapped_column(Boolean)  # False: the default stays
+    gain: Mapped[float] = mapped_column(Float)  # median over rounds of challenger/default - 1
+    spread: Mapped[float] = mapped_column(Float)  # half the range of those per-round ratios
+    # {"configs": [config dicts; the default first], "tflops": [[per config] per round],
+    #  "order": [[config indices in the order measured] per round]}
+    rounds: Mapped[dict] = mapped_column(JSONValue)
+    source_fingerprint: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+    measurement: Mapped[Measurement] = relationship(lazy="joined")

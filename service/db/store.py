@@ -494,11 +494,17 @@ class ResultsStore:
         *,
         source_fingerprint: str | None = None,
     ) -> dict | None:
-        """The fastest 'ok' measurement (max TFLOP/s) of ``provider`` on this problem and device.
+        """The config to serve for ``provider`` on this problem and device, as its measurement row.
 
-        Ties go to the earliest row. With ``source_fingerprint``, only rows measured
-        from that kernel source count.
+        The newest verdict's row where a study's winners were re-measured against the default
+        (a challenger only where it beat the default beyond the rounds' spread; the row then
+        carries the verdict under "verdict"); else the fastest 'ok' measurement (max TFLOP/s),
+        ties to the earliest row. With ``source_fingerprint``, only rows measured from that
+        kernel source count.
         """
+        verdict = self.verdict(device_name, provider, problem, source_fingerprint=source_fingerprint)
+        if verdict is not None:
+            return verdict["measurement"] | {"verdict": {k: v for k, v in verdict.items() if k != "measurement"}}
         q = self._ok_rows(device_name, provider, problem).where(m.Measurement.tflops.is_not(None))
         if source_fingerprint is not None:
             q = q.where(m.Measurement.source_fingerprint == source_fingerprint)
@@ -506,6 +512,45 @@ class ResultsStore:
         with self._read() as s:
             row = s.scalars(q).first()
             return None if row is None else _measurement_dict(row)
+
+    def add_verdict(self, device_id: int, problem_id: int, provider: str, *, measurement_id: int,
+                    significant: bool, gain: float, spread: float, rounds: dict, study_name: str | None = None,
+                    source_fingerprint: str = "") -> int:
+        """Record a re-measurement's outcome (which row lookups serve) in one transaction."""
+        row = m.Verdict(device_id=device_id, problem_id=problem_id, provider=provider, study_name=study_name,
+                        measurement_id=measurement_id, significant=bool(significant), gain=float(gain),
+                        spread=float(spread), rounds=rounds, source_fingerprint=source_fingerprint,
+                        created_at=m.utcnow())
+        with self._write() as s:
+            if s.get(m.Measurement, measurement_id) is None:
+                raise ValueError(f"no measurement {measurement_id} to serve")
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def verdict(self, device_name: str, provider: str, problem: Problem | dict, *,
+                source_fingerprint: str | None = None) -> dict | None:
+        """The newest verdict for the problem (with the measurement it serves), or None."""
+        p = _as_problem(problem)
+        q = (
+            select(m.Verdict)
+            .join(m.Device, m.Device.id == m.Verdict.device_id)
+            .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
+            .where(m.Device.name == device_name, m.Verdict.provider == provider, *_problem_conditions(p))
+        )
+        if source_fingerprint is not None:
+            q = q.where(m.Verdict.source_fingerprint == source_fingerprint)
+        q = q.order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)
+        with self._read() as s:
+            row = s.scalars(q).first()
+            if row is None:
+                return None
+            return {
+                "id": row.id, "study_name": row.study_name, "significant": row.significant,
+                "gain": row.gain, "spread": row.spread, "rounds": row.rounds,
+                "source_fingerprint": row.source_fingerprint, "created_at": _iso(row.created_at),
+                "measurement": _measurement_dict(row.measurement),
+            }
 
     def default_result(self, device_name: str, provider: str, problem: Problem | dict) -> dict | None:
         """The newest 'ok' measurement of the provider's default (heuristic) config."""

@@ -127,3 +127,28 @@ class GpuReplay(ReplayProvider):
             finally:
                 os.close(fd)
         return super().measure(problem, config, settings)
+
+
+class NoisyReplay(ReplayProvider):
+    """Replays $FA4_TEST_RECORDING with the run-to-run noise of a shared GPU: every measurement's
+    times are scaled by a factor drawn uniformly from [1 - a, 1 + a], a = $FA4_TEST_NOISE, from a
+    generator seeded by the measurement's seed and config (a re-measurement round draws anew)."""
+
+    name = "noisy-replay"
+
+    def __init__(self):
+        super().__init__(os.environ[ENV])
+
+    def measure(self, problem, config, settings):
+        import json
+        import random
+
+        m = super().measure(problem, config, settings)
+        a = float(os.environ.get("FA4_TEST_NOISE", "0"))
+        if m.ok and a:
+            key = json.dumps([settings.seed, self.config_to_dict(config)], sort_keys=True)
+            f = random.Random(key).uniform(1 - a, 1 + a)
+            m.samples_ms = [x * f for x in m.samples_ms]
+            m.median_ms *= f
+            m.tflops /= f
+        return m
