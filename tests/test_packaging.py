@@ -30,13 +30,13 @@ def test_wheel_contains_packages_data_and_entry_points(tmp_path):
     assert r.returncode == 0, r.stderr
     (whl,) = tmp_path.glob("fa4_tune-*.whl")
     names = set(zipfile.ZipFile(whl).namelist())
-    for pkg in ("fa4", "tuner", "tuner/providers", "service", "service/db", "dashboards"):
+    for pkg in ("fa4", "tuner", "providers", "service", "store", "dashboards"):
         assert f"{pkg}/__init__.py" in names, pkg
-    migrations = [n for n in names if n.startswith("service/db/migrations/versions/") and n.endswith(".py")]
+    migrations = [n for n in names if n.startswith("store/migrations/versions/") and n.endswith(".py")]
     assert migrations, "alembic migrations must ship in the wheel"
-    assert "service/db/migrations/env.py" in names
+    assert "store/migrations/env.py" in names
     for data in (ROOT / "tuner" / "data").glob("*.json"):
-        assert f"tuner/data/{data.name}" in names
+        assert f"providers/data/{data.name}" in names
     assert not any(n.startswith("tests/") for n in names)
     (ep,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(whl).read(ep).decode()

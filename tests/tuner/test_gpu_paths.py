@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.fakegpu import sitecustomize as fakegpu
 from tests.tuner.test_cli import ROOT
 from tests.tuner.test_fleet import check_db_matches_studies, recorded_best
@@ -171,7 +171,7 @@ def test_kernels_see_the_gpu_they_launch_on(fake_torch_gpu, monkeypatch):
 
     from fa4 import interface, lookup
     from fa4.arch import SM90, current_arch
-    from tuner.providers.fa4_provider import Fa4Provider
+    from providers.fa4_provider import Fa4Provider
 
     monkeypatch.delenv(lookup.DEVICE_ENV, raising=False)
     assert lookup._device_name() == (fakegpu.NAME, "")  # the key the launch-time lookup asks with

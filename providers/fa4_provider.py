@@ -146,8 +146,9 @@ class Fa4Provider(Provider):
         return None
 
     def source_files(self) -> list[Path]:
-        root = Path(__file__).resolve().parents[2] / "fa4"
-        return sorted([*root.glob("sm90/*.py"), *root.glob("common/*.py")])
+        from fa4.fingerprint import kernel_source_files
+
+        return kernel_source_files()
 
     def versions(self) -> dict:
         d = {}

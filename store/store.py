@@ -591,7 +591,7 @@ class ResultsStore:
         """Every 'ok' row with TFLOP/s of ``provider`` on the device in ``problem``'s family, any source.
 
         One query that lets a caller answer best-config questions for any shape of the
-        family in memory (see ``service.best``); oldest row first.
+        family in memory (see ``store.best``); oldest row first.
         """
         p = _as_problem(problem)
         same = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic")

@@ -1,13 +1,13 @@
 """Alembic environment for the results database.
 
-Normally driven by ``service.db.migrate.upgrade_to_head``, which hands over an
+Normally driven by ``store.migrate.upgrade_to_head``, which hands over an
 open connection (inside a transaction) through ``config.attributes``. Offline
 mode (``--sql``) renders the DDL for a DBA from ``sqlalchemy.url``.
 """
 
 from alembic import context
 
-from service.db.models import VERSION_TABLE, Base
+from store.models import VERSION_TABLE, Base
 
 config = context.config
 target_metadata = Base.metadata
@@ -32,7 +32,7 @@ def run_offline() -> None:
 def run_online() -> None:
     connection = config.attributes.get("connection")
     if connection is None:
-        from service.db.engine import make_engine, resolve_url
+        from store.engine import make_engine, resolve_url
 
         engine = make_engine(resolve_url(config.get_main_option("sqlalchemy.url")))
         with engine.begin() as connection:

@@ -11,7 +11,7 @@ import math
 from fa4.arch import SM90, Arch, arch_from_capability
 from fa4.knobs import config_from_dict, config_to_dict
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 
 # How many nearest shapes to try before giving up on the nearest rule (each costs one query;
 # a candidate is skipped only when its config is no longer valid for the running code).

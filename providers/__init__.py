@@ -55,10 +55,10 @@ def get_provider(spec: str) -> Provider:
     return provider
 
 
-register("flash-attn-4", "tuner.providers.flash_attn4:FlashAttn4Provider")
-register("cudnn", "tuner.providers.sdpa:CudnnProvider")
-register("fa2", "tuner.providers.sdpa:Fa2Provider")
-register("fa4", "tuner.providers.fa4_provider:Fa4Provider")
-register("replay", "tuner.providers.replay:ReplayProvider")
+register("flash-attn-4", "providers.flash_attn4:FlashAttn4Provider")
+register("cudnn", "providers.sdpa:CudnnProvider")
+register("fa2", "providers.sdpa:Fa2Provider")
+register("fa4", "providers.fa4_provider:Fa4Provider")
+register("replay", "providers.replay:ReplayProvider")
 
 __all__ = ["Provider", "ProviderError", "get_provider", "list_providers", "register"]

@@ -1,12 +1,12 @@
 """The demo dataset: real H200 measurements loaded into a results DB through ``ResultsStore``.
 
-    python3 -m dashboards.demo sqlite:////tmp/demo.db     # or: fa4-serve --demo
+    python3 -m service.demo sqlite:////tmp/demo.db     # or: fa4-serve --demo
 
 Five recorded sources, all from the H200 runs of 2026-11-30, nothing synthesised:
 
 - ``seed/h200-2026-11-30.sqlite``: the results DB of the ``fa4`` tuning runs (S=8192, hd 64/128),
   copied row by row (devices, problems, configs, measurements with their study and trial numbers);
-- ``tuner/data/ref_fa4_h200.json``: the reference FA4 (``flash-attn-4``) knob sweep at S=8192, stored
+- ``providers/data/ref_fa4_h200.json``: the reference FA4 (``flash-attn-4``) knob sweep at S=8192, stored
   as one study per shape (trial number = position in the sweep, the provider default flagged);
 - ``seed/bench-fwd-h200-2026-11-30.log``: a copy of ``bench/logs/bench.log``, the side-by-side
   forward table of fa4, flash-attn-4, cudnn and fa2 over S=1024..16384, each at its default config
@@ -43,7 +43,7 @@ SEED_DB = SEED_DIR / "h200-2026-11-30.sqlite"
 BENCH_LOG = SEED_DIR / "bench-fwd-h200-2026-11-30.log"
 FWD_LOG = SEED_DIR / "bench-fwd-s2-h200-2026-11-30.log"
 BWD_LOG = SEED_DIR / "bench-bwd-h200-2026-11-30.log"
-REF_SWEEP = Path(__file__).resolve().parents[1] / "tuner" / "data" / "ref_fa4_h200.json"
+REF_SWEEP = Path(__file__).resolve().parents[1] / "providers" / "data" / "ref_fa4_h200.json"
 
 _BENCH_HEADER = re.compile(r"^\s*S\s+hd\s+causal\s+(?P<providers>.+?)\s*$")
 _BENCH_ROW = re.compile(r"^\s*(?P<s>\d+)\s+(?P<hd>\d+)\s+(?P<causal>yes|no)\s+(?P<cells>.+?)\s*$")
@@ -73,7 +73,7 @@ MEASURED_WITH = {
 
 
 def _knob_cls(provider: str, problem: Problem):
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     return get_provider(provider).knob_cls_for(problem)
 
@@ -135,7 +135,7 @@ _DEVICE_KEYS = ("name", "compute_capability", "sm_count", "l2_bytes", "memory_by
 
 
 def _read_seed_db(seed_db: Path) -> tuple[dict[int, dict], list[dict]]:
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     # Opening a store migrates it: read a copy so the shipped file is never written.
     with tempfile.TemporaryDirectory(prefix="fa4-seed-") as tmp:
@@ -232,7 +232,7 @@ def _provider_default(provider: str, problem: Problem, pinned: dict | None = Non
     import dataclasses
 
     from fa4.arch import SM90
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     config = get_provider(provider).default_config(problem, SM90)
     if config is not None and pinned:
@@ -299,7 +299,7 @@ def _load_bench_rows(store, device: dict, rows: list[dict]) -> dict[str, int]:
 def build_demo_db(url: str, *, seed_db: Path = SEED_DB, ref_sweep: Path = REF_SWEEP,
                   bench_log: Path = BENCH_LOG, fwd_log: Path = FWD_LOG, bwd_log: Path = BWD_LOG) -> dict[str, int]:
     """Load the recorded H200 data into the (new or empty) database at ``url``; returns rows per source."""
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     store = ResultsStore.open(url)
     try:
@@ -340,7 +340,7 @@ def temporary_demo_db() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python3 -m dashboards.demo DB_URL   (an empty database)", file=sys.stderr)
+        print("usage: python3 -m service.demo DB_URL   (an empty database)", file=sys.stderr)
         return 2
     counts = build_demo_db(args[0])
     print(", ".join(f"{k}: {v} rows" for k, v in counts.items()))

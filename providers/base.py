@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from pathlib import Path
 from typing import Any, Callable
 
 from fa4.arch import Arch
+from fa4.fingerprint import files_fingerprint
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs
 from fa4.problem import Problem
 
@@ -118,7 +118,7 @@ class Provider:
 
     def measure(self, problem: Problem, config, settings):
         """Measure one config; the harness does it for real providers (replay overrides)."""
-        from tuner import harness
+        from . import harness
 
         return harness.measure(self, problem, config, settings)
 
@@ -128,14 +128,7 @@ class Provider:
         return [Path(inspect.getfile(type(self)))]
 
     def source_fingerprint(self) -> str:
-        h = hashlib.sha256()
-        for p in sorted(self.source_files()):
-            h.update(p.name.encode())
-            try:
-                h.update(p.read_bytes())
-            except OSError:
-                h.update(b"<missing>")
-        return h.hexdigest()[:16]
+        return files_fingerprint(self.source_files())
 
     def versions(self) -> dict:
         return {}

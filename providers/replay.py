@@ -17,7 +17,7 @@ from fa4.problem import Problem
 
 from .base import Provider, ProviderError
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parent / "data"
 DEFAULT_RECORDING = DATA_DIR / "ref_fa4_h200.json"
 FORMAT = "fa4-tune recording v1"
 
@@ -125,7 +125,7 @@ class ReplayProvider(Provider):
         return entry["results"].get(config_id(self.config_to_dict(config)))
 
     def measure(self, problem: Problem, config, settings):
-        from tuner.harness import RUNTIME_ERROR, Measurement
+        from providers.harness import RUNTIME_ERROR, Measurement
 
         r = self.lookup(problem, config)
         if r is None:

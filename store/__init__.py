@@ -1,6 +1,6 @@
 """The results database: devices, problems, configs and measurements.
 
-    from service.db import ResultsStore
+    from store import ResultsStore
     store = ResultsStore.open()          # $FA4_DB, else <user data dir>/fa4-tune/results.db
     dev = store.upsert_device({...}); prob = store.upsert_problem(problem)
     cfg = store.upsert_config("flash-attn-4", {"tile_m": 128, ...}, KnobClass)
