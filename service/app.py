@@ -29,6 +29,7 @@ from fa4.arch import ARCHES
 from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
 from service import schemas as sch
+from service.docs import mount_docs
 from store.best import best_config, index_rows
 from store import ResultsStore, canonical_json
 from store.store import SORT_KEYS
@@ -229,7 +230,10 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         description="Tuned attention-kernel configs and their measurements. Knob schemas are derived from the "
         "providers' knob dataclasses (GET /v1/providers/{name}/knobs).",
         responses={422: {"model": sch.Error}},
+        docs_url=None,  # served from vendored assets below (service.docs): no CDN
+        redoc_url=None,
     )
+    mount_docs(app)
     app.state.fa4 = state
     app.add_middleware(_BestFastPath, state=state)
     bearer = HTTPBearer(auto_error=False, description="The service's API token (FA4_API_TOKEN)")
