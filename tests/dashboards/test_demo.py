@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from dashboards import demo
+from service import demo
 from fa4.problem import Problem
 from store import ResultsStore
 
