@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from fa4.problem import Problem  # noqa: E402
 from tuner.device import cuda_device_info, has_cuda  # noqa: E402
-from tuner.harness import Settings  # noqa: E402
-from tuner.providers import get_provider, list_providers  # noqa: E402
+from providers.harness import Settings  # noqa: E402
+from providers import get_provider, list_providers  # noqa: E402
 from tuner.worker import IsolatedRunner  # noqa: E402
 
 REFERENCE = "flash-attn-4"

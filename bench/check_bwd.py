@@ -26,7 +26,8 @@ import torch
 import fa4
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import default_config, violations
-from fa4.sm90.bwd_launch import bwd_problem, flash_attn_bwd
+from fa4.sm90.bwd_launch import flash_attn_bwd
+from fa4.tensors import problem_of
 
 
 def attention(q, k, v, causal, scale):
@@ -176,7 +177,7 @@ def run_cases(cases):
         B, Sq, Sk, Hq, Hkv = sh
         q = torch.empty(B, Sq, Hq, D, device="meta", dtype=torch.bfloat16)
         k = torch.empty(B, Sk, Hkv, D, device="meta", dtype=torch.bfloat16)
-        bad = violations(cfg, bwd_problem(q, k, k, causal, cfg.deterministic))
+        bad = violations(cfg, problem_of(q, k, k, causal, pass_="bwd", deterministic=cfg.deterministic))
         if bad:
             print(f"SKIP {kind} {sh} D={D} causal={causal}: infeasible ({'; '.join(bad)[:160]})", flush=True)
             continue
@@ -215,7 +216,7 @@ def bench(seqlens, hds, variants=()):
                 lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
             )
         for var in variants:
-            prob = bwd_problem(q, k, v, causal, bool(var.get("deterministic", False)))
+            prob = problem_of(q, k, v, causal, pass_="bwd", deterministic=bool(var.get("deterministic", False)))
             cfg = dataclasses.replace(default_config(prob), **var)
             if not violations(cfg, prob):
                 runs["ours " + json.dumps(var, separators=(",", ":"))] = (

@@ -100,7 +100,7 @@ def rel_iqr(row: dict | None) -> float:
 
 def measured_in(run: dict, study_name: str, config: dict) -> float | None:
     """The best TFLOP/s ``run`` measured for ``config`` in that study (None if never measured ok)."""
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     with ResultsStore.open(f"sqlite:///{run['db']}") as store:
         vals = [r["tflops"] for r in store.measurements(study_name=study_name, status="ok")

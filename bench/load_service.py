@@ -43,8 +43,8 @@ def seed(db_url: str) -> int:
     from fa4.knobs import config_to_dict, iter_configs
     from fa4.problem import Problem
     from fa4.sm90.fwd_config import FwdConfigSm90, violations
-    from service.db import ResultsStore
-    from tuner.providers import get_provider
+    from store import ResultsStore
+    from providers import get_provider
 
     fp = get_provider("fa4").source_fingerprint()
     rng = random.Random(0)

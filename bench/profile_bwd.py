@@ -19,7 +19,8 @@ import torch
 
 import fa4
 from fa4.sm90.bwd_config import default_config
-from fa4.sm90.bwd_launch import bwd_problem, flash_attn_bwd
+from fa4.sm90.bwd_launch import flash_attn_bwd
+from fa4.tensors import problem_of
 
 
 def main():
@@ -35,7 +36,7 @@ def main():
     g = torch.Generator(device="cuda").manual_seed(7)
     q, k, v, dout = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
     out, lse = fa4.flash_attn_func(q, k, v, causal=a.causal, return_lse=True)
-    prob = bwd_problem(q, k, v, a.causal, False)
+    prob = problem_of(q, k, v, a.causal, pass_="bwd", deterministic=False)
     cfg = dataclasses.replace(default_config(prob), **json.loads(a.config))
     runs = {"ours": lambda: flash_attn_bwd(dout, q, k, v, out, lse, None, a.causal, cfg.deterministic, cfg)}
     if not a.no_ref:

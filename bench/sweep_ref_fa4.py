@@ -3,7 +3,7 @@
 Every config of the reference's sm90 knob space is either rejected by our feasibility rules
 (stored as infeasible with the reason, no GPU time) or measured with the tuner's harness in an
 isolated worker (correctness gate, warm clocks, L2 flush, CUDA events). The result is the
-JSON file tuner/data/ref_fa4_h200.json that `--provider replay` serves, so the tuner's logic
+JSON file providers/data/ref_fa4_h200.json that `--provider replay` serves, so the tuner's logic
 is tested on CPU against real numbers.
 
 Compilation dominates (one kernel per config and shape), so feasible configs are first
@@ -34,9 +34,9 @@ from fa4.arch import SM90  # noqa: E402
 from fa4.knobs import config_to_dict, iter_configs  # noqa: E402
 from fa4.problem import Problem  # noqa: E402
 from tuner.device import cuda_device_info, has_cuda  # noqa: E402
-from tuner.harness import INFEASIBLE, Settings  # noqa: E402
-from tuner.providers import get_provider  # noqa: E402
-from tuner.providers.replay import DEFAULT_RECORDING, recording_dict  # noqa: E402
+from providers.harness import INFEASIBLE, Settings  # noqa: E402
+from providers import get_provider  # noqa: E402
+from providers.replay import DEFAULT_RECORDING, recording_dict  # noqa: E402
 from tuner.worker import IsolatedRunner  # noqa: E402
 
 PROVIDER = "flash-attn-4"

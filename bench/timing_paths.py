@@ -2,7 +2,7 @@
 
 bench_fwd.py (the tuner harness in a worker process) and check_fwd.py (triton do_bench in-process) disagree
 on our forward by up to 20% at S=8192 while the SDPA peers agree to 1%: this prints, for each provider,
-  harness      tuner.harness.measure in this process (CUDA events, L2 flushed per rep)
+  harness      providers.harness.measure in this process (CUDA events, L2 flushed per rep)
   harness/cfg  the same with the provider's default config passed explicitly instead of None
   worker       the same measurement through tuner.worker.IsolatedRunner (what bench_fwd.py uses)
   do_bench     triton.testing.do_bench median (what check_fwd.py uses)
@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from fa4.arch import SM90  # noqa: E402
 from fa4.problem import Problem  # noqa: E402
-from tuner.harness import Settings, make_inputs, measure, tflops  # noqa: E402
-from tuner.providers import get_provider  # noqa: E402
+from providers.harness import Settings, make_inputs, measure, tflops  # noqa: E402
+from providers import get_provider  # noqa: E402
 from tuner.worker import IsolatedRunner  # noqa: E402
 
 

@@ -19,10 +19,12 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 COPY pyproject.toml README.md ./
 COPY fa4 ./fa4
+COPY store ./store
+COPY providers ./providers
 COPY tuner ./tuner
 COPY service ./service
 COPY dashboards ./dashboards
-RUN pip install . && rm -rf /src
+RUN pip install '.[serve]' && rm -rf /src
 
 RUN useradd --create-home --uid 10001 fa4 && mkdir /data && chown fa4:fa4 /data
 USER fa4

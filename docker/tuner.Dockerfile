@@ -24,6 +24,8 @@ RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY fa4 ./fa4
+COPY store ./store
+COPY providers ./providers
 COPY tuner ./tuner
 COPY service ./service
 COPY dashboards ./dashboards

@@ -1,13 +1,23 @@
 """fa4: FlashAttention-4-style attention kernels for Hopper, written with the CuTe DSL."""
 
+from typing import TYPE_CHECKING
+
 __version__ = "0.1.0"
+__all__ = ["__version__", "explain", "flash_attn_func"]
+
+if TYPE_CHECKING:  # what IDEs and type checkers read; at run time __getattr__ loads it on first use
+    from fa4.interface import flash_attn_func
 
 
-def flash_attn_func(*args, **kwargs):
-    """See :func:`fa4.interface.flash_attn_func` (imported lazily: torch/CuTe load only on use)."""
-    from fa4.interface import flash_attn_func as _f
+def __getattr__(name: str):
+    # Lazy, so that importing fa4 (the tuner and the service read fa4.knobs, fa4.problem) does
+    # not load torch; the attribute is then the function itself, signature and docstring included.
+    if name == "flash_attn_func":
+        from fa4.interface import flash_attn_func
 
-    return _f(*args, **kwargs)
+        globals()[name] = flash_attn_func
+        return flash_attn_func
+    raise AttributeError(f"module 'fa4' has no attribute {name!r}")
 
 
 def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None,
@@ -27,9 +37,9 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
     if problem is None:
         if q is None or k is None or v is None:
             raise TypeError("explain() needs q, k and v, or problem=")
-        from fa4.interface import _arch_of, problem_of
+        from fa4.tensors import arch_of, problem_of
 
         problem = problem_of(q, k, v, causal, pass_=pass_, deterministic=deterministic)
         if arch is None and q.device.type == "cuda":
-            arch = _arch_of(q.device)
+            arch = arch_of(q.device)
     return lookup.explain_problem(problem, arch, device=device, config=config)

@@ -54,7 +54,9 @@ class BwdEntry:
     default_config: Callable
     compile_key: Callable
     compile: Callable
-    run: Callable  # flash_attn_bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    # launch_bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config): a config
+    # already resolved and checked at the forward call, so the backward does not redo it.
+    run: Callable
 
 
 def _sm90_bwd() -> BwdEntry:
@@ -63,7 +65,7 @@ def _sm90_bwd() -> BwdEntry:
     from fa4.sm90 import bwd_launch as run
 
     return BwdEntry(f.BwdConfigSm90, f.violations, f.default_config, c.compile_key, c.compile_bwd_main,
-                    run.flash_attn_bwd)
+                    run.launch_bwd)
 
 
 # fa4.flash_attn_func's autograd (and fa4::bwd under torch.compile) runs the entry's ``run``.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 _KNOB = "fa4_knob"
 
@@ -26,6 +26,9 @@ class KnobSpec:
     choices: tuple
     default: Any
     doc: str
+    # A runtime knob is a kernel argument, not compiled in: None for compile-time knobs, else
+    # the function from the knob's value to the argument the kernel takes.
+    runtime: Callable[[Any], Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -84,8 +87,19 @@ def violation_kind(reason: str) -> str:
     return getattr(reason, "kind", None) or "unclassified"
 
 
-def knob(choices: Sequence, default: Any, doc: str):
-    """A dataclass field that is a tunable knob with a finite set of choices."""
+def _same(value):
+    return value
+
+
+def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[[Any], Any] = False):
+    """A dataclass field that is a tunable knob with a finite set of choices.
+
+    ``runtime`` marks a knob the kernel takes as an argument at launch instead of compiling it
+    in: True passes the value as it is, a function converts it (e.g. an order name to the
+    integer flag the kernel tests). Configs that differ only in runtime knobs share one
+    compiled kernel, and the launch passes :func:`runtime_args` in declaration order, which
+    is the order of those parameters in the kernel's signature.
+    """
     choices = tuple(choices)
     if not choices:
         raise ValueError("a knob needs at least one choice")
@@ -94,7 +108,8 @@ def knob(choices: Sequence, default: Any, doc: str):
     kinds = {type(c) for c in choices}
     if len(kinds) != 1:
         raise ValueError(f"all choices of a knob must share one type, got {kinds}")
-    return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc}})
+    convert = _same if runtime is True else (runtime or None)
+    return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc, "runtime": convert}})
 
 
 def is_knob_class(cls) -> bool:
@@ -110,8 +125,32 @@ def knob_specs(cls) -> list[KnobSpec]:
         meta = f.metadata.get(_KNOB)
         if meta is None:
             raise TypeError(f"{cls.__name__}.{f.name} is not declared with knob()")
-        specs.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"]))
+        specs.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"], meta.get("runtime")))
     return specs
+
+
+def runtime_knobs(cls) -> tuple[str, ...]:
+    """Names of the knobs of ``cls`` marked runtime, in declaration order."""
+    return tuple(s.name for s in knob_specs(cls) if s.runtime is not None)
+
+
+def runtime_args(config) -> tuple:
+    """The kernel arguments of ``config``'s runtime knobs, converted, in declaration order."""
+    return tuple(s.runtime(getattr(config, s.name)) for s in knob_specs(type(config)) if s.runtime is not None)
+
+
+def compile_time_config(config):
+    """``config`` with its runtime knobs at their defaults: the part that selects the compiled kernel."""
+    defaults = {s.name: s.default for s in knob_specs(type(config)) if s.runtime is not None}
+    return dataclasses.replace(config, **defaults)
+
+
+class RuntimeKnobNames:
+    """``RUNTIME_KNOBS = RuntimeKnobNames()`` in a knob class: the runtime knobs' names, read
+    from the declaration (a class attribute without annotation is no dataclass field)."""
+
+    def __get__(self, obj, owner) -> tuple[str, ...]:
+        return runtime_knobs(owner)
 
 
 def search_space(cls) -> dict[str, tuple]:
@@ -135,6 +174,15 @@ def iter_configs(cls) -> Iterator:
 
 def config_to_dict(config) -> dict:
     return dataclasses.asdict(config)
+
+
+def as_config(cls, value, name: str = "config"):
+    """``value`` as a ``cls``: the object itself or a dict of its knobs; anything else is a ValueError."""
+    if isinstance(value, dict):
+        value = config_from_dict(cls, value)
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be a {cls.__name__} or a dict of its knobs")
+    return value
 
 
 def config_from_dict(cls, data: dict):

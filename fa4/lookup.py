@@ -1,11 +1,13 @@
 """Launch-time config resolution: which knob values a launch uses, and why.
 
 Order (first that answers wins):
-  1. an explicit ``config=`` passed by the caller (handled by fa4.interface);
+  1. an explicit ``config=`` passed by the caller (handled by fa4.launch);
   2. the in-process cache, keyed by (problem, arch): a hit is a dict lookup;
-  3. the local results DB ($FA4_DB, or the default file when it exists): the best
-     current measurement of provider "fa4" for this device and exact problem,
-     used only when its source fingerprint matches the running kernel code;
+  3. the config sources installed beside the kernels (entry point group
+     ``fa4.config_sources``): fa4-tune's results store offers the local results DB ($FA4_DB,
+     or the default file when it exists), the best current measurement of provider "fa4"
+     for this device and exact problem, used only when its source fingerprint matches the
+     running kernel code (fa4.fingerprint);
   4. the tuning service when $FA4_TUNING_URL is set: one HTTP call per problem class
      per process, 0.5 s timeout ($FA4_TUNING_TIMEOUT_S); after a failure the service is
      left alone for 60 s;
@@ -26,7 +28,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fa4.arch import SM90, Arch
@@ -43,6 +44,11 @@ LOCAL_DB_ENV = "FA4_LOOKUP_LOCAL_DB"
 TIMEOUT_ENV = "FA4_TUNING_TIMEOUT_S"
 HTTP_TIMEOUT_S = 0.5
 SERVICE_RETRY_S = 60.0
+# Entry point group of the config sources asked between the cache and the service: fa4-tune's
+# results store declares its local DB there, so the kernels reach it without importing it.
+SOURCES_GROUP = "fa4.config_sources"
+# Sources registered in-process with register_source(), asked after the installed ones.
+_registered: list = []
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,23 @@ class Step:
     source: str  # "explicit", "cache", "local-db", "service", "default"
     outcome: str  # "used", "miss", "skipped", "error", "stale"
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class SourceAnswer:
+    """What a config source (the results store, through SOURCES_GROUP) says about one problem.
+
+    ``outcome`` is a Step outcome; with "used", ``config`` is the measured knob dict (checked
+    here against the running knob class and feasibility before a launch uses it) and ``ref``
+    names the row in messages.
+    """
+
+    outcome: str
+    detail: str = ""
+    config: dict | None = None
+    ref: str = ""
+    tflops: float | None = None
+    measured_problem: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -91,9 +114,8 @@ class _State:
     asked: set = field(default_factory=set)
     service_down_until: float = 0.0
     service_down_reason: str = ""
-    store: Any = None
-    store_error: str | None = None
-    store_opened: bool = False
+    sources: list | None = None
+    source_errors: list = field(default_factory=list)
     fingerprint: str | None = None
     fingerprint_error: str | None = None
     fingerprint_done: bool = False
@@ -107,9 +129,9 @@ def reset() -> None:
     global _state
     old = _state
     _state = _State()
-    if old.store is not None:
+    for src in old.sources or ():
         try:
-            old.store.close()
+            src.close()
         except Exception:
             pass
 
@@ -157,14 +179,25 @@ def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str |
 
 
 def _explicit(problem: Problem, arch: Arch, config):
-    entry = entry_for(problem, arch)
-    if isinstance(config, dict):
-        from fa4.knobs import config_from_dict
+    from fa4.knobs import as_config
 
-        config = config_from_dict(entry.config_cls, config)
-    if not isinstance(config, entry.config_cls):
-        raise ValueError(f"config must be a {entry.config_cls.__name__} or a dict of its knobs")
-    return config
+    return as_config(entry_for(problem, arch).config_cls, config)
+
+
+def resolve_config(problem: Problem, arch: Arch, config=None):
+    """(dispatch entry, config) a launch of ``problem`` uses: the explicit ``config`` (object or
+    dict of its knobs) or the chain's answer, checked for feasibility (ValueError if not)."""
+    from fa4.knobs import as_config
+
+    entry = entry_for(problem, arch)
+    name = "config" if problem.pass_ == "fwd" else "bwd_config"
+    if config is None:
+        config = (resolve_fwd_config if problem.pass_ == "fwd" else resolve_bwd_config)(problem, arch)
+    config = as_config(entry.config_cls, config, name)
+    bad = entry.violations(config, problem, arch)
+    if bad:
+        raise ValueError(f"infeasible {name}: " + "; ".join(bad))
+    return entry, config
 
 
 # -- the chain ------------------------------------------------------------------------------
@@ -185,7 +218,7 @@ def _resolve(problem: Problem, arch: Arch, device: str | None, remember: bool = 
             steps.append(Step("service", "skipped", why))
     if device is not None:
         fp = _fingerprint()
-        found = _from_local_db(problem, arch, entry, device, fp, steps)
+        found = _from_sources(problem, arch, entry, device, fp, steps)
         if found is None:
             found, expires = _from_service(problem, arch, entry, device, fp, steps)
 
@@ -224,9 +257,9 @@ def _fingerprint() -> str | None:
     st = _state
     if not st.fingerprint_done:
         try:
-            from tuner.providers import get_provider
+            from fa4.fingerprint import source_fingerprint
 
-            st.fingerprint = get_provider(PROVIDER).source_fingerprint()
+            st.fingerprint = source_fingerprint()
         except Exception as e:
             st.fingerprint_error = f"{type(e).__name__}: {e}"
         st.fingerprint_done = True
@@ -249,63 +282,63 @@ def _usable(entry, problem: Problem, arch: Arch, data: Any) -> tuple[Any, str | 
     return cfg, None
 
 
-def _local_store():
+def _sources() -> list:
+    """The config sources installed beside the kernels (entry point group SOURCES_GROUP), then
+    the registered ones; loaded once per lookup state."""
     st = _state
-    if st.store_opened:
-        return st.store, st.store_error
-    st.store_opened = True
+    if st.sources is None:
+        found, errors = [], []
+        try:
+            from importlib.metadata import entry_points
+
+            eps = sorted(entry_points(group=SOURCES_GROUP), key=lambda ep: ep.name)
+        except Exception as e:
+            eps, errors = [], [f"cannot list {SOURCES_GROUP} entry points: {type(e).__name__}: {e}"]
+        for ep in eps:
+            try:
+                found.append(ep.load()())
+            except Exception as e:
+                errors.append(f"config source {ep.name!r} ({ep.value}) failed to load: {type(e).__name__}: {e}")
+        st.sources, st.source_errors = found + list(_registered), errors
+    return st.sources
+
+
+def register_source(source) -> None:
+    """Add a config source (an object with ``name``, ``answer(problem, device, fingerprint)`` and
+    ``close()``) after the installed ones; it is asked from the next reset() on."""
+    _registered.append(source)
+
+
+def _from_sources(problem, arch, entry, device, fp, steps) -> tuple | None:
     if os.environ.get(LOCAL_DB_ENV, "1").strip() == "0":
-        st.store_error = f"disabled by {LOCAL_DB_ENV}=0"
-        return None, st.store_error
-    try:
-        from service.db import ResultsStore
-        from service.db.engine import ENV_VAR, default_url, resolve_url, sqlite_file
-
-        explicit = os.environ.get(ENV_VAR, "").strip()
-        url = resolve_url(explicit or default_url())
-        path = sqlite_file(url)
-        # Never create a database as a side effect of a kernel launch.
-        if not explicit and (path is None or not Path(path).is_file()):
-            st.store_error = f"no local results DB (set {ENV_VAR}, or run fa4-tune)"
-            return None, st.store_error
-        if path is not None and not Path(path).is_file():
-            st.store_error = f"{ENV_VAR} names {path}, which does not exist"
-            return None, st.store_error
-        st.store = ResultsStore.open(url)
-    except Exception as e:
-        st.store_error = f"cannot open the local results DB: {type(e).__name__}: {e}"
-    return st.store, st.store_error
-
-
-def _from_local_db(problem, arch, entry, device, fp, steps) -> tuple | None:
-    store, why = _local_store()
-    if store is None:
-        steps.append(Step("local-db", "skipped", why or ""))
+        steps.append(Step("local-db", "skipped", f"disabled by {LOCAL_DB_ENV}=0"))
         return None
-    if fp is None:
-        steps.append(Step("local-db", "skipped",
-                          f"the running kernel's source fingerprint is unknown ({_state.fingerprint_error})"))
+    sources = _sources()
+    if not sources:
+        why = "; ".join(_state.source_errors) or (
+            f"no results store is installed (no {SOURCES_GROUP} entry point; fa4-tune's store provides one)")
+        steps.append(Step("local-db", "skipped", why))
         return None
-    try:
-        row = store.best(device, PROVIDER, problem, source_fingerprint=fp)
-        if row is None:
-            old = store.best(device, PROVIDER, problem)
-            if old is not None:
-                steps.append(Step("local-db", "stale",
-                                  f"measurement {old['id']} is from kernel source {old['source_fingerprint']!r}, "
-                                  f"running {fp!r}"))
-            else:
-                steps.append(Step("local-db", "miss", f"no measurement of {problem.key()} on {device!r}"))
-            return None
-    except Exception as e:
-        steps.append(Step("local-db", "error", f"{type(e).__name__}: {e}"))
-        return None
-    cfg, why = _usable(entry, problem, arch, row["config"])
-    if cfg is None:
-        steps.append(Step("local-db", "error", f"measurement {row['id']}: {why}"))
-        return None
-    steps.append(Step("local-db", "used", f"measurement {row['id']} ({row['tflops']:.1f} TFLOP/s) in {store.url}"))
-    return cfg, "local-db", row["tflops"], row["problem"]
+    for src in sources:
+        if fp is None:
+            steps.append(Step(src.name, "skipped",
+                              f"the running kernel's source fingerprint is unknown ({_state.fingerprint_error})"))
+            continue
+        try:
+            ans = src.answer(problem, device, fp)
+        except Exception as e:
+            steps.append(Step(src.name, "error", f"{type(e).__name__}: {e}"))
+            continue
+        if ans.outcome != "used":
+            steps.append(Step(src.name, ans.outcome, ans.detail))
+            continue
+        cfg, why = _usable(entry, problem, arch, ans.config)
+        if cfg is None:
+            steps.append(Step(src.name, "error", f"{ans.ref}: {why}"))
+            continue
+        steps.append(Step(src.name, "used", ans.detail))
+        return cfg, src.name, ans.tflops, ans.measured_problem
+    return None
 
 
 def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None, float]:

@@ -6,7 +6,7 @@ implementations give the output metadata while tracing, ``register_autograd`` co
 fa4::fwd's backward to fa4::bwd. Eager calls do not go through them: dispatching a Python
 custom op added ~17 us per call on this project's CPU machine (~40 us with autograd), several
 times the launch path's own host cost, so eager flash_attn_func keeps its fast path and a plain
-autograd.Function. Both run the same host code (fa4.interface._forward, _backward,
+autograd.Function. Both run the same host code (fa4.launch._forward, _backward,
 bwd_config_for); the one difference is when the backward config is resolved: at the forward
 call in eager mode (an infeasible bwd_config fails there), at the first backward here (the
 fake forward runs on symbolic shapes, before there is a problem to look up).
@@ -59,16 +59,16 @@ def fwd(
     deterministic: bool,
     bwd_config: Optional[str],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from fa4 import interface
+    from fa4 import launch
 
     # deterministic / bwd_config are here for fa4::fwd's backward (register_autograd hands
     # the backward only the forward op's inputs); the forward kernel ignores them.
-    return interface._forward(q, k, v, softmax_scale, causal, True, decode_config(config), None)
+    return launch._forward(q, k, v, softmax_scale, causal, True, decode_config(config), None)
 
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, config, deterministic, bwd_config):
-    from fa4.interface import validate
+    from fa4.tensors import validate
 
     validate(q, k, v, layout=False)
     # The real launch allocates exactly these (empty_like keeps q's strides when q is dense).
@@ -88,16 +88,16 @@ def bwd(
     deterministic: bool,
     bwd_config: Optional[str],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from fa4 import interface
+    from fa4 import launch
 
-    config = interface.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config))
+    config = launch.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config))
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-    return tuple(interface._backward(dout, q, k, v, out, lse, scale, causal, config))
+    return tuple(launch._backward(dout, q, k, v, out, lse, scale, causal, config))
 
 
 @bwd.register_fake
 def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_config):
-    from fa4.interface import validate
+    from fa4.tensors import validate
 
     validate(q, k, v, layout=False)
     for name, t in (("dout", dout), ("out", out)):
@@ -127,7 +127,7 @@ fwd.register_autograd(_fwd_backward, setup_context=_setup_context)
 
 def traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
     """flash_attn_func while torch.compile traces (same arguments, same results)."""
-    from fa4.interface import check_bwd_args
+    from fa4.launch import check_bwd_args
 
     check_bwd_args(deterministic, bwd_config)
     scale = None if softmax_scale is None else float(softmax_scale)

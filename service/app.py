@@ -29,9 +29,10 @@ from fa4.arch import ARCHES
 from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
 from service import schemas as sch
-from service.best import best_config, index_rows
-from service.db import ResultsStore, canonical_json
-from service.db.store import SORT_KEYS
+from service.docs import mount_docs
+from store.best import best_config, index_rows
+from store import ResultsStore, canonical_json
+from store.store import SORT_KEYS
 from service.settings import Settings
 
 API_VERSION = "v1"
@@ -182,7 +183,7 @@ class _BestFastPath:
 
 
 def _provider(name: str, status: int = 404):
-    from tuner.providers import ProviderError, get_provider, list_providers
+    from providers import ProviderError, get_provider, list_providers
 
     # Only registered names: the "module:attr" form of the registry would import
     # arbitrary code on behalf of a remote client.
@@ -229,7 +230,10 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         description="Tuned attention-kernel configs and their measurements. Knob schemas are derived from the "
         "providers' knob dataclasses (GET /v1/providers/{name}/knobs).",
         responses={422: {"model": sch.Error}},
+        docs_url=None,  # served from vendored assets below (service.docs): no CDN
+        redoc_url=None,
     )
+    mount_docs(app)
     app.state.fa4 = state
     app.add_middleware(_BestFastPath, state=state)
     bearer = HTTPBearer(auto_error=False, description="The service's API token (FA4_API_TOKEN)")
@@ -263,7 +267,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
     @app.get("/healthz", response_model=sch.Health, tags=["meta"],
              responses={503: {"model": sch.Error}})
     def healthz():
-        from service.db.migrate import current_revision
+        from store.migrate import current_revision
 
         try:
             store = state.store
@@ -334,7 +338,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
 
     @app.get(f"/{API_VERSION}/providers", response_model=list[sch.Provider], tags=["catalogue"])
     def get_providers():
-        from tuner.providers import list_providers
+        from providers import list_providers
 
         counts = state.store.provider_counts()
         out = []

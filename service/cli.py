@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.add_argument("--no-access-log", action="store_true", help="do not log every request")
     p.add_argument("--demo", action="store_true",
-                   help="serve the recorded H200 measurements (dashboards/seed) from a temporary SQLite file")
+                   help="serve the recorded H200 measurements (service/seed) from a temporary SQLite file")
     return p
 
 
@@ -33,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     if args.demo:
         if args.db:
             print("fa4-serve: --demo serves its own temporary database; drop --db", file=sys.stderr)
             return 2
-        from dashboards.demo import temporary_demo_db
+        from service.demo import temporary_demo_db
 
         args.db = temporary_demo_db()
         print(f"fa4-serve: demo data in {args.db}; dashboard at http://{args.host}:{args.port}/", file=sys.stderr)

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from fa4.knobs import knob_specs
 from fa4.problem import DTYPES, PASSES
-from service.db.models import STATUSES
+from store.models import STATUSES
 
 # Column widths of the results DB: larger values would fail at INSERT time (a 5xx),
 # so they are rejected up front with a 422.

@@ -11,7 +11,7 @@ CACHE_TTL_ENV = "FA4_SERVICE_CACHE_TTL_S"
 
 @dataclass(frozen=True)
 class Settings:
-    # None: $FA4_DB, else the user data dir (service.db.default_url).
+    # None: $FA4_DB, else the user data dir (store.default_url).
     db_url: str | None = None
     # None: writes are refused (403). Remote tuners send it as "Authorization: Bearer <token>".
     token: str | None = None

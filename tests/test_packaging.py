@@ -18,7 +18,12 @@ def test_distribution_metadata():
     assert proj["name"] == "fa4-tune"  # not "fa4": flash-attn-4 reads version("fa4") for itself
     deps = proj["dependencies"]
     assert "nvidia-cutlass-dsl==4.8.1" in deps
-    assert proj["optional-dependencies"]["ref"] == ["flash-attn-4==4.0.0b36"]
+    assert proj["optional-dependencies"]["ref"][0] == "flash-attn-4==4.0.0b36"
+    # The kernels install light: the tuner's and the service's dependencies are extras.
+    assert not any(d.split("[")[0].split(">")[0] in ("optuna", "fastapi", "uvicorn", "psycopg") for d in deps)
+    extras = proj["optional-dependencies"]
+    assert {"optuna>=4"} <= set(extras["tune"]) and {"fastapi", "uvicorn"} <= set(extras["serve"])
+    assert "fa4-tune[tune,serve]" in extras["ref"] and "fa4-tune[tune,serve]" in extras["test"]
     assert proj["scripts"] == {"fa4-tune": "tuner.cli:entry", "fa4-serve": "service.cli:main"}
 
 
@@ -30,17 +35,18 @@ def test_wheel_contains_packages_data_and_entry_points(tmp_path):
     assert r.returncode == 0, r.stderr
     (whl,) = tmp_path.glob("fa4_tune-*.whl")
     names = set(zipfile.ZipFile(whl).namelist())
-    for pkg in ("fa4", "tuner", "tuner/providers", "service", "service/db", "dashboards"):
+    for pkg in ("fa4", "store", "providers", "tuner", "service", "dashboards"):
         assert f"{pkg}/__init__.py" in names, pkg
-    migrations = [n for n in names if n.startswith("service/db/migrations/versions/") and n.endswith(".py")]
+    migrations = [n for n in names if n.startswith("store/migrations/versions/") and n.endswith(".py")]
     assert migrations, "alembic migrations must ship in the wheel"
-    assert "service/db/migrations/env.py" in names
-    for data in (ROOT / "tuner" / "data").glob("*.json"):
-        assert f"tuner/data/{data.name}" in names
+    assert "store/migrations/env.py" in names
+    for data in (ROOT / "providers" / "data").glob("*.json"):
+        assert f"providers/data/{data.name}" in names
     assert not any(n.startswith("tests/") for n in names)
     (ep,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(whl).read(ep).decode()
     assert "fa4-tune = tuner.cli:entry" in text and "fa4-serve" in text
+    assert "[fa4.config_sources]" in text and "local-db = store.config_source:LocalResultsDB" in text
 
 
 def test_ci_runs_readme_command_two():

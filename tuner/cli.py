@@ -284,7 +284,7 @@ def main(argv=None) -> int:
         if not token:
             _die(f"--push needs the service's API token in ${TOKEN_ENV}")
 
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     try:
         # Opened (and migrated) here, once, before any worker opens it.

@@ -270,7 +270,7 @@ def worker_main(spec: dict) -> int:
         # context (seconds: the path to the first trial) while this process imports the DB layer
         # and opens the results DB and the studies.
         runner.prestart(spec["provider"])
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     problems = [Problem.from_dict(d) for d in spec["problems"]]
     shares = worker_shares(problems, n)

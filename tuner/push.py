@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from service.db.store import canonical_json
+from store.store import canonical_json
 
 TOKEN_ENV = "FA4_API_TOKEN"
 DEVICE_FIELDS = ("name", "compute_capability", "sm_count", "l2_bytes", "memory_bytes", "driver", "cuda",

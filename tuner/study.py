@@ -21,9 +21,9 @@ from typing import Callable
 from fa4.arch import SM90, Arch, current_arch
 from fa4.knobs import VIOLATION_KINDS, iter_configs, knob_specs, search_space, violation_kind
 from fa4.problem import Problem
+from providers import Provider, ProviderError, get_provider
+from providers.harness import INFEASIBLE, Settings
 
-from .harness import INFEASIBLE, Settings
-from .providers import Provider, ProviderError, get_provider
 from .storage import fail_stale, heartbeat_interval, masked_storage, open_storage
 
 SAMPLERS = ("tpe", "grid", "random")

@@ -17,7 +17,7 @@ import traceback
 
 from fa4.problem import Problem
 
-from .harness import RUNTIME_ERROR, Measurement, Settings, is_sticky_cuda_failure
+from providers.harness import RUNTIME_ERROR, Measurement, Settings, is_sticky_cuda_failure
 
 
 CLOSE_GRACE_S = 1.0
@@ -42,7 +42,7 @@ def die_with_parent(parent_pid: int | None) -> None:
 
 
 def _serve(conn) -> None:
-    from .providers import get_provider
+    from providers import get_provider
 
     parent = mp.parent_process()
     die_with_parent(parent.pid if parent is not None else None)
@@ -203,7 +203,7 @@ class InProcessRunner:
     """Same interface without isolation, for providers that never touch a GPU (replay) in tests."""
 
     def run(self, provider: str, problem: Problem, config: dict | None, settings: Settings) -> Measurement:
-        from .providers import get_provider
+        from providers import get_provider
 
         p = get_provider(provider)
         try:

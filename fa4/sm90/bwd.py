@@ -120,8 +120,9 @@ class FlashBwdSm90:
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
         scale: Float32,  # softmax_scale
-        head_swizzle: Int32,
+        # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         spt: Int32,
+        head_swizzle: Int32,
         stream: cuda.CUstream,
     ):
         # Sequence first, then head_dim, heads, batch: a tile is a plain 2-D TMA box.

@@ -8,9 +8,9 @@ accumulators) and the compile-time knobs. Shapes stay dynamic. Compiles without 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
+from fa4.knobs import compile_time_config
 from fa4.sm90.bwd_config import BwdConfigSm90
 from fa4.sm90.compile import DTYPES, ensure_target
 
@@ -29,8 +29,7 @@ class BwdKernelKey:
 
 
 def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, config: BwdConfigSm90) -> BwdKernelKey:
-    defaults = {f.name: f.default for f in dataclasses.fields(BwdConfigSm90)}
-    base = dataclasses.replace(config, **{k: defaults[k] for k in BwdConfigSm90.RUNTIME_KNOBS})
+    base = compile_time_config(config)
     return BwdKernelKey(dtype, head_dim, causal, gqa, base)
 
 

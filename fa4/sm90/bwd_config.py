@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from fa4.arch import SM90, Arch
-from fa4.knobs import Violation, knob
+from fa4.knobs import RuntimeKnobNames, Violation, knob
 from fa4.problem import Problem
 
 HEAD_DIMS = (64, 128)
@@ -109,18 +109,20 @@ class BwdConfigSm90:
         (True, False), True,
         "Causal: launch the shortest key tiles (highest n_block) first and give them the first dQ turns "
         "(shortest processing time first), so deterministic lock waits stay short. No effect non-causal.",
+        runtime=int,  # the kernel's spt flag
     )
     head_swizzle: int = knob(
         (1, 2, 4, 8, 16, 32), 1,
         "Heads per scheduling group: consecutive CTAs walk the key tiles of this many heads together so "
         "their Q/dO stay resident in L2.",
+        runtime=True,
     )
     cluster_exchange: bool = knob(
         (False,), False,
         "2-CTA cluster exchanging dS halves through distributed shared memory. Declared, not built.",
     )
 
-    RUNTIME_KNOBS = ("spt_order", "head_swizzle")
+    RUNTIME_KNOBS = RuntimeKnobNames()
 
 
 def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:

@@ -2,21 +2,22 @@
 
     dq, dk, dv = flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
 
-fa4.flash_attn_func's autograd calls it (through fa4.interface._backward, with the config
-from the lookup chain); bench/check_bwd.py checks it on a GPU.
+fa4.flash_attn_func's autograd calls launch_bwd (through fa4.launch._backward, with the config
+the forward call resolved from the lookup chain); bench/check_bwd.py checks it on a GPU.
 """
 
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 
 from fa4.arch import SM90
-from fa4.interface import _DTYPES, validate
-from fa4.knobs import config_from_dict
+from fa4.common.constants import LOG2_E
+from fa4.compile_cache import compiled
+from fa4.knobs import as_config, runtime_args
 from fa4.problem import Problem
+from fa4.tensors import DTYPES, problem_of, validate
 from fa4.sm90.bwd_compile import (
     compile_bwd_main,
     compile_bwd_post,
@@ -27,37 +28,9 @@ from fa4.sm90.bwd_compile import (
 )
 from fa4.sm90.bwd_config import BwdConfigSm90, default_config, violations
 
-_LOG2E = 1.4426950408889634
-_compiled: dict = {}
-_lock = threading.Lock()
-
-
-def _get(key, build):
-    fn = _compiled.get(key)
-    if fn is None:
-        with _lock:
-            fn = _compiled.get(key)
-            if fn is None:
-                fn = build()
-                _compiled[key] = fn
-    return fn
-
-
-def bwd_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, deterministic: bool) -> Problem:
-    return Problem(
-        batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2], heads_kv=k.shape[2],
-        head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=_DTYPES[q.dtype], causal=bool(causal),
-        deterministic=bool(deterministic), pass_="bwd",
-    )
-
-
 def resolve_config(problem: Problem, config) -> BwdConfigSm90:
-    if config is None:
-        config = default_config(problem, SM90)
-    elif isinstance(config, dict):
-        config = config_from_dict(BwdConfigSm90, config)
-    if not isinstance(config, BwdConfigSm90):
-        raise ValueError("config must be a BwdConfigSm90 or a dict of its knobs")
+    """``config`` (None: the heuristic default) as a feasible BwdConfigSm90 for ``problem``."""
+    config = as_config(BwdConfigSm90, default_config(problem, SM90) if config is None else config)
     bad = violations(config, problem, SM90)
     if bad:
         raise ValueError("infeasible config: " + "; ".join(bad))
@@ -94,20 +67,28 @@ def flash_attn_bwd(
             raise ValueError(f"{name} must be contiguous in its last dimension")
     if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
         raise ValueError(f"lse must be fp32 of shape {(q.shape[0], q.shape[2], q.shape[1])}")
-    problem = bwd_problem(q, k, v, causal, deterministic)
-    config = resolve_config(problem, config)
+    config = resolve_config(problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic), config)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
+    return launch_bwd(dout, q, k, v, out, lse, softmax_scale, causal, config.deterministic, config)
+
+
+def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
+               config: BwdConfigSm90):
+    """The three launches, for inputs and a config already checked (fa4.flash_attn_func's
+    autograd resolved them at the forward call; flash_attn_bwd above checks them itself).
+    ``deterministic`` is ``config.deterministic``."""
+    dtype = DTYPES[q.dtype]
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     gqa = hq != hkv
-    key = compile_key(problem.dtype, d, problem.causal, gqa, config)
-    main = _get(key, lambda: compile_bwd_main(key))
-    pre = _get(("pre", problem.dtype, d), lambda: compile_bwd_pre(problem.dtype, d))
-    post = _get(("post", problem.dtype, d), lambda: compile_bwd_post(problem.dtype, d))
-    post_dq = _get(
-        ("post_dq", problem.dtype, d, config.tile_m, config.dq_split),
-        lambda: compile_bwd_post_dq(problem.dtype, d, config.tile_m, config.dq_split),
+    key = compile_key(dtype, d, bool(causal), gqa, config)
+    main = compiled(key, lambda: compile_bwd_main(key))
+    pre = compiled(("bwd_pre", dtype, d), lambda: compile_bwd_pre(dtype, d))
+    post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
+    post_dq = compiled(
+        ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
+        lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
     )
 
     dev = q.device
@@ -135,7 +116,7 @@ def flash_attn_bwd(
         pre(out, dout, lse, lse2, dsum, dq_acc)
         main(
             q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv,
-            softmax_scale * _LOG2E, softmax_scale, config.head_swizzle, 1 if config.spt_order else 0,
+            softmax_scale * LOG2_E, softmax_scale, *runtime_args(config),
         )
         post_dq(dq_acc, dq, softmax_scale)
         if gqa:

@@ -16,7 +16,6 @@ These are memory-bound: what matters is that every warp-wide load and store cove
 
 from __future__ import annotations
 
-import math
 import operator
 
 import cuda.bindings.driver as cuda
@@ -25,10 +24,11 @@ import cutlass.cute as cute
 import cutlass.utils as utils
 from cutlass import Float32
 
+from fa4.common.constants import LOG2_E
+
 ROWS_PER_CTA = 128
 VEC16 = 8  # 16-bit elements per 16-byte vector
 VEC32 = 4  # fp32 elements per 16-byte vector
-LOG2E = math.log2(math.e)
 DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of the dQ tile
 DQ_THREADS = 128 * DQ_WGS
 
@@ -130,7 +130,7 @@ class BwdPreprocess:
         if row < seqlen:
             lse = mLSE[batch, head, row]
             if lse != -Float32.inf:
-                lse2 = lse * Float32(LOG2E)
+                lse2 = lse * Float32(LOG2_E)
         mLSE2[batch, head, row] = lse2
         # The CTA's accumulator rows are one contiguous ROWS_PER_CTA * d run: 16-byte stores,
         # consecutive threads on consecutive 16 bytes.

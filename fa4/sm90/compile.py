@@ -12,6 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from fa4.knobs import compile_time_config
 from fa4.sm90.fwd_config import FwdConfigSm90
 
 DTYPES = {"bf16": "BFloat16", "fp16": "Float16"}
@@ -40,11 +41,10 @@ def ensure_target() -> None:
 
 def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90) -> FwdKernelKey:
     """Configs that differ only in runtime knobs share one compiled kernel."""
-    defaults = {f.name: f.default for f in dataclasses.fields(FwdConfigSm90)}
-    base = dataclasses.replace(config, **{k: defaults[k] for k in FwdConfigSm90.RUNTIME_KNOBS})
+    base = compile_time_config(config)
     if base.exp2_emu_frac == 0.0:
         # Nothing is emulated: the pattern picks no element, the kernels are the same.
-        base = dataclasses.replace(base, exp2_emu_pattern=defaults["exp2_emu_pattern"])
+        base = dataclasses.replace(base, exp2_emu_pattern=FwdConfigSm90().exp2_emu_pattern)
     return FwdKernelKey(dtype, head_dim, causal, has_lse, base)
 
 

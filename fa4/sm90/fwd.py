@@ -89,9 +89,10 @@ class FlashFwdSm90:
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
+        # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         tau: Float32,
-        head_swizzle: Int32,
         lpt: Int32,
+        head_swizzle: Int32,
         num_ctas: Int32,  # persistent: CTAs to launch (the SM count); ignored otherwise
         stream: cuda.CUstream,
     ):

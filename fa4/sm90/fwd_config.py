@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from fa4.arch import SM90, Arch
-from fa4.knobs import Violation, knob
+from fa4.knobs import RuntimeKnobNames, Violation, knob
 from fa4.problem import Problem
 
 HEAD_DIMS = (64, 128)
@@ -92,16 +92,19 @@ class FwdConfigSm90:
         (0.0, 4.0, 8.0), 0.0,
         "Conditional rescaling threshold in log2 units of the scaled score: O and the row sum are rescaled "
         "only when some row of the warp sees its max grow by more than tau (0 = rescale on every growth).",
+        runtime=True,
     )
     sched_order: str = knob(
         ("lpt", "natural"), "lpt",
         "Order of (m_block, head, batch) tiles: 'lpt' launches the longest causal rows first "
         "(reverse m_block), 'natural' ascending m_block.",
+        runtime=lambda order: 1 if order == "lpt" else 0,  # the kernel's lpt flag
     )
     head_swizzle: int = knob(
         (1, 2, 4, 8), 1,
         "Heads per scheduling group: consecutive CTAs walk the m_blocks of this many heads together, so the "
         "K/V of the heads in flight stay resident in L2.",
+        runtime=True,
     )
     persistent: bool = knob(
         (False, True), False,
@@ -109,8 +112,8 @@ class FwdConfigSm90:
         "(True): the next tile's K/V loads overlap the current epilogue and no launch sits between tiles.",
     )
 
-    # Knobs that only change runtime arguments, not the compiled kernel.
-    RUNTIME_KNOBS = ("tau", "sched_order", "head_swizzle")
+    # Knobs that only change runtime arguments, not the compiled kernel (marked runtime above).
+    RUNTIME_KNOBS = RuntimeKnobNames()
 
 
 def smem_bytes(config: FwdConfigSm90, problem: Problem) -> int:

@@ -517,7 +517,7 @@ def _device_payload(server) -> dict:
 def bwd_server(tmp_path_factory):
     """The demo DB plus backward rows of flash-attn-4 posted through the API (test data beside the
     recorded ones: a shape timed twice in one mode, and a shape with one mode only)."""
-    from dashboards.demo import build_demo_db
+    from service.demo import build_demo_db
 
     url = f"sqlite:///{tmp_path_factory.mktemp('bwd') / 'bwd.db'}"
     build_demo_db(url)
@@ -633,7 +633,7 @@ def test_dashboard_works_under_a_path_prefix(browser, tmp_path):
     from starlette.applications import Starlette
     from starlette.routing import Mount
 
-    from dashboards.demo import build_demo_db
+    from service.demo import build_demo_db
     from service.app import create_app
 
     url = f"sqlite:///{tmp_path / 'prefixed.db'}"

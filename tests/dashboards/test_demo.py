@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from dashboards import demo
+from service import demo
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 
 
 @pytest.fixture(scope="module")

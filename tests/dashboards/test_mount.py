@@ -47,7 +47,7 @@ def test_demo_flag_refuses_a_database_too():
 
 
 def test_demo_serves_the_recorded_data_and_removes_it_on_exit(tmp_path):
-    from dashboards.demo import build_demo_db
+    from service.demo import build_demo_db
     from tests.dashboards.test_browser import Server
 
     server = Server("--demo")

@@ -1,7 +1,7 @@
 """Stand-ins for the two GPU launches so fa4.flash_attn_func's host side runs on CPU tensors.
 
-Only the launches are replaced: ``fa4.interface._forward`` (the forward kernel call) and
-``fa4.sm90.bwd_launch.flash_attn_bwd`` (the backward's), both by fp32 math written from the
+Only the launches are replaced: ``fa4.launch._forward`` (the forward kernel call) and
+``fa4.sm90.bwd_launch.launch_bwd`` (the backward's), both by fp32 math written from the
 attention equations (no autograd: under torch.compile the backward op runs below the autograd
 dispatch key). Everything between the user's call and those two functions is the real code:
 argument checks, the bwd config lookup chain, the autograd.Function, dO layout fixing, the
@@ -87,7 +87,7 @@ class Calls:
 
 def install(monkeypatch) -> Calls:
     """Replace the two launches, pretend the tensors' device is an sm90 GPU, fresh lookup state."""
-    from fa4 import interface, lookup
+    from fa4 import launch, lookup
     from fa4.arch import SM90
     from fa4.sm90 import bwd_launch
 
@@ -113,12 +113,12 @@ def install(monkeypatch) -> Calls:
         grads = backward_math(dout, q, k, v, softmax_scale, causal)
         return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
 
-    real_validate = interface.validate
-    monkeypatch.setattr(interface, "_forward", fake_forward)
-    monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
-    monkeypatch.setattr(interface, "_arch_of", lambda device: SM90)
-    monkeypatch.setattr(interface, "validate", functools.partial(real_validate, require_cuda=False))
-    monkeypatch.setattr(interface, "_bwd_configs", {})
+    real_validate = launch.validate
+    monkeypatch.setattr(launch, "_forward", fake_forward)
+    monkeypatch.setattr(bwd_launch, "launch_bwd", fake_bwd)
+    monkeypatch.setattr(launch, "arch_of", lambda device: SM90)
+    monkeypatch.setattr(launch, "validate", functools.partial(real_validate, require_cuda=False))
+    monkeypatch.setattr(launch, "_bwd_configs", {})
     monkeypatch.setenv("FA4_LOOKUP_LOCAL_DB", "0")
     monkeypatch.delenv("FA4_TUNING_URL", raising=False)
     lookup.reset()

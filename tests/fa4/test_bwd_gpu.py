@@ -157,10 +157,11 @@ def test_explicit_bwd_config_is_the_one_run():
 
     import fa4
     from fa4.sm90.bwd_config import violations
-    from fa4.sm90.bwd_launch import bwd_problem, flash_attn_bwd
+    from fa4.sm90.bwd_launch import flash_attn_bwd
+    from fa4.tensors import problem_of
 
     q, k, v, dout = _qkv(1, 900, 900, 8, 2, 128, seed=5)
-    prob = bwd_problem(q, k, v, True, True)
+    prob = problem_of(q, k, v, True, pass_="bwd", deterministic=True)
     # A config the lookup would not pick: a different kernel (ds_stages or stages) and order. The first
     # feasible one is taken so the test follows the feasibility rules instead of restating them.
     chosen = fa4.explain(problem=prob).config

@@ -7,7 +7,8 @@ from fa4.arch import SM90, SM100
 from fa4.dispatch import bwd_entry
 from fa4.sm90.bwd_compile import SEQ_PAD, padded
 from fa4.sm90.bwd_config import BwdConfigSm90
-from fa4.sm90.bwd_launch import bwd_problem, flash_attn_bwd, resolve_config
+from fa4.sm90.bwd_launch import flash_attn_bwd, launch_bwd, resolve_config
+from fa4.tensors import problem_of
 
 
 def tensors(b=1, sq=100, sk=100, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
@@ -19,7 +20,7 @@ def tensors(b=1, sq=100, sk=100, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
 
 def test_resolve_config():
     q, k, v = tensors()
-    prob = bwd_problem(q, k, v, causal=True, deterministic=True)
+    prob = problem_of(q, k, v, causal=True, pass_="bwd", deterministic=True)
     assert prob.pass_ == "bwd" and prob.deterministic and prob.causal
     cfg = resolve_config(prob, None)
     assert cfg.deterministic
@@ -42,11 +43,11 @@ def test_inputs_are_checked_before_any_launch(monkeypatch):
         flash_attn_bwd(q, q, k, v, out, lse)
     # The rest with the device check off (CPU tensors here), each with what it names. None of
     # them may reach a compile or a launch: those are replaced by a failure.
-    from fa4.interface import validate
+    from fa4.tensors import validate
     from fa4.sm90 import bwd_launch
 
     monkeypatch.setattr(bwd_launch, "validate", lambda q, k, v: validate(q, k, v, require_cuda=False))
-    monkeypatch.setattr(bwd_launch, "_get", lambda *a: pytest.fail("compiled or launched after bad inputs"))
+    monkeypatch.setattr(bwd_launch, "compiled", lambda *a: pytest.fail("compiled or launched after bad inputs"))
     q96, k96, v96 = tensors(d=96)
     cases = [
         ((q96, q96, k96, v96, q96, lse), "head_dim 96 is not supported"),
@@ -72,7 +73,7 @@ def test_padding_covers_every_tile():
 
 def test_dispatch_entry():
     e = bwd_entry(SM90)
-    assert e.config_cls is BwdConfigSm90 and e.run is flash_attn_bwd
+    assert e.config_cls is BwdConfigSm90 and e.run is launch_bwd
     with pytest.raises(NotImplementedError, match="sm100"):
         bwd_entry(SM100)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fa4.interface import validate
+from fa4.tensors import validate
 
 
 def t(*shape, dtype=torch.bfloat16):
@@ -31,7 +31,7 @@ def test_cpu_tensors_are_rejected_by_device():
      (1, 4, 16, 16, 4, 128, "bf16")),
 ])
 def test_good_inputs_pass(q, k, v, want):
-    from fa4.interface import problem_of
+    from fa4.tensors import problem_of
 
     validate(q, k, v, require_cuda=False)  # no error, and the problem it describes:
     p = problem_of(q, k, v, causal=True)
@@ -67,7 +67,7 @@ import dataclasses  # noqa: E402
 import math  # noqa: E402
 
 import fa4  # noqa: E402
-from fa4 import interface, ops  # noqa: E402
+from fa4 import launch, ops  # noqa: E402
 from fa4.knobs import config_from_dict, iter_configs  # noqa: E402
 from fa4.problem import Problem  # noqa: E402
 from fa4.sm90.bwd_config import BwdConfigSm90  # noqa: E402
@@ -118,7 +118,7 @@ def test_without_grad_no_backward_work(calls, monkeypatch):
     def must_not_run(*a, **k):
         raise AssertionError("backward config resolved for a call that needs no gradient")
 
-    monkeypatch.setattr(interface, "bwd_config_for", must_not_run)
+    monkeypatch.setattr(launch, "bwd_config_for", must_not_run)
     q, k, v, _ = inputs(grad=False)
     out = fa4.flash_attn_func(q, k, v, causal=True, deterministic=True)
     assert out.grad_fn is None and torch.equal(out, forward_math(q, k, v, 1 / 8, True)[0])
@@ -189,7 +189,7 @@ def test_any_dout_layout_reaches_the_kernel_tma_ready(calls, layout):
         (out.transpose(1, 2) * w).float().sum().backward()
         dout = w.transpose(1, 2)
     seen = calls.bwd[0]["dout"]
-    assert interface._tma_ready(seen) and torch.equal(seen, dout)
+    assert launch._tma_ready(seen) and torch.equal(seen, dout)
     if layout == "permuted":
         assert seen.stride() == dout.stride()
     assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, True)

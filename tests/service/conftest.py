@@ -73,7 +73,7 @@ def db_url(request, tmp_path) -> str:
 
 @pytest.fixture
 def store(db_url):
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     s = ResultsStore.open(db_url)
     try:

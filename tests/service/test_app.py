@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from fa4.knobs import knob_specs
 from fa4.problem import Problem
 from service.app import create_app
-from service.db import ResultsStore
-from service.db.migrate import head_revision
+from store import ResultsStore
+from store.migrate import head_revision
 from tests.service.toy import ToyKnobs, ToyProvider
 
 TOKEN = "s3cret-token"
@@ -32,7 +32,7 @@ DEVICE = {
 
 @pytest.fixture
 def toy(monkeypatch):
-    import tuner.providers as providers
+    import providers as providers
 
     monkeypatch.setitem(providers._REGISTRY, "toy", ToyProvider)
     monkeypatch.delitem(providers._CACHE, "toy", raising=False)
@@ -161,7 +161,7 @@ def test_knobs_come_from_the_dataclass(client):
 def test_fa4_bwd_results_are_validated_and_served_with_the_bwd_knobs(client):
     from fa4.knobs import config_to_dict
     from fa4.sm90.bwd_config import BwdConfigSm90
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     fp = get_provider("fa4").source_fingerprint()
     prob = problem(pass_="bwd", deterministic=True)

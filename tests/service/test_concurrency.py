@@ -14,7 +14,7 @@ import httpx
 
 from fa4.problem import Problem
 from service.app import create_app
-from service.db import ResultsStore
+from store import ResultsStore
 from service.settings import Settings
 from tests.service.live import serve
 
@@ -32,7 +32,7 @@ _WORKER = textwrap.dedent(
     from fa4.knobs import config_to_dict, iter_configs
     from fa4.problem import Problem
     from fa4.sm90.fwd_config import FwdConfigSm90, violations
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     mode, url, w, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
     device = {device!r}
@@ -42,7 +42,7 @@ _WORKER = textwrap.dedent(
     while not go.exists():
         time.sleep(0.01)
     if mode == "local":
-        from service.db import ResultsStore
+        from store import ResultsStore
         store = ResultsStore.open(url)
         dev = store.upsert_device(device)
         pid = store.upsert_problem(problem)

@@ -22,9 +22,9 @@ from sqlalchemy.orm import Session
 
 from fa4.knobs import config_to_dict, json_schema, knob
 from fa4.problem import Problem
-from service.db import ResultsStore, default_url, resolve_url
-from service.db import models
-from service.db.migrate import alembic_config, current_revision, head_revision
+from store import ResultsStore, default_url, resolve_url
+from store import models
+from store.migrate import alembic_config, current_revision, head_revision
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_default_url_and_resolution(tmp_path, monkeypatch):
 
 
 def test_url_masks_password():
-    from service.db.engine import make_engine
+    from store.engine import make_engine
 
     # Never connects: building an engine is lazy, so no server is needed.
     engine = make_engine(resolve_url("postgresql+psycopg://tuner:hunter2@db.example/fa4"))
@@ -370,7 +370,7 @@ _WORKER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     from fa4.problem import Problem
-    from service.db import ResultsStore
+    from store import ResultsStore
 
     url, role, wid, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5])
     device = {device!r}
@@ -435,7 +435,7 @@ def test_wal_switch_is_retried_while_sqlite_answers_locked():
     process opening the same new file holds a lock: the connection hook retries it."""
     import sqlite3
 
-    from service.db.engine import retry_locked
+    from store.engine import retry_locked
 
     calls = []
 

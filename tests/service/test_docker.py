@@ -116,7 +116,12 @@ def test_compose_wires_service_postgres_and_gpu_tuner():
         argv = (entry[-1] if entry else []) + cmd
         assert argv[0] == script
         parser_for(script).parse_args(argv[1:])
-    assert any("psycopg" in d for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+    # The PostgreSQL driver comes with the extras the images install (the kernels install light).
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, extra in (("service.Dockerfile", "serve"), ("tuner.Dockerfile", "tune")):
+        assert any("psycopg" in d for d in extras[extra])
+        installs = [a for op, a in instructions(DOCKER / name) if op == "RUN" and "pip install" in a and "torch" not in a]
+        assert any(f"[{extra}]" in a or "[ref]" in a for a in installs), (name, installs)
     assert "FA4_API_TOKEN" in svc["service"]["environment"]
     assert svc["service"]["ports"] == ["127.0.0.1:8000:8000"]
     (gpu,) = svc["tuner"]["deploy"]["resources"]["reservations"]["devices"]

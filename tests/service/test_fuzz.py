@@ -10,7 +10,7 @@ from schemathesis.checks import not_a_server_error, response_schema_conformance 
 
 from fa4.problem import Problem  # noqa: E402
 from service.app import create_app  # noqa: E402
-from service.db import ResultsStore  # noqa: E402
+from store import ResultsStore  # noqa: E402
 
 TOKEN = "fuzz-token"
 # Bounded so the suite stays fast; CI runs this on every push, so coverage accumulates.

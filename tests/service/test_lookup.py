@@ -14,9 +14,9 @@ from fa4.knobs import config_to_dict, iter_configs
 from fa4.problem import Problem
 from fa4.sm90.fwd_config import FwdConfigSm90, default_config, violations
 from service.app import create_app
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.service.live import CountingApp, serve, silent_server
-from tuner.providers import get_provider
+from providers import get_provider
 
 DEVICE = "NVIDIA H200"
 DEVICE_INFO = {"name": DEVICE, "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,

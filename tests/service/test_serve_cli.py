@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from service.db.migrate import head_revision
+from store.migrate import head_revision
 from tests.service.live import free_port
 
 REPO = Path(__file__).resolve().parents[2]

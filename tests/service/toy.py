@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fa4.knobs import knob
-from tuner.providers.base import Provider
+from providers.base import Provider
 
 
 @dataclass(frozen=True)

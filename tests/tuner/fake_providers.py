@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from tuner.providers.replay import ReplayProvider
+from providers.replay import ReplayProvider
 
 ENV = "FA4_TEST_RECORDING"
 

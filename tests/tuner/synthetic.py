@@ -2,7 +2,7 @@
 
 The "TFLOP/s" here come from a made-up smooth formula with one known optimum, so tests can
 assert what the tuner should find. Tests against real recorded data use
-tuner/data/ref_fa4_h200.json instead.
+providers/data/ref_fa4_h200.json instead.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 from fa4.arch import SM90
 from fa4.knobs import config_to_dict, iter_configs
 from fa4.problem import Problem
-from tuner.harness import sample_stats, tflops
-from tuner.providers.flash_attn4 import RefFa4FwdKnobs, fwd_default, fwd_violations
-from tuner.providers.replay import recording_dict
+from providers.harness import sample_stats, tflops
+from providers.flash_attn4 import RefFa4FwdKnobs, fwd_default, fwd_violations
+from providers.replay import recording_dict
 
 SYNTHETIC_DEVICE = {
     "name": "SYNTHETIC GPU (test data)",

@@ -13,7 +13,7 @@ from fa4.arch import SM90
 from fa4.knobs import VIOLATION_KINDS, config_to_dict
 from fa4.problem import Problem
 from tests.tuner.synthetic import best_synthetic, write_synthetic
-from tuner.providers import get_provider
+from providers import get_provider
 
 ROOT = Path(__file__).resolve().parents[2]
 

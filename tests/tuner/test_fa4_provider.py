@@ -15,11 +15,11 @@ from fa4.sm90 import bwd_config, fwd_config
 from fa4.sm90.bwd_compile import compile_key as bwd_compile_key
 from fa4.sm90.bwd_config import BwdConfigSm90
 from fa4.sm90.fwd_config import FwdConfigSm90
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.tuner.test_cli import fa4_tune
-from tuner.harness import OK, Measurement
-from tuner.providers import get_provider
-from tuner.providers.fa4_provider import Fa4Provider
+from providers.harness import OK, Measurement
+from providers import get_provider
+from providers.fa4_provider import Fa4Provider
 from tuner.study import Tuner, check_without_gpu, open_storage
 from tuner.worker import InProcessRunner
 

@@ -1,7 +1,7 @@
 """Fleet tuning on CPU: several worker processes on one study, replaying the real H200 recording.
 
 Virtual slots (cpu0, cpu1, ...) stand in for GPUs; the replay provider serves the numbers
-recorded on the H200 (tuner/data/ref_fa4_h200.json), so what the fleet finds can be checked
+recorded on the H200 (providers/data/ref_fa4_h200.json), so what the fleet finds can be checked
 against the recording itself.
 """
 
@@ -18,10 +18,10 @@ import optuna
 import pytest
 
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.tuner.test_cli import ROOT, fa4_tune
 from tuner.fleet import FleetError, Slot, SlotBusy, acquire, parse_devices
-from tuner.providers.replay import ReplayProvider, config_id
+from providers.replay import ReplayProvider, config_id
 from tuner.storage import open_storage
 from tuner.study import study_name
 

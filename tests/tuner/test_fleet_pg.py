@@ -21,7 +21,7 @@ import uuid
 import optuna
 import pytest
 
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.tuner.test_cli import ROOT
 from tests.tuner.test_fleet import RECORDED, recorded, shapes_file
 from fa4.problem import Problem

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.fakegpu import sitecustomize as fakegpu
 from tests.tuner.test_cli import ROOT
 from tests.tuner.test_fleet import check_db_matches_studies, recorded_best
@@ -171,22 +171,22 @@ def fake_torch_gpu(monkeypatch):
 def test_kernels_see_the_gpu_they_launch_on(fake_torch_gpu, monkeypatch):
     import torch
 
-    from fa4 import interface, lookup
+    from fa4 import launch, lookup, tensors
     from fa4.arch import SM90, current_arch
-    from tuner.providers.fa4_provider import Fa4Provider
+    from providers.fa4_provider import Fa4Provider
 
     monkeypatch.delenv(lookup.DEVICE_ENV, raising=False)
     assert lookup._device_name() == (fakegpu.NAME, "")  # the key the launch-time lookup asks with
     assert current_arch() == SM90
-    interface._arch_by_device.clear()
-    assert interface._arch_of(torch.device("cuda", 0)) == SM90
-    interface._sm_count.cache_clear()
-    assert interface._sm_count(torch.device("cuda", 0)) == 132  # the persistent kernel's grid
+    tensors._arch_by_device.clear()
+    assert tensors.arch_of(torch.device("cuda", 0)) == SM90
+    launch._sm_count.cache_clear()
+    assert launch._sm_count(torch.device("cuda", 0)) == 132  # the persistent kernel's grid
     assert Fa4Provider().available() is None
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     assert Fa4Provider().available() == "fa4 kernels are built for sm90 only (this GPU is sm8x)"
-    interface._arch_by_device.clear()
+    tensors._arch_by_device.clear()
     with pytest.raises(ValueError, match="no kernels for compute capability 8.0"):
-        interface._arch_of(torch.device("cuda", 0))
-    interface._arch_by_device.clear()
-    interface._sm_count.cache_clear()
+        tensors.arch_of(torch.device("cuda", 0))
+    tensors._arch_by_device.clear()
+    launch._sm_count.cache_clear()

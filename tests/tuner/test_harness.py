@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fa4.problem import Problem
-from tuner import harness
-from tuner.harness import (
+from providers import harness
+from providers.harness import (
     COMPILE_ERROR,
     INCORRECT,
     OK,
@@ -180,7 +180,7 @@ def test_measure_reports_where_its_time_went(monkeypatch):
 
     import torch
 
-    from tuner import harness
+    from providers import harness
 
     problem = Problem.standard(256, 64, batch=1, heads_q=2)
 
@@ -211,7 +211,7 @@ SMALL = Problem.standard(1024, 128, batch=2, heads_q=4)
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["cudnn", "fa2"])
 def test_sdpa_providers_measure_on_gpu(name):
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     p = get_provider(name)
     m = p.measure(SMALL, None, Settings(target_ms=30, warmup_ms=20))
@@ -223,7 +223,7 @@ def test_sdpa_providers_measure_on_gpu(name):
 
 @pytest.mark.gpu
 def test_sdpa_backward_on_gpu():
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     prob = Problem.standard(1024, 64, batch=1, heads_q=4, causal=True, pass_="bwd")
     m = get_provider("cudnn").measure(prob, None, Settings(target_ms=30, warmup_ms=20))
@@ -238,8 +238,8 @@ def test_sdpa_backward_on_gpu():
 @pytest.mark.gpu
 @pytest.mark.ref
 def test_reference_fa4_default_and_tuned_config_on_gpu():
-    from tuner.providers import get_provider
-    from tuner.providers.flash_attn4 import RefFa4FwdKnobs
+    from providers import get_provider
+    from providers.flash_attn4 import RefFa4FwdKnobs
 
     p = get_provider("flash-attn-4")
     for cfg in (None, RefFa4FwdKnobs(128, 160, True, True)):
@@ -251,7 +251,7 @@ def test_reference_fa4_default_and_tuned_config_on_gpu():
 @pytest.mark.gpu
 def test_wrong_kernel_is_caught_on_gpu():
     """A provider returning a perturbed output is recorded incorrect, not timed."""
-    from tuner.providers.sdpa import CudnnProvider
+    from providers.sdpa import CudnnProvider
 
     class Wrong(CudnnProvider):
         def make_fwd(self, problem, config, q, k, v):
@@ -277,7 +277,7 @@ def test_isolated_runner_on_gpu():
 
 def _recorded_case():
     from fa4.knobs import config_to_dict
-    from tuner.providers.replay import ReplayProvider
+    from providers.replay import ReplayProvider
 
     rp = ReplayProvider()
     problem = rp.recording.problems[0]
@@ -308,7 +308,7 @@ def test_prestart_warms_the_measuring_process_while_the_caller_works(monkeypatch
     assert m.status == OK and m.reason.endswith("warmed=True")
     assert m.reason.split()[0] == m2.reason.split()[0]  # the same (warmed) process measured both
     assert first < 1.5, f"first measurement waited {first:.2f} s: the warm-up was not overlapped"
-    from tuner.providers.replay import ReplayProvider
+    from providers.replay import ReplayProvider
 
     want = ReplayProvider().measure(problem, ReplayProvider().config_from_dict(problem, cfg), settings)
     assert m.tflops == want.tflops and m.median_ms == want.median_ms

@@ -7,7 +7,7 @@ import pytest
 
 from fa4.problem import Problem
 from service.app import create_app
-from service.db import ResultsStore
+from store import ResultsStore
 from service.settings import Settings
 from tests.service.live import free_port, serve
 from tests.tuner.test_cli import fa4_tune

@@ -9,8 +9,8 @@ import pytest
 from fa4.arch import SM90, SM100
 from fa4.knobs import config_from_dict, iter_configs, json_schema, knob_specs, search_space, space_size
 from fa4.problem import Problem
-from tuner.providers import get_provider
-from tuner.providers.flash_attn4 import (
+from providers import get_provider
+from providers.flash_attn4 import (
     RefFa4BwdKnobs,
     RefFa4FwdKnobs,
     fwd_default,
@@ -134,7 +134,7 @@ def test_feasible_counts_follow_head_dim():
     n256 = len(p.feasible_configs(Problem.standard(8192, 256), SM90))
     assert n64 > n128 > n256 > 0
     # Each rejected config of the menu says why, and the reason is the budget it exceeds.
-    from tuner.providers.flash_attn4 import fwd_register_use, fwd_smem_bytes
+    from providers.flash_attn4 import fwd_register_use, fwd_smem_bytes
 
     for c in iter_configs(RefFa4FwdKnobs):
         v = fwd_violations(c, HD128, SM90)

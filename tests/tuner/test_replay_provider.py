@@ -8,10 +8,10 @@ from fa4.arch import SM90
 from fa4.knobs import config_to_dict
 from fa4.problem import Problem
 from tests.tuner.synthetic import COMPILE_ERROR_CFG, synthetic_recording, write_synthetic
-from tuner.harness import Settings
-from tuner.providers import ProviderError, get_provider
-from tuner.providers.flash_attn4 import RefFa4BwdKnobs, RefFa4FwdKnobs
-from tuner.providers.replay import ReplayProvider
+from providers.harness import Settings
+from providers import ProviderError, get_provider
+from providers.flash_attn4 import RefFa4BwdKnobs, RefFa4FwdKnobs
+from providers.replay import ReplayProvider
 
 PROBLEM = Problem.standard(8192, 128)
 
@@ -43,7 +43,7 @@ def test_missing_config_is_a_runtime_error_not_a_guess(tmp_path):
     data = synthetic_recording(PROBLEM)
     data["results"] = [r for r in data["results"] if r["config"]["tile_n"] != 144]
     path = tmp_path / "partial.json"
-    from tuner.providers.replay import recording_dict
+    from providers.replay import recording_dict
     from tests.tuner.synthetic import SYNTHETIC_DEVICE
 
     path.write_text(json.dumps(recording_dict("flash-attn-4", SYNTHETIC_DEVICE, {}, {}, [data], date="x")))

@@ -1,4 +1,4 @@
-"""The tuner against real measurements recorded on the H200 (tuner/data/ref_fa4_h200.json).
+"""The tuner against real measurements recorded on the H200 (providers/data/ref_fa4_h200.json).
 
 Record the file on the GPU with `python3 bench/sweep_ref_fa4.py`; until it exists these tests
 are skipped (the synthetic logic tests in test_study.py run regardless).
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from service.db import ResultsStore
-from tuner.providers.replay import DEFAULT_RECORDING, Recording
+from store import ResultsStore
+from providers.replay import DEFAULT_RECORDING, Recording
 from tuner.study import Tuner
 from tuner.worker import InProcessRunner
 

@@ -8,10 +8,10 @@ import pytest
 from fa4.arch import SM90
 from fa4.knobs import config_to_dict, iter_configs
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.tuner.fake_providers import ENV
 from tests.tuner.synthetic import COMPILE_ERROR_CFG, INCORRECT_CFG, best_synthetic, synthetic_tflops, write_synthetic
-from tuner.providers.flash_attn4 import RefFa4FwdKnobs, fwd_default, fwd_violations
+from providers.flash_attn4 import RefFa4FwdKnobs, fwd_default, fwd_violations
 from tuner.study import Tuner, TuneError, default_storage, open_storage, study_name
 from tuner.worker import InProcessRunner, IsolatedRunner
 
@@ -182,8 +182,8 @@ def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, mon
 
 
 def test_default_provider_is_fa4_on_any_machine():
-    from tuner import providers
-    from tuner.providers.base import Provider
+    import providers
+    from providers.base import Provider
     from tuner.study import resolve_provider
 
     class FakeFa4(Provider):
@@ -210,7 +210,7 @@ def test_default_provider_is_fa4_on_any_machine():
 
 
 def test_check_without_gpu_compiles_feasible_configs_where_supported():
-    from tuner.providers.flash_attn4 import FlashAttn4Provider
+    from providers.flash_attn4 import FlashAttn4Provider
     from tuner.study import check_without_gpu
 
     class Compiles(FlashAttn4Provider):

@@ -1,0 +1,7 @@
+"""Numbers the host launch code and the kernels must agree on."""
+
+import math
+
+# exp(x) = exp2(x * LOG2_E): the kernels evaluate the softmax in base 2, so the host folds
+# log2(e) into the scale it passes and the backward's preprocess into the LSE it stores.
+LOG2_E = math.log2(math.e)

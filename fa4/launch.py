@@ -1,0 +1,142 @@
+"""The host side of a launch: the fast path, config resolution, the autograd function.
+
+fa4.interface.flash_attn_func calls into here in eager mode, fa4.ops's custom ops under
+torch.compile; both pass through the same _forward, bwd_config_for and _backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import is_dataclass
+
+import torch
+
+from fa4.common.constants import LOG2_E
+from fa4.compile_cache import compiled
+from fa4.dispatch import bwd_entry
+from fa4.knobs import runtime_args
+from fa4.lookup import resolve_config
+from fa4.tensors import arch_of, problem_of, validate
+
+_launch_cache: dict = {}
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    """Streaming multiprocessors of ``device``: the grid of a persistent kernel."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
+    """The forward launch; returns ``out`` or ``(out, lse)``. No autograd."""
+    # Fast path: a launch with the same shapes, strides, dtype and config as an earlier one
+    # skips validation, config resolution and the feasibility check (all pure functions of
+    # this key), so the host cost is one tuple hash and the kernel call.
+    fast_key = (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+        q.device, k.device, v.device, bool(causal), bool(return_lse),
+        config if not isinstance(config, dict) else tuple(sorted(config.items())),
+    )
+    hit = _launch_cache.get(fast_key)
+    if hit is None:
+        validate(q, k, v)
+        problem = problem_of(q, k, v, causal)
+        arch = arch_of(q.device)
+        entry, resolved = resolve_config(problem, arch, config)
+        key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved)
+        # The kernel's runtime arguments, derived once per key, not per launch: the runtime
+        # knobs, then the grid of a persistent kernel (a property of the GPU, not a knob).
+        runtime = (*runtime_args(resolved), _sm_count(q.device) if resolved.persistent else 0)
+        hit = (compiled(key, lambda: entry.compile(key)), runtime)
+        if len(_launch_cache) > 4096:
+            _launch_cache.clear()
+        _launch_cache[fast_key] = hit
+    elif q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        raise ValueError("q, k and v must be 16-byte aligned")
+    fn, runtime = hit
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[3])
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride() != q.stride():
+        raise ValueError("out must match q in shape, dtype, device and strides")
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
+    with torch.cuda.device(q.device):
+        fn(q, k, v, out, lse, softmax_scale * LOG2_E, *runtime)
+    return (out, lse) if return_lse else out
+
+
+# -- backward ---------------------------------------------------------------------------------
+
+_bwd_configs: dict = {}
+
+
+def check_bwd_args(deterministic, bwd_config) -> None:
+    """Type checks of the backward's arguments that need no tensors (feasibility comes later)."""
+    if not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be a bool, got {type(deterministic).__name__}")
+    if bwd_config is not None and not isinstance(bwd_config, dict) and not is_dataclass(bwd_config):
+        raise ValueError(f"bwd_config must be a BwdConfigSm90, a dict of its knobs or None, "
+                         f"got {type(bwd_config).__name__}")
+
+
+def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config):
+    """Resolved backward config of a launch, cached like the forward's fast path."""
+    check_bwd_args(deterministic, bwd_config)
+    key = (q.shape, k.shape, q.dtype, q.device, bool(causal), deterministic,
+           bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())))
+    hit = _bwd_configs.get(key)
+    if hit is None:
+        validate(q, k, v)
+        problem = problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic)
+        hit = resolve_config(problem, arch_of(q.device), bwd_config)[1]
+        if len(_bwd_configs) > 4096:
+            _bwd_configs.clear()
+        _bwd_configs[key] = hit
+    return hit
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    # What the backward's TMA loads need of dO: unit inner stride, other strides non-zero
+    # multiples of 16 bytes (a broadcast gradient, e.g. of out.sum(), has stride 0), aligned base.
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
+
+
+def _backward(dout, q, k, v, out, lse, softmax_scale, causal, config):
+    """(dq, dk, dv) by our backward kernel with an already resolved config."""
+    if not _tma_ready(dout):
+        dout = dout.contiguous()
+    run = bwd_entry(arch_of(q.device)).run
+    return run(dout, q, k, v, out, lse, softmax_scale, causal, config.deterministic, config)
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    """Eager autograd: the kernels called directly (cheaper per call than the custom ops)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, out, softmax_scale, causal, config, bwd_config):
+        o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out)
+        if out is not None:
+            ctx.mark_dirty(out)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
+    # Resolved now, so an infeasible bwd_config fails at this call rather than in backward().
+    resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[3])
+    o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, resolved)
+    return (o, lse) if return_lse else o

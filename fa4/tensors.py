@@ -1,0 +1,77 @@
+"""What the launch path reads off the tensors: checks, the Problem they pose, their GPU's arch."""
+
+from __future__ import annotations
+
+import torch
+
+from fa4.arch import Arch, arch_from_capability
+from fa4.problem import Problem
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+_arch_by_device: dict[int, Arch] = {}
+
+
+def arch_of(device: torch.device) -> Arch:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    arch = _arch_by_device.get(idx)
+    if arch is None:
+        arch = arch_from_capability(*torch.cuda.get_device_capability(idx))
+        _arch_by_device[idx] = arch
+    return arch
+
+
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=(64, 128),
+             require_cuda: bool = True, layout: bool = True) -> None:
+    """Reject inputs the kernel cannot take, with a message naming the problem (never a launch).
+
+    ``layout=False`` checks shapes and dtypes only (no device, strides or addresses): what
+    the custom ops' fake implementations can know while torch.compile traces.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        if layout and require_cuda and t.device.type != "cuda":
+            raise ValueError(f"{name} is on {t.device}; fa4 kernels run on CUDA devices only")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; supported: torch.bfloat16, torch.float16")
+        if not layout:
+            continue
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride {t.stride(-1)})")
+        for d in range(3):
+            if (t.stride(d) * t.element_size()) % 16:
+                raise ValueError(
+                    f"{name}.stride({d}) = {t.stride(d)} elements is not a multiple of 16 bytes (TMA needs it)"
+                )
+        if t.data_ptr() % 16:
+            raise ValueError(f"{name} is not 16-byte aligned")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"dtype mismatch: q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if layout and not (q.device == k.device == v.device):
+        raise ValueError(f"device mismatch: q {q.device}, k {k.device}, v {v.device}")
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise ValueError(f"batch mismatch: q {q.shape[0]}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[1] != v.shape[1]:
+        raise ValueError(f"k and v seqlen differ: {k.shape[1]} vs {v.shape[1]}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"k and v head counts differ: {k.shape[2]} vs {v.shape[2]}")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"heads_q ({q.shape[2]}) must be a multiple of heads_kv ({k.shape[2]})")
+    if not (q.shape[3] == k.shape[3] == v.shape[3]):
+        raise ValueError(f"head_dim mismatch: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}")
+    if q.shape[3] not in supported_head_dims:
+        raise ValueError(f"head_dim {q.shape[3]} is not supported (supported: {supported_head_dims})")
+    if min(q.shape[1], k.shape[1]) < 1:
+        raise ValueError("sequence lengths must be >= 1")
+
+
+def problem_of(q, k, v, causal: bool, pass_: str = "fwd", deterministic: bool = False) -> Problem:
+    """The Problem q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) pose, for either pass."""
+    return Problem(
+        batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2], heads_kv=k.shape[2],
+        head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=DTYPES[q.dtype], causal=bool(causal),
+        deterministic=bool(deterministic), pass_=pass_,
+    )

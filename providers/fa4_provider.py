@@ -1,0 +1,167 @@
+"""Our own kernels (package fa4) as a tunable provider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fa4.arch import Arch
+from fa4.knobs import Violation
+from fa4.problem import Problem
+
+from .base import Provider
+
+
+class Fa4Provider(Provider):
+    """Both passes: the forward (FwdConfigSm90) and the backward (BwdConfigSm90, timed alone
+    after one forward, deterministic as the problem asks). The knob class, feasibility,
+    default and compiled-kernel identity all follow the problem's pass."""
+
+    name = "fa4"
+    passes = ("fwd", "bwd")
+
+    @property
+    def knob_cls(self):
+        # What callers that do not name a pass get; everything pass-aware uses knob_cls_for.
+        from fa4.sm90.fwd_config import FwdConfigSm90
+
+        return FwdConfigSm90
+
+    def knob_cls_for(self, problem: Problem):
+        return self._knobs(problem)[0]
+
+    @staticmethod
+    def _knobs(problem: Problem):
+        """(knob class, its config module) of the problem's pass.
+
+        The config modules, not fa4.dispatch's entries: those import the launch code and
+        torch, which the service (knob schemas, feasibility) must not need.
+        """
+        if problem.pass_ == "bwd":
+            from fa4.sm90 import bwd_config as m
+
+            return m.BwdConfigSm90, m
+        from fa4.sm90 import fwd_config as m
+
+        return m.FwdConfigSm90, m
+
+    def available(self) -> str | None:
+        try:
+            import cutlass  # noqa: F401
+            import torch
+        except Exception as e:  # noqa: BLE001
+            return f"CuTe DSL / torch not importable: {e}"
+        if not torch.cuda.is_available():
+            return "needs a CUDA GPU (torch.cuda.is_available() is False); compile-only works without one"
+        major, _ = torch.cuda.get_device_capability()
+        if major != 9:
+            return f"fa4 kernels are built for sm90 only (this GPU is sm{major}x)"
+        return None
+
+    def problem_errors(self, problem: Problem) -> list[str]:
+        from fa4.sm90.fwd_config import HEAD_DIMS
+
+        e = super().problem_errors(problem)
+        if problem.head_dim not in HEAD_DIMS:
+            e.append(f"head_dim {problem.head_dim} not supported by fa4 (supported: {HEAD_DIMS})")
+        if problem.head_dim_v != problem.head_dim:
+            e.append("fa4 needs head_dim_v == head_dim")
+        return e
+
+    def violations(self, config, problem: Problem, arch: Arch) -> list[str]:
+        errs = self.problem_errors(problem)
+        if errs:
+            return [Violation("problem", e) for e in errs]
+        cls, m = self._knobs(problem)
+        if not isinstance(config, cls):
+            return [f"a {problem.pass_} config of fa4 is a {cls.__name__}, got {type(config).__name__}"]
+        return m.violations(config, problem, arch)
+
+    def default_config(self, problem: Problem, arch: Arch):
+        return self._knobs(problem)[1].default_config(problem, arch)
+
+    def make_fwd(self, problem: Problem, config, q, k, v):
+        import fa4
+
+        def run():
+            return fa4.flash_attn_func(q, k, v, causal=problem.causal, config=config)
+
+        return run
+
+    def make_fwd_bwd(self, problem: Problem, config, q, k, v, do):
+        # Timed as users run it (and as the peers are): autograd through fa4.flash_attn_func,
+        # the backward config passed explicitly so the measurement is of exactly this config.
+        import torch
+
+        import fa4
+
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out = fa4.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic,
+                                  bwd_config=config)
+
+        def run():
+            return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+        return run
+
+    def supports_compile_only(self, problem: Problem) -> bool:
+        return not self.problem_errors(problem)
+
+    def compile_available(self) -> str | None:
+        # CuTe DSL compiles for sm_90a on any machine (fake tensors, CUTE_DSL_ARCH).
+        from fa4.sm90.compile import ensure_target
+
+        ensure_target()
+        try:
+            import cutlass  # noqa: F401
+        except Exception as e:  # noqa: BLE001
+            return f"CuTe DSL not importable: {e}"
+        return None
+
+    def compile_variant(self, problem: Problem, config):
+        gqa = problem.heads_q != problem.heads_kv
+        if problem.pass_ == "bwd":
+            from fa4.sm90.bwd_compile import compile_key
+
+            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, config)
+        from fa4.sm90.compile import compile_key
+
+        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config)
+
+    def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
+        """Compile the kernel ``config`` selects for ``arch`` (no GPU needed). For the backward
+        that is the main kernel, the one the knobs shape; fa4.sm90.bwd_launch compiles the
+        small pre/postprocess kernels at the first backward."""
+        try:
+            key = self.compile_variant(problem, config)
+            if problem.pass_ == "bwd":
+                from fa4.sm90.bwd_compile import compile_bwd_main
+
+                compile_bwd_main(key)
+            else:
+                from fa4.sm90.compile import compile_fwd
+
+                compile_fwd(key)
+        except Exception as e:  # noqa: BLE001 - a compile failure is a result, not a crash
+            return f"{type(e).__name__}: {str(e)[:500]}"
+        return None
+
+    def source_files(self) -> list[Path]:
+        from fa4.fingerprint import kernel_source_files
+
+        return kernel_source_files()
+
+    def versions(self) -> dict:
+        d = {}
+        try:
+            import importlib.metadata as md
+
+            d["nvidia-cutlass-dsl"] = md.version("nvidia-cutlass-dsl")
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            import fa4
+
+            d["fa4"] = fa4.__version__
+        except Exception:  # noqa: BLE001
+            pass
+        return d

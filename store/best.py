@@ -1,0 +1,226 @@
+"""Which config to serve for a problem: exact measurement, nearest measured shape, or the heuristic.
+
+Kept apart from the HTTP layer so the launch-time lookup and tests can reason
+about the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fa4.arch import SM90, Arch, arch_from_capability
+from fa4.knobs import config_from_dict, config_to_dict
+from fa4.problem import Problem
+from store import ResultsStore
+
+# How many nearest shapes to try before giving up on the nearest rule (each costs one query;
+# a candidate is skipped only when its config is no longer valid for the running code).
+MAX_NEAREST_CANDIDATES = 16
+
+
+def seqlen_distance(a: Problem, b: Problem) -> float:
+    """Distance in log space of the sequence lengths: 1k vs 2k is as far as 8k vs 16k."""
+    return abs(math.log(a.seqlen_q / b.seqlen_q)) + abs(math.log(a.seqlen_k / b.seqlen_k))
+
+
+def shape_distance(a: Problem, b: Problem) -> float:
+    """Batch and head counts in log space, the tie-breaker after seqlen."""
+    return (
+        abs(math.log(a.batch / b.batch))
+        + abs(math.log(a.heads_q / b.heads_q))
+        + abs(math.log(a.heads_kv / b.heads_kv))
+    )
+
+
+def rank_nearest(problem: Problem, candidates: list[Problem]) -> list[Problem]:
+    """Candidates ordered nearest first: seqlen distance, then batch/heads, then a stable key."""
+    def key(c: Problem):
+        # Rounded so that float noise in logs never outranks the batch/heads tie-break.
+        return (round(seqlen_distance(problem, c), 9), round(shape_distance(problem, c), 9), c.key())
+
+    return sorted((c for c in candidates if c != problem), key=key)
+
+
+_UNSET = object()
+
+
+def arch_for(device_row: dict | None, device: str, arch: Arch | None, notes: list[str]) -> Arch:
+    if arch is not None:
+        return arch
+    if device_row is None:
+        notes.append(f"device {device!r} is not in the database; feasibility judged for {SM90.name}")
+        return SM90
+    try:
+        major, minor = (int(x) for x in device_row["compute_capability"].split("."))
+        return arch_from_capability(major, minor)
+    except ValueError as e:
+        notes.append(f"{e}; feasibility judged for {SM90.name}")
+        return SM90
+
+
+def _usable_config(provider, problem: Problem, arch: Arch, row: dict) -> tuple[dict | None, str | None]:
+    """The row's config re-validated against the running knob class; (None, why) when unusable."""
+    knob_cls = provider.knob_cls_for(problem)
+    if knob_cls is None:
+        return None, None
+    try:
+        cfg = config_from_dict(knob_cls, row["config"] or {})
+    except (ValueError, TypeError) as e:
+        return None, f"measurement {row['id']} has a config the running knob class rejects: {e}"
+    try:
+        bad = provider.violations(cfg, problem, arch)
+    except Exception as e:  # a provider bug must not turn into a 5xx
+        bad = [f"{type(e).__name__}: {e}"]
+    if bad:
+        return None, f"measurement {row['id']}'s config is infeasible for this problem: {'; '.join(bad)}"
+    return config_to_dict(cfg), None
+
+
+def _answer(provenance: str, stale: bool, notes: list[str], device: str, provider_name: str,
+            problem: Problem, running_fp: str | None, row: dict | None = None,
+            config: dict | None = None, distance: float | None = None, device_row: dict | None = None) -> dict:
+    out = {
+        "provenance": provenance,
+        "stale": stale,
+        "notes": notes,
+        "device": device,
+        "provider": provider_name,
+        "problem": problem.to_dict(),
+        "measured_problem": None,
+        "config": config,
+        "tflops": None,
+        "median_ms": None,
+        "iqr_ms": None,
+        "error": None,
+        "ref_error": None,
+        "n_samples": None,
+        "measured_at": None,
+        "versions": None,
+        "device_versions": None,
+        "measurement_id": None,
+        "source_fingerprint": None,
+        "running_fingerprint": running_fp,
+        "distance": distance,
+    }
+    if row is not None:
+        out.update(
+            measured_problem=row["problem"],
+            tflops=row["tflops"],
+            median_ms=row["median_ms"],
+            iqr_ms=row["iqr_ms"],
+            error=row["error"],
+            ref_error=row["ref_error"],
+            n_samples=row["n_samples"],
+            measured_at=row["created_at"],
+            versions=row["versions"],
+            measurement_id=row["id"],
+            source_fingerprint=row["source_fingerprint"],
+        )
+    if device_row is not None:
+        # The software stack of the measuring machine: a driver or library upgrade is a new device row.
+        out["device_versions"] = {k: device_row[k] for k in ("driver", "cuda", "torch", "cutlass_dsl",
+                                                              "provider_versions")}
+    return out
+
+
+def _fastest(rows: list[dict], fp: str | None) -> dict | None:
+    """The row with the most TFLOP/s (ties: the earliest), of source ``fp`` unless None."""
+    best = None
+    for r in rows:
+        if fp is not None and r["source_fingerprint"] != fp:
+            continue
+        if best is None or r["tflops"] > best["tflops"] or (r["tflops"] == best["tflops"] and r["id"] < best["id"]):
+            best = r
+    return best
+
+
+def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
+    """A family's rows grouped by the problem they measured."""
+    by_problem: dict[Problem, list[dict]] = {}
+    for r in rows:
+        by_problem.setdefault(Problem.from_dict(r["problem"]), []).append(r)
+    return by_problem
+
+
+def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
+                running_fp: str | None, arch: Arch | None = None, rows: dict[Problem, list[dict]] | None = None,
+                device_row=_UNSET) -> dict:
+    """The answer of GET /v1/configs/best (a dict shaped like ``schemas.BestConfig``).
+
+    ``running_fp`` is the source fingerprint of the kernel code that will use the
+    answer; rows from other source are stale and never served as exact. None means
+    the fingerprint is unknown and every row counts as current. ``rows`` (the
+    family's rows, ``index_rows(store.family_rows(...))``) and ``device_row`` may be
+    passed by a caller that caches them; otherwise they are read from ``store``.
+    """
+    name = provider.name
+    notes: list[str] = []
+    if device_row is _UNSET:
+        device_row = store.device_by_name(device)
+    arch = arch_for(device_row, device, arch, notes)
+    by_problem = rows if rows is not None else index_rows(store.family_rows(device, name, problem))
+
+    def try_rows(candidates, fp) -> tuple[dict, dict | None, Problem] | None:
+        for cand in candidates:
+            row = _fastest(by_problem.get(cand, ()), fp)
+            if row is None:
+                continue
+            cfg, why = _usable_config(provider, problem, arch, row)
+            if why:
+                notes.append(why)
+                continue
+            return row, cfg, cand
+        return None
+
+    def family(fp) -> list[Problem]:
+        have = [p for p, rs in by_problem.items() if fp is None or any(r["source_fingerprint"] == fp for r in rs)]
+        return rank_nearest(problem, have)
+
+    # 1. Exact shape, current source.
+    def measured_on(row: dict) -> dict | None:
+        return store.get_device(row["device_id"])
+
+    hit = try_rows([problem], running_fp)
+    if hit:
+        row, cfg, _ = hit
+        return _answer("exact", False, notes, device, name, problem, running_fp, row, cfg, 0.0, measured_on(row))
+
+    stale_exact = None
+    if running_fp is not None:
+        stale_exact = _fastest(by_problem.get(problem, ()), None)
+        if stale_exact is not None:
+            notes.append(
+                f"this exact shape was measured (measurement {stale_exact['id']}) from kernel source "
+                f"{stale_exact['source_fingerprint']!r}, not the running {running_fp!r}: stale, never served as exact"
+            )
+
+    # 2. Nearest measured shape of the same family, current source.
+    hit = try_rows(family(running_fp)[:MAX_NEAREST_CANDIDATES], running_fp)
+    if hit:
+        row, cfg, cand = hit
+        notes.append(f"nearest measured shape {cand.key()} (this shape has no current measurement)")
+        return _answer("nearest", False, notes, device, name, problem, running_fp, row, cfg,
+                       seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row))
+
+    # 3. Stale rows still beat a heuristic (the knob class and feasibility were re-checked),
+    #    but they are labelled: nearest in code version, if not in shape.
+    if running_fp is not None:
+        hit = try_rows(([problem] if stale_exact else []) + family(None)[:MAX_NEAREST_CANDIDATES], None)
+        if hit:
+            row, cfg, cand = hit
+            notes.append(
+                f"served a stale measurement (source {row['source_fingerprint']!r}, running {running_fp!r}) "
+                f"of shape {cand.key()}; re-tune to refresh it"
+            )
+            return _answer("nearest", True, notes, device, name, problem, running_fp, row, cfg,
+                           seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row))
+
+    # 4. The provider's own heuristic.
+    notes.append("nothing usable was measured for this device, provider and problem family: heuristic default")
+    try:
+        default = provider.default_config(problem, arch)
+        config = None if default is None else config_to_dict(default)
+    except Exception as e:  # e.g. no kernel for this arch: say so instead of failing the request
+        notes.append(f"the provider has no default config here: {type(e).__name__}: {e}")
+        config = None
+    return _answer("default", False, notes, device, name, problem, running_fp, None, config)

@@ -1,0 +1,71 @@
+"""The results store as a config source of the kernels' launch-time lookup.
+
+fa4 never imports the store: it finds this source through the ``fa4.config_sources`` entry
+point that fa4-tune's distribution declares (pyproject.toml), and asks it for the best
+measurement of a problem. Opening the database is deferred to the first question and never
+creates one: a kernel launch must not leave files behind.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fa4.lookup import SourceAnswer
+from fa4.problem import Problem
+
+PROVIDER = "fa4"
+
+
+class LocalResultsDB:
+    """The local results DB ($FA4_DB, else the default file when it exists)."""
+
+    name = "local-db"
+
+    def __init__(self):
+        self._store = None
+        self._error: str | None = None
+        self._opened = False
+
+    def _open(self):
+        if self._opened:
+            return self._store, self._error
+        self._opened = True
+        try:
+            from store import ResultsStore
+            from store.engine import ENV_VAR, default_url, resolve_url, sqlite_file
+
+            explicit = os.environ.get(ENV_VAR, "").strip()
+            url = resolve_url(explicit or default_url())
+            path = sqlite_file(url)
+            if not explicit and (path is None or not Path(path).is_file()):
+                self._error = f"no local results DB (set {ENV_VAR}, or run fa4-tune)"
+            elif path is not None and not Path(path).is_file():
+                self._error = f"{ENV_VAR} names {path}, which does not exist"
+            else:
+                self._store = ResultsStore.open(url)
+        except Exception as e:
+            self._error = f"cannot open the local results DB: {type(e).__name__}: {e}"
+        return self._store, self._error
+
+    def answer(self, problem: Problem, device: str, fingerprint: str) -> SourceAnswer:
+        store, why = self._open()
+        if store is None:
+            return SourceAnswer("skipped", why or "")
+        try:
+            row = store.best(device, PROVIDER, problem, source_fingerprint=fingerprint)
+            if row is None:
+                old = store.best(device, PROVIDER, problem)
+                if old is not None:
+                    return SourceAnswer("stale", f"measurement {old['id']} is from kernel source "
+                                                 f"{old['source_fingerprint']!r}, running {fingerprint!r}")
+                return SourceAnswer("miss", f"no measurement of {problem.key()} on {device!r}")
+        except Exception as e:
+            return SourceAnswer("error", f"{type(e).__name__}: {e}")
+        return SourceAnswer("used", f"measurement {row['id']} ({row['tflops']:.1f} TFLOP/s) in {store.url}",
+                            config=row["config"], ref=f"measurement {row['id']}", tflops=row["tflops"],
+                            measured_problem=row["problem"])
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()

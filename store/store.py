@@ -1,0 +1,693 @@
+"""The results store: the one API through which tuners and the service touch the database.
+
+Every public method runs in its own short transaction and returns plain,
+JSON-ready values (dicts, lists, str, numbers; datetimes as ISO-8601 UTC
+strings), so no ORM object or session ever leaks to callers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Any, Iterable, Iterator
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, contains_eager
+
+from fa4.knobs import config_from_dict, config_to_dict, json_schema
+from fa4.problem import Problem
+
+from . import models as m
+from .engine import READ_ONLY, make_engine, masked, resolve_url
+from .migrate import upgrade_to_head
+
+STATUSES = m.STATUSES
+
+_DEVICE_REQUIRED = ("name", "compute_capability", "sm_count", "l2_bytes", "memory_bytes")
+_DEVICE_OPTIONAL = ("driver", "cuda", "torch", "cutlass_dsl", "provider_versions")
+_PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
+
+# measurements() filters that match one column exactly, and where that column lives.
+_EQ_FILTERS = {
+    "device": m.Device.name,
+    "provider": m.Config.provider,
+    "study_name": m.Measurement.study_name,
+    "source_fingerprint": m.Measurement.source_fingerprint,
+    "is_default": m.Measurement.is_default,
+    **{name: getattr(m.Problem, name) for name in _PROBLEM_FIELDS},
+}
+
+# measurements(sort=...) keys and the columns they order by.
+SORT_KEYS = {
+    "id": m.Measurement.id,
+    "created_at": m.Measurement.created_at,
+    "tflops": m.Measurement.tflops,
+    "median_ms": m.Measurement.median_ms,
+    "trial_number": m.Measurement.trial_number,
+}
+
+
+def canonical_json(value: Any) -> str:
+    """The one textual form of a JSON value: sorted keys, no whitespace, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _utc(ts: datetime) -> datetime:
+    # SQLite hands timestamps back without a zone, and callers may pass naive
+    # ones; everything in the database is UTC.
+    if ts.tzinfo is None:
+        return ts.replace(tzinfo=timezone.utc)
+    return ts.astimezone(timezone.utc)
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return None if ts is None else _utc(ts).isoformat()
+
+
+def _as_problem(problem: Problem | dict) -> Problem:
+    if isinstance(problem, Problem):
+        return problem
+    if isinstance(problem, dict):
+        return Problem.from_dict(problem)
+    raise TypeError(f"expected fa4.problem.Problem or dict, got {type(problem).__name__}")
+
+
+def _json_ready(name: str, value: Any) -> Any:
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{name} is not JSON-serialisable: {e}") from None
+    return value
+
+
+def _timing(name: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+    return v
+
+
+def _error_metric(value: Any) -> float | None:
+    # A kernel that produced NaN/inf has no meaningful error value; the row's
+    # status and reason carry that, and NULL keeps rows valid JSON on every backend.
+    if value is None:
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def _device_dict(d: m.Device) -> dict:
+    return {
+        "id": d.id,
+        "name": d.name,
+        "compute_capability": d.compute_capability,
+        "sm_count": d.sm_count,
+        "l2_bytes": d.l2_bytes,
+        "memory_bytes": d.memory_bytes,
+        "driver": d.driver,
+        "cuda": d.cuda,
+        "torch": d.torch,
+        "cutlass_dsl": d.cutlass_dsl,
+        "provider_versions": d.provider_versions,
+        "fingerprint": d.fingerprint,
+        "created_at": _iso(d.created_at),
+    }
+
+
+def _problem_of(p: m.Problem) -> Problem:
+    return Problem(**{name: getattr(p, name) for name in _PROBLEM_FIELDS})
+
+
+def _config_dict(c: m.Config) -> dict:
+    return {
+        "id": c.id,
+        "provider": c.provider,
+        "config": c.config,
+        "knob_schema": c.knob_schema,
+    }
+
+
+def _measurement_dict(row: m.Measurement) -> dict:
+    return {
+        "id": row.id,
+        "device": row.device.name,
+        "device_id": row.device_id,
+        "problem": _problem_of(row.problem).to_dict(),
+        "problem_id": row.problem_id,
+        "provider": row.config.provider,
+        "config": row.config.config,
+        "config_id": row.config_id,
+        "status": row.status,
+        "reason": row.reason,
+        "samples_ms": list(row.samples_ms or []),
+        "n_samples": row.n_samples,
+        "median_ms": row.median_ms,
+        "iqr_ms": row.iqr_ms,
+        "tflops": row.tflops,
+        "error": row.error,
+        "ref_error": row.ref_error,
+        "source_fingerprint": row.source_fingerprint,
+        "study_name": row.study_name,
+        "trial_number": row.trial_number,
+        "is_default": row.is_default,
+        "created_at": _iso(row.created_at),
+        "versions": row.versions,
+    }
+
+
+def _problem_conditions(problem: Problem) -> list:
+    return [getattr(m.Problem, name) == getattr(problem, name) for name in _PROBLEM_FIELDS]
+
+
+def _measurement_query():
+    """Measurements with their device, problem and config loaded by the same joins we filter on."""
+    return (
+        select(m.Measurement)
+        .join(m.Measurement.device)
+        .join(m.Measurement.problem)
+        .join(m.Measurement.config)
+        .options(
+            contains_eager(m.Measurement.device),
+            contains_eager(m.Measurement.problem),
+            contains_eager(m.Measurement.config),
+        )
+    )
+
+
+
+def _locals_without_self(ns: dict) -> dict:
+    return {k: v for k, v in ns.items() if k != "self"}
+
+
+def _new_measurement(
+    *,
+    device_id: int,
+    problem_id: int,
+    config_id: int,
+    status: str,
+    reason: str | None = None,
+    samples_ms: Iterable[float] = (),
+    median_ms: float | None = None,
+    iqr_ms: float | None = None,
+    tflops: float | None = None,
+    error: float | None = None,
+    ref_error: float | None = None,
+    source_fingerprint: str = "",
+    study_name: str | None = None,
+    trial_number: int | None = None,
+    is_default: bool = False,
+    versions: dict | None = None,
+    created_at: datetime | None = None,
+) -> m.Measurement:
+    """A validated, not yet added Measurement row."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    samples = [_timing("samples_ms[]", x) for x in samples_ms]
+    row = m.Measurement(
+        device_id=int(device_id),
+        problem_id=int(problem_id),
+        config_id=int(config_id),
+        status=status,
+        reason=None if reason is None else str(reason),
+        samples_ms=samples,
+        n_samples=len(samples),
+        median_ms=_timing("median_ms", median_ms),
+        iqr_ms=_timing("iqr_ms", iqr_ms),
+        tflops=_timing("tflops", tflops),
+        error=_error_metric(error),
+        ref_error=_error_metric(ref_error),
+        source_fingerprint=str(source_fingerprint or ""),
+        study_name=study_name,
+        trial_number=None if trial_number is None else int(trial_number),
+        is_default=bool(is_default),
+        versions=None if versions is None else _json_ready("versions", dict(versions)),
+        created_at=_utc(created_at) if created_at is not None else m.utcnow(),
+    )
+    if status == "ok" and (row.median_ms is None or row.tflops is None):
+        raise ValueError("an 'ok' measurement needs median_ms and tflops")
+    return row
+
+
+def _check_refs(s: Session, row: m.Measurement) -> None:
+    for model, ident in ((m.Device, row.device_id), (m.Problem, row.problem_id), (m.Config, row.config_id)):
+        if s.get(model, ident) is None:
+            raise ValueError(f"no {model.__tablename__} row with id {ident}")
+
+
+class ResultsStore:
+    """Measurements of attention kernels, keyed by device, problem and config.
+
+    Create with :meth:`open`; the constructor takes an already configured engine.
+    """
+
+    def __init__(self, engine: Engine):
+        self._engine = engine
+        # Reads go through an engine view flagged read-only so that, on SQLite,
+        # they do not queue behind (or block) writers for the write lock.
+        self._read_engine = engine.execution_options(**{READ_ONLY: True})
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, url: str | None = None) -> "ResultsStore":
+        """Connect to ``url`` (default: ``$FA4_DB``, else the user data dir) and migrate to head."""
+        engine = make_engine(resolve_url(url))
+        try:
+            upgrade_to_head(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine)
+
+    @property
+    def url(self) -> str:
+        """The database URL with any password masked."""
+        return masked(self._engine.url)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> "ResultsStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ResultsStore({self.url!r})"
+
+    @contextmanager
+    def _write(self) -> Iterator[Session]:
+        with Session(self._engine, expire_on_commit=False) as s, s.begin():
+            yield s
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        with Session(self._read_engine) as s, s.begin():
+            yield s
+
+    def _get_or_create(self, model, key: dict, extra: dict) -> int:
+        """Id of the row matching ``key``; insert it (with ``extra``) when missing.
+
+        Another process may insert the same row between our SELECT and INSERT
+        (PostgreSQL; SQLite writers are serialised). The savepoint lets us lose that
+        race gracefully and read the winner's row.
+        """
+        with self._write() as s:
+            found = s.scalar(select(model.id).filter_by(**key))
+            if found is not None:
+                return found
+            obj = model(**key, **extra)
+            try:
+                with s.begin_nested():
+                    s.add(obj)
+                    s.flush()
+                return obj.id
+            except IntegrityError:
+                found = s.scalar(select(model.id).filter_by(**key))
+                if found is None:
+                    raise
+                return found
+
+    # -- devices -----------------------------------------------------------------
+
+    def upsert_device(self, info: dict) -> int:
+        """Id of the device described by ``info``; same GPU + same software stack = same id."""
+        missing = [k for k in _DEVICE_REQUIRED if info.get(k) in (None, "")]
+        if missing:
+            raise ValueError(f"device info lacks {', '.join(missing)}")
+        unknown = sorted(set(info) - set(_DEVICE_REQUIRED) - set(_DEVICE_OPTIONAL))
+        if unknown:
+            raise ValueError(f"unknown device info key(s): {', '.join(unknown)}")
+        cc = info["compute_capability"]
+        if isinstance(cc, (tuple, list)):
+            cc = ".".join(str(x) for x in cc)
+        fields = {
+            "name": str(info["name"]),
+            "compute_capability": str(cc),
+            "sm_count": int(info["sm_count"]),
+            "l2_bytes": int(info["l2_bytes"]),
+            "memory_bytes": int(info["memory_bytes"]),
+            **{k: (None if info.get(k) is None else str(info[k])) for k in ("driver", "cuda", "torch", "cutlass_dsl")},
+            "provider_versions": _json_ready("provider_versions", dict(info.get("provider_versions") or {})),
+        }
+        for k in ("sm_count", "l2_bytes", "memory_bytes"):
+            if fields[k] <= 0:
+                raise ValueError(f"device {k} must be positive, got {fields[k]}")
+        fingerprint = _sha256(canonical_json(fields))
+        return self._get_or_create(m.Device, {"fingerprint": fingerprint}, fields)
+
+    def get_device(self, device_id: int) -> dict | None:
+        with self._read() as s:
+            d = s.get(m.Device, device_id)
+            return None if d is None else _device_dict(d)
+
+    def devices(self) -> list[dict]:
+        with self._read() as s:
+            return [_device_dict(d) for d in s.scalars(select(m.Device).order_by(m.Device.id))]
+
+    # -- problems ----------------------------------------------------------------
+
+    def upsert_problem(self, problem: Problem) -> int:
+        p = _as_problem(problem)
+        key = {name: getattr(p, name) for name in _PROBLEM_FIELDS}
+        return self._get_or_create(m.Problem, key, {})
+
+    def get_problem(self, problem_id: int) -> Problem | None:
+        with self._read() as s:
+            p = s.get(m.Problem, problem_id)
+            return None if p is None else _problem_of(p)
+
+    # -- configs -----------------------------------------------------------------
+
+    def upsert_config(self, provider: str, config: dict | None, knob_cls: type | None = None) -> int:
+        """Id of ``provider``'s config; validated against ``knob_cls`` when given.
+
+        With a knob class, missing knobs take their declared defaults before the
+        canonical form is built, so ``{}`` and the explicit defaults are one row.
+        Raises ValueError for unknown knobs or values off a knob's menu.
+        """
+        if not isinstance(provider, str) or not provider.strip():
+            raise ValueError(f"provider must be a non-empty string, got {provider!r}")
+        if dataclasses.is_dataclass(config) and not isinstance(config, type):
+            config = config_to_dict(config)
+        if config is not None and not isinstance(config, dict):
+            raise TypeError(f"config must be a dict or None, got {type(config).__name__}")
+        schema = None
+        if knob_cls is not None:
+            if config is None:
+                raise ValueError(f"provider {provider!r} has knobs ({knob_cls.__name__}); a config is required")
+            values = config_to_dict(config_from_dict(knob_cls, config))
+            schema = json_schema(knob_cls)
+        else:
+            # Without a knob class there is nothing to validate against; an empty
+            # mapping means the same as "no knobs".
+            values = _json_ready("config", dict(config)) if config else None
+        text = canonical_json(values)
+        return self._get_or_create(
+            m.Config,
+            {"provider": provider, "config_hash": _sha256(text)},
+            {"config_json": text, "config": values, "knob_schema": schema},
+        )
+
+    def get_config(self, config_id: int) -> dict | None:
+        with self._read() as s:
+            c = s.get(m.Config, config_id)
+            return None if c is None else _config_dict(c)
+
+    # -- measurements ------------------------------------------------------------
+
+    def add_measurement(
+        self,
+        device_id: int,
+        problem_id: int,
+        config_id: int,
+        *,
+        status: str,
+        reason: str | None = None,
+        samples_ms: Iterable[float] = (),
+        median_ms: float | None = None,
+        iqr_ms: float | None = None,
+        tflops: float | None = None,
+        error: float | None = None,
+        ref_error: float | None = None,
+        source_fingerprint: str = "",
+        study_name: str | None = None,
+        trial_number: int | None = None,
+        is_default: bool = False,
+        versions: dict | None = None,
+        created_at: datetime | None = None,
+    ) -> int:
+        """Record one candidate's outcome in a single transaction; returns the row id."""
+        row = _new_measurement(**_locals_without_self(locals()))
+        with self._write() as s:
+            _check_refs(s, row)
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def add_measurement_once(self, idempotency_key: str, device_id: int, problem_id: int, config_id: int,
+                             **fields) -> tuple[int, bool]:
+        """Like :meth:`add_measurement`, but a second call with the same key inserts nothing.
+
+        Returns ``(row id, created)``; a retry gets the first call's row id and False.
+        """
+        key = str(idempotency_key)
+        if not key or len(key) > 64:
+            raise ValueError("idempotency key must be 1..64 characters")
+        row = _new_measurement(device_id=device_id, problem_id=problem_id, config_id=config_id, **fields)
+        row.idempotency_key = key
+        lookup = select(m.Measurement.id).where(m.Measurement.idempotency_key == key)
+        with self._write() as s:
+            # SQLite writers hold the write lock from BEGIN, so this check cannot race;
+            # on PostgreSQL a concurrent twin may still win, which the savepoint absorbs.
+            found = s.scalar(lookup)
+            if found is not None:
+                return found, False
+            _check_refs(s, row)
+            try:
+                with s.begin_nested():
+                    s.add(row)
+                    s.flush()
+                return row.id, True
+            except IntegrityError:
+                found = s.scalar(lookup)
+                if found is None:
+                    raise
+                return found, False
+
+    def get_measurement(self, measurement_id: int) -> dict | None:
+        q = _measurement_query().where(m.Measurement.id == int(measurement_id))
+        with self._read() as s:
+            row = s.scalars(q).first()
+            return None if row is None else _measurement_dict(row)
+
+    def _ok_rows(self, device_name: str, provider: str, problem: Problem | dict):
+        p = _as_problem(problem)
+        return _measurement_query().where(
+            m.Device.name == device_name,
+            m.Config.provider == provider,
+            m.Measurement.status == "ok",
+            *_problem_conditions(p),
+        )
+
+    def best(
+        self,
+        device_name: str,
+        provider: str,
+        problem: Problem | dict,
+        *,
+        source_fingerprint: str | None = None,
+    ) -> dict | None:
+        """The config to serve for ``provider`` on this problem and device, as its measurement row.
+
+        The newest verdict's row where a study's winners were re-measured against the default
+        (a challenger only where it beat the default beyond the rounds' spread; the row then
+        carries the verdict under "verdict"); else the fastest 'ok' measurement (max TFLOP/s),
+        ties to the earliest row. With ``source_fingerprint``, only rows measured from that
+        kernel source count.
+        """
+        verdict = self.verdict(device_name, provider, problem, source_fingerprint=source_fingerprint)
+        if verdict is not None:
+            return verdict["measurement"] | {"verdict": {k: v for k, v in verdict.items() if k != "measurement"}}
+        q = self._ok_rows(device_name, provider, problem).where(m.Measurement.tflops.is_not(None))
+        if source_fingerprint is not None:
+            q = q.where(m.Measurement.source_fingerprint == source_fingerprint)
+        q = q.order_by(m.Measurement.tflops.desc(), m.Measurement.id.asc()).limit(1)
+        with self._read() as s:
+            row = s.scalars(q).first()
+            return None if row is None else _measurement_dict(row)
+
+    def add_verdict(self, device_id: int, problem_id: int, provider: str, *, measurement_id: int,
+                    significant: bool, gain: float, spread: float, rounds: dict, study_name: str | None = None,
+                    source_fingerprint: str = "") -> int:
+        """Record a re-measurement's outcome (which row lookups serve) in one transaction."""
+        row = m.Verdict(device_id=device_id, problem_id=problem_id, provider=provider, study_name=study_name,
+                        measurement_id=measurement_id, significant=bool(significant), gain=float(gain),
+                        spread=float(spread), rounds=rounds, source_fingerprint=source_fingerprint,
+                        created_at=m.utcnow())
+        with self._write() as s:
+            if s.get(m.Measurement, measurement_id) is None:
+                raise ValueError(f"no measurement {measurement_id} to serve")
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def verdict(self, device_name: str, provider: str, problem: Problem | dict, *,
+                source_fingerprint: str | None = None) -> dict | None:
+        """The newest verdict for the problem (with the measurement it serves), or None."""
+        p = _as_problem(problem)
+        q = (
+            select(m.Verdict)
+            .join(m.Device, m.Device.id == m.Verdict.device_id)
+            .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
+            .where(m.Device.name == device_name, m.Verdict.provider == provider, *_problem_conditions(p))
+        )
+        if source_fingerprint is not None:
+            q = q.where(m.Verdict.source_fingerprint == source_fingerprint)
+        q = q.order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)
+        with self._read() as s:
+            row = s.scalars(q).first()
+            if row is None:
+                return None
+            return {
+                "id": row.id, "study_name": row.study_name, "significant": row.significant,
+                "gain": row.gain, "spread": row.spread, "rounds": row.rounds,
+                "source_fingerprint": row.source_fingerprint, "created_at": _iso(row.created_at),
+                "measurement": _measurement_dict(row.measurement),
+            }
+
+    def default_result(self, device_name: str, provider: str, problem: Problem | dict) -> dict | None:
+        """The newest 'ok' measurement of the provider's default (heuristic) config."""
+        q = (
+            self._ok_rows(device_name, provider, problem)
+            .where(m.Measurement.is_default.is_(True))
+            .order_by(m.Measurement.created_at.desc(), m.Measurement.id.desc())
+            .limit(1)
+        )
+        with self._read() as s:
+            row = s.scalars(q).first()
+            return None if row is None else _measurement_dict(row)
+
+    def _filtered(self, query, filters: dict):
+        filters = dict(filters)
+        if "pass" in filters:
+            filters["pass_"] = filters.pop("pass")
+        status = filters.pop("status", None)
+        unknown = sorted(set(filters) - set(_EQ_FILTERS))
+        if unknown:
+            raise TypeError(f"unknown measurement filter(s): {', '.join(unknown)}")
+        for name, value in filters.items():
+            if value is not None:
+                query = query.where(_EQ_FILTERS[name] == value)
+        if status is not None:
+            wanted = [status] if isinstance(status, str) else list(status)
+            bad = [x for x in wanted if x not in STATUSES]
+            if bad:
+                raise ValueError(f"status must be among {STATUSES}, got {bad}")
+            query = query.where(m.Measurement.status.in_(wanted))
+        return query
+
+    def measurements(
+        self,
+        *,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+        sort: str | None = None,
+        **filters,
+    ) -> list[dict]:
+        """Measurements matching every given filter, oldest first unless ``newest_first``.
+
+        Filters (None means "any"): device (name), provider, status (one or several),
+        study_name, source_fingerprint, is_default, and any Problem field (pass_ or
+        "pass", head_dim, causal, dtype, seqlen_q, ...). ``sort`` names one of
+        ``SORT_KEYS`` (``"-tflops"``: descending) and overrides ``newest_first``.
+        """
+        q = self._filtered(_measurement_query(), filters)
+        if sort is not None:
+            desc = sort.startswith("-")
+            col = SORT_KEYS.get(sort.lstrip("-"))
+            if col is None:
+                raise ValueError(f"sort must be one of {sorted(SORT_KEYS)} (prefix '-' for descending), got {sort!r}")
+            # NULLs (failed trials have no TFLOP/s) go last either way; id breaks ties stably.
+            primary = col.desc() if desc else col.asc()
+            tie = m.Measurement.id.desc() if desc else m.Measurement.id.asc()
+            q = q.order_by(col.is_(None), primary, tie)
+        elif newest_first:
+            q = q.order_by(m.Measurement.created_at.desc(), m.Measurement.id.desc())
+        else:
+            q = q.order_by(m.Measurement.id.asc())
+        if offset:
+            q = q.offset(int(offset))
+        if limit is not None:
+            q = q.limit(int(limit))
+        with self._read() as s:
+            return [_measurement_dict(r) for r in s.scalars(q)]
+
+    def count(self, **filters) -> int:
+        """Number of measurements matching the same filters as :meth:`measurements`."""
+        base = (
+            select(func.count(m.Measurement.id))
+            .select_from(m.Measurement)
+            .join(m.Measurement.device)
+            .join(m.Measurement.problem)
+            .join(m.Measurement.config)
+        )
+        with self._read() as s:
+            return int(s.scalar(self._filtered(base, filters)))
+
+    def family_rows(self, device_name: str, provider: str, problem: Problem | dict) -> list[dict]:
+        """Every 'ok' row with TFLOP/s of ``provider`` on the device in ``problem``'s family, any source.
+
+        One query that lets a caller answer best-config questions for any shape of the
+        family in memory (see ``store.best``); oldest row first.
+        """
+        p = _as_problem(problem)
+        same = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic")
+        q = _measurement_query().where(
+            m.Device.name == device_name,
+            m.Config.provider == provider,
+            m.Measurement.status == "ok",
+            m.Measurement.tflops.is_not(None),
+            *[getattr(m.Problem, name) == getattr(p, name) for name in same],
+        ).order_by(m.Measurement.id.asc())
+        with self._read() as s:
+            return [_measurement_dict(r) for r in s.scalars(q)]
+
+    def provider_counts(self) -> dict[str, int]:
+        """Number of measurements per provider name present in the database."""
+        q = (
+            select(m.Config.provider, func.count(m.Measurement.id))
+            .join(m.Measurement, m.Measurement.config_id == m.Config.id)
+            .group_by(m.Config.provider)
+        )
+        with self._read() as s:
+            return {name: int(n) for name, n in s.execute(q)}
+
+    def device_counts(self) -> dict[int, int]:
+        """Number of measurements per device id."""
+        q = select(m.Measurement.device_id, func.count(m.Measurement.id)).group_by(m.Measurement.device_id)
+        with self._read() as s:
+            return {int(d): int(n) for d, n in s.execute(q)}
+
+    def device_by_name(self, name: str) -> dict | None:
+        """The newest device row of that name (a driver upgrade makes a new row)."""
+        q = select(m.Device).where(m.Device.name == name).order_by(m.Device.id.desc()).limit(1)
+        with self._read() as s:
+            d = s.scalars(q).first()
+            return None if d is None else _device_dict(d)
+
+    def generation(self) -> tuple[int, int]:
+        """(newest measurement id, newest device id): changes whenever rows that answers depend on are added.
+
+        Rows are only ever appended, so two equal generations mean equal answers; a cache
+        can check this one cheap query instead of expiring everything on a timer.
+        """
+        q = select(
+            select(func.max(m.Measurement.id)).scalar_subquery(),
+            select(func.max(m.Device.id)).scalar_subquery(),
+        )
+        with self._read() as s:
+            a, b = s.execute(q).one()
+            return int(a or 0), int(b or 0)
+
+    def ping(self) -> None:
+        """Raise when the database cannot be reached."""
+        with self._read() as s:
+            s.execute(select(1))
