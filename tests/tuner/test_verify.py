@@ -8,10 +8,10 @@ import pytest
 
 from fa4.knobs import config_to_dict
 from fa4.problem import Problem
-from service.db import ResultsStore
+from store import ResultsStore
 from tests.tuner.fake_providers import ENV
 from tests.tuner.synthetic import best_synthetic, synthetic_tflops, write_synthetic
-from tuner.providers.flash_attn4 import fwd_default
+from providers.flash_attn4 import fwd_default
 from tuner.study import Tuner
 from tuner.verify import judge
 from tuner.worker import InProcessRunner
@@ -111,6 +111,6 @@ def test_a_resumed_full_study_is_not_judged_twice(env, monkeypatch):
     t2, res2 = _tune(env, 0.002, monkeypatch)
     assert res2.served == res.served
     with env._read() as s:
-        from service.db import models
+        from store import models
 
         assert s.query(models.Verdict).count() == 1
