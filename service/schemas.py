@@ -179,6 +179,16 @@ class ResultsPage(BaseModel):
     items: list[Measurement]
 
 
+class Verdict(BaseModel):
+    significant: bool = Field(description="True: the served challenger beat the default beyond the spread; "
+                              "False: no significant gain, the default is served")
+    gain: float = Field(description="Median over rounds of challenger/default TFLOP/s, minus 1 (the winner's, "
+                        "or the closest challenger's when the default stays)")
+    spread: float = Field(description="Half the range of those per-round ratios")
+    rounds: int = Field(description="Interleaved rounds measured")
+    judged_at: str
+
+
 class BestConfig(BaseModel):
     """The config to use for a problem, and where that answer comes from."""
 
@@ -209,6 +219,9 @@ class BestConfig(BaseModel):
     source_fingerprint: Optional[str] = Field(description="Kernel source the measurement was taken from")
     running_fingerprint: Optional[str] = Field(description="Kernel source staleness was judged against")
     distance: Optional[float] = Field(description="Shape distance to the measured problem (0 = exact)")
+    verdict: Optional[Verdict] = Field(
+        None, description="The confidence behind the served config: the study's top configs re-measured "
+        "against the default, interleaved (null: not re-measured)")
 
 
 class Device(BaseModel):

@@ -101,8 +101,14 @@ def _answer(provenance: str, stale: bool, notes: list[str], device: str, provide
         "source_fingerprint": None,
         "running_fingerprint": running_fp,
         "distance": distance,
+        "verdict": None,
     }
     if row is not None:
+        v = row.get("verdict")
+        out["verdict"] = None if v is None else {
+            "significant": v["significant"], "gain": v["gain"], "spread": v["spread"],
+            "rounds": len(v["rounds"].get("tflops", [])), "judged_at": v["created_at"],
+        }
         out.update(
             measured_problem=row["problem"],
             tflops=row["tflops"],
@@ -124,7 +130,12 @@ def _answer(provenance: str, stale: bool, notes: list[str], device: str, provide
 
 
 def _fastest(rows: list[dict], fp: str | None) -> dict | None:
-    """The row with the most TFLOP/s (ties: the earliest), of source ``fp`` unless None."""
+    """The row to serve of one problem's rows, of source ``fp`` unless None: the row the newest
+    verdict serves (the study's winners re-measured against the default: tuner/verify.py), else
+    the row with the most TFLOP/s (ties: the earliest). The same rule as ``ResultsStore.best``."""
+    judged = [r for r in rows if r.get("verdict") and (fp is None or r["source_fingerprint"] == fp)]
+    if judged:
+        return max(judged, key=lambda r: (r["verdict"]["created_at"], r["verdict"]["id"]))
     best = None
     for r in rows:
         if fp is not None and r["source_fingerprint"] != fp:

@@ -166,6 +166,14 @@ def _measurement_dict(row: m.Measurement) -> dict:
     }
 
 
+def _verdict_dict(row: m.Verdict) -> dict:
+    return {
+        "id": row.id, "study_name": row.study_name, "significant": row.significant,
+        "gain": row.gain, "spread": row.spread, "rounds": row.rounds,
+        "source_fingerprint": row.source_fingerprint, "created_at": _iso(row.created_at),
+    }
+
+
 def _problem_conditions(problem: Problem) -> list:
     return [getattr(m.Problem, name) == getattr(problem, name) for name in _PROBLEM_FIELDS]
 
@@ -545,12 +553,7 @@ class ResultsStore:
             row = s.scalars(q).first()
             if row is None:
                 return None
-            return {
-                "id": row.id, "study_name": row.study_name, "significant": row.significant,
-                "gain": row.gain, "spread": row.spread, "rounds": row.rounds,
-                "source_fingerprint": row.source_fingerprint, "created_at": _iso(row.created_at),
-                "measurement": _measurement_dict(row.measurement),
-            }
+            return _verdict_dict(row) | {"measurement": _measurement_dict(row.measurement)}
 
     def default_result(self, device_name: str, provider: str, problem: Problem | dict) -> dict | None:
         """The newest 'ok' measurement of the provider's default (heuristic) config."""
@@ -647,8 +650,25 @@ class ResultsStore:
             m.Measurement.tflops.is_not(None),
             *[getattr(m.Problem, name) == getattr(p, name) for name in same],
         ).order_by(m.Measurement.id.asc())
+        vq = (
+            select(m.Verdict)
+            .join(m.Device, m.Device.id == m.Verdict.device_id)
+            .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
+            .where(m.Device.name == device_name, m.Verdict.provider == provider,
+                   *[getattr(m.Problem, name) == getattr(p, name) for name in same])
+            .order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
+        )
         with self._read() as s:
-            return [_measurement_dict(r) for r in s.scalars(q)]
+            rows = [_measurement_dict(r) for r in s.scalars(q)]
+            # The newest verdict of each (problem, source) marks the row it serves, so a caller
+            # that caches these rows applies the re-measurement's decision too (store.best).
+            newest = {(v.problem_id, v.source_fingerprint): _verdict_dict(v) | {"measurement_id": v.measurement_id}
+                      for v in s.scalars(vq)}
+        by_id = {r["id"]: r for r in rows}
+        for v in newest.values():
+            if v["measurement_id"] in by_id:
+                by_id[v["measurement_id"]]["verdict"] = v
+        return rows
 
     def provider_counts(self) -> dict[str, int]:
         """Number of measurements per provider name present in the database."""

@@ -114,3 +114,28 @@ def test_a_resumed_full_study_is_not_judged_twice(env, monkeypatch):
         from store import models
 
         assert s.query(models.Verdict).count() == 1
+
+
+def test_the_service_serves_the_verdict_with_its_confidence(env, monkeypatch, tmp_path):
+    """GET /v1/configs/best applies the same decision as the store (the default, where the
+    fastest row is a noise winner) and shows the confidence beside it."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    t, res = _tune(env, 0.15, monkeypatch)
+    assert not res.served["significant"]
+    import providers
+
+    # The service answers for registered providers; registered for this test only.
+    monkeypatch.setitem(providers._REGISTRY, "noisy-replay", "tests.tuner.fake_providers:NoisyReplay")
+    with TestClient(create_app(env.url)) as client:
+        r = client.get("/v1/configs/best", params={
+            "device": t.device_info["name"], "provider": "noisy-replay", "seqlen_q": PROBLEM.seqlen_q,
+            "head_dim": PROBLEM.head_dim, "batch": PROBLEM.batch, "heads_q": PROBLEM.heads_q})
+    assert r.status_code == 200, r.text
+    ans = r.json()
+    assert ans["provenance"] == "exact" and ans["config"] == config_to_dict(fwd_default(PROBLEM))
+    v = ans["verdict"]
+    assert v["significant"] is False and v["rounds"] == 7
+    assert v["gain"] == pytest.approx(res.served["gain"]) and v["spread"] == pytest.approx(res.served["spread"])
