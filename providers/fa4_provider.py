@@ -31,18 +31,10 @@ class Fa4Provider(Provider):
 
     @staticmethod
     def _knobs(problem: Problem):
-        """(knob class, its config module) of the problem's pass.
+        """(knob class, its config module) of the problem's pass (fa4.rules: no launch code)."""
+        from fa4 import rules
 
-        The config modules, not fa4.dispatch's entries: those import the launch code and
-        torch, which the service (knob schemas, feasibility) must not need.
-        """
-        if problem.pass_ == "bwd":
-            from fa4.sm90 import bwd_config as m
-
-            return m.BwdConfigSm90, m
-        from fa4.sm90 import fwd_config as m
-
-        return m.FwdConfigSm90, m
+        return rules.knob_cls(problem), rules.config_module(problem)
 
     def available(self) -> str | None:
         try:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from fa4.lookup import SourceAnswer
 from fa4.problem import Problem
+from fa4.rules import Fa4Rules
+from store.best import best_config
 
 PROVIDER = "fa4"
 
@@ -53,18 +55,19 @@ class LocalResultsDB:
         if store is None:
             return SourceAnswer("skipped", why or "")
         try:
-            row = store.best(device, PROVIDER, problem, source_fingerprint=fingerprint)
-            if row is None:
-                old = store.best(device, PROVIDER, problem)
-                if old is not None:
-                    return SourceAnswer("stale", f"measurement {old['id']} is from kernel source "
-                                                 f"{old['source_fingerprint']!r}, running {fingerprint!r}")
-                return SourceAnswer("miss", f"no measurement of {problem.key()} on {device!r}")
+            # The service's rule, on the same rows: the same answer wherever a kernel asks.
+            ans = best_config(store, Fa4Rules(), device, problem, running_fp=fingerprint)
         except Exception as e:
             return SourceAnswer("error", f"{type(e).__name__}: {e}")
-        return SourceAnswer("used", f"measurement {row['id']} ({row['tflops']:.1f} TFLOP/s) in {store.url}",
-                            config=row["config"], ref=f"measurement {row['id']}", tflops=row["tflops"],
-                            measured_problem=row["problem"])
+        notes = "; ".join(ans["notes"])
+        if ans["provenance"] == "default":
+            return SourceAnswer("miss", f"no usable measurement of {problem.key()} on {device!r}: {notes}")
+        ref = f"measurement {ans['measurement_id']}"
+        what = f"{ans['provenance']}{' (stale source)' if ans['stale'] else ''}"
+        return SourceAnswer("used", f"{what} answer, {ref} ({ans['tflops']:.1f} TFLOP/s) in {store.url}"
+                            + (f"; {notes}" if notes else ""),
+                            config=ans["config"], ref=ref, tflops=ans["tflops"],
+                            measured_problem=ans["measured_problem"])
 
     def close(self) -> None:
         if self._store is not None:

@@ -91,19 +91,31 @@ def test_local_db_current_row_is_used(env, fp, monkeypatch):
     assert ("local-db", "used") in sources(res)
 
 
-def test_local_db_stale_or_infeasible_rows_fall_back(env, monkeypatch, fp):
+def test_local_db_answers_by_the_services_rule_for_stale_and_infeasible_rows(env, monkeypatch, fp):
+    """One best-config rule (store.best.best_config) wherever a kernel asks: a stale row is served
+    labelled stale rather than dropped for the heuristic, an infeasible row is skipped with its
+    reason and the nearest usable row of the family served, as GET /v1/configs/best answers."""
+    from fa4.rules import Fa4Rules
+    from store.best import best_config
+
     url = f"sqlite:///{env / 'r.db'}"
     with ResultsStore.open(url) as store:
-        add_row(store, P, tuned(P), "older-source")
+        stale_id = add_row(store, P, tuned(P), "older-source")
         bad = next(c for c in iter_configs(FwdConfigSm90) if violations(c, P2, SM90))
-        add_row(store, P2, bad, fp)
+        bad_id = add_row(store, P2, bad, fp)
+        service = {p: best_config(store, Fa4Rules(), DEVICE, p, running_fp=fp) for p in (P, P2)}
     monkeypatch.setenv("FA4_DB", url)
     res = fa4.explain(problem=P)
-    assert res.provenance == "default" and ("local-db", "stale") in sources(res)
-    assert "older-source" in dict(((s.source, s.detail) for s in res.steps))["local-db"]
+    detail = dict(((s.source, s.detail) for s in res.steps))["local-db"]
+    assert res.provenance == "local-db" and ("local-db", "used") in sources(res)
+    assert f"measurement {stale_id}" in detail and "(stale source)" in detail and "older-source" in detail
+    assert res.config == tuned(P) and config_to_dict(res.config) == service[P]["config"]
+    assert service[P]["stale"] and service[P]["measurement_id"] == stale_id
     res = fa4.explain(problem=P2)
-    assert res.provenance == "default" and ("local-db", "error") in sources(res)
-    assert "infeasible" in [s.detail for s in res.steps if s.source == "local-db"][0]
+    detail = dict(((s.source, s.detail) for s in res.steps))["local-db"]
+    assert res.provenance == "local-db" and f"measurement {bad_id}'s config is infeasible" in detail
+    assert config_to_dict(res.config) == service[P2]["config"] == config_to_dict(tuned(P))
+    assert service[P2]["measurement_id"] == stale_id
 
 
 def test_broken_db_never_raises_into_a_launch(env, monkeypatch):
