@@ -3,10 +3,11 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "explain", "flash_attn_func"]
+__all__ = ["__version__", "explain", "flash_attn_func", "record_shapes"]
 
 if TYPE_CHECKING:  # what IDEs and type checkers read; at run time __getattr__ loads it on first use
     from fa4.interface import flash_attn_func
+    from fa4.record import record_shapes
 
 
 def __getattr__(name: str):
@@ -17,6 +18,11 @@ def __getattr__(name: str):
 
         globals()[name] = flash_attn_func
         return flash_attn_func
+    if name == "record_shapes":
+        from fa4.record import record_shapes
+
+        globals()[name] = record_shapes
+        return record_shapes
     raise AttributeError(f"module 'fa4' has no attribute {name!r}")
 
 

@@ -17,6 +17,7 @@ from fa4.compile_cache import compiled
 from fa4.dispatch import bwd_entry
 from fa4.knobs import runtime_args
 from fa4.lookup import resolve_config
+from fa4.record import observed
 from fa4.tensors import arch_of, problem_of, validate
 
 _launch_cache: dict = {}
@@ -28,6 +29,7 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+@observed("fwd")
 def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
     """The forward launch; returns ``out`` or ``(out, lse)``. No autograd."""
     # Fast path: a launch with the same shapes, strides, dtype and config as an earlier one
@@ -105,6 +107,7 @@ def _tma_ready(t: torch.Tensor) -> bool:
     return all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
+@observed("bwd")
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, config):
     """(dq, dk, dv) by our backward kernel with an already resolved config."""
     if not _tma_ready(dout):

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 from fa4.problem import DTYPES, PASSES, Problem
 
@@ -58,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--provider", help="implementation to tune (default: fa4, our kernels; flash-attn-4, cudnn, fa2 are the peers)")
     p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
+    p.add_argument("--budget-s", type=float, metavar="S",
+                   help="stop starting trials after S seconds of the run (shapes in the order given: a recorded "
+                   "file lists the most GPU time first); what was measured is still re-measured and stored")
     p.add_argument("--verify-rounds", type=int, default=7, metavar="N",
                    help="re-measure the top 3 configs against the default, interleaved over N rounds, and "
                    "serve a challenger only if its gain beats the rounds' spread (default 7; 0: off)")
@@ -81,6 +85,8 @@ def _die(msg: str, code: int = EXIT_USAGE):
 def problems_from_args(a) -> list[Problem]:
     from .shapes import ShapeError, grid, load_shapes, parse_int_list
 
+    if a.budget_s is not None and not a.budget_s > 0:
+        _die(f"--budget-s must be a positive number of seconds, got {a.budget_s}")
     if a.verify_rounds is not None and a.verify_rounds < 0:
         _die(f"--verify-rounds must be 0 (off) or a positive integer, got {a.verify_rounds}")
     for flag, v in (("--batch", a.batch), ("--heads", a.heads), ("--heads-kv", a.heads_kv),
@@ -198,7 +204,8 @@ def print_result(res, console) -> None:
     say(f"best config: {_changes(res.best_changes)}")
     if res.served is not None:
         say(f"served: {_served(res.served)}")
-    say(f"trials: {_trial_counts(res)}" + (f"; resumed with {res.resumed_with}" if res.resumed_with else ""))
+    say(f"trials: {_trial_counts(res)}" + (f"; resumed with {res.resumed_with}" if res.resumed_with else "")
+        + ("; stopped by --budget-s" if res.out_of_time else ""))
     say(f"results DB: {res.db_url}")
     say(f"Optuna study: {res.study_name} in {res.storage}")
 
@@ -238,6 +245,7 @@ def print_summary(results: list[dict], console) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     problems = problems_from_args(args)
+    deadline = None if args.budget_s is None else time.time() + args.budget_s
     from rich.console import Console
 
     from .device import has_cuda
@@ -300,7 +308,7 @@ def main(argv=None) -> int:
             outcome = fleet.run_fleet(
                 slots, problems, provider_spec=spec, db=str(store.engine.url.render_as_string(hide_password=False)),
                 storage=storage, sampler=args.sampler, trials=args.trials, heartbeat_s=args.heartbeat,
-                verify_rounds=args.verify_rounds, preflight=lambda: (f"{provider.name} is not available: {why}"
+                verify_rounds=args.verify_rounds, deadline=deadline, preflight=lambda: (f"{provider.name} is not available: {why}"
                                    if (why := provider.available()) else None),
             )
             results, workers = outcome.results, outcome.workers
@@ -323,9 +331,14 @@ def main(argv=None) -> int:
             try:
                 results, workers = [], None
                 for problem in problems:
+                    if deadline is not None and time.time() >= deadline:
+                        print(f"fa4-tune: --budget-s {args.budget_s:g} spent: {problem.key()} not tuned",
+                              file=sys.stderr)
+                        continue
                     tuner = Tuner(provider, problem, store=store, storage=storage, sampler=args.sampler,
                                   trials=args.trials, provider_spec=spec, heartbeat_s=args.heartbeat,
-                                  parallel="://" in storage, runner=runner, verify_rounds=args.verify_rounds)
+                                  parallel="://" in storage, runner=runner, verify_rounds=args.verify_rounds,
+                                  deadline=deadline)
                     results.append(_run_with_progress(tuner, err).to_dict())
             finally:
                 if runner is not None:

@@ -98,9 +98,15 @@ def load_shapes(path: str | Path, defaults: dict) -> list[Problem]:
         rows = list(csv.DictReader(io.StringIO(text)))
     if not rows:
         raise ShapeError(f"--shapes {path} lists no shapes")
+    if all(isinstance(r.get("problem"), dict) for r in rows):
+        # A recording (fa4.record_shapes): whole problems, most GPU time first.
+        rows = sorted(rows, key=lambda r: -float(r.get("share") or 0.0))
     out = []
     for i, row in enumerate(rows, 1):
         try:
+            if isinstance(row.get("problem"), dict):
+                out.append(Problem.from_dict(row["problem"]))
+                continue
             out.append(problem_from_entry(row, defaults))
         except (ShapeError, ValueError, TypeError, KeyError) as e:
             raise ShapeError(f"--shapes {path}, entry {i}: {e}") from None

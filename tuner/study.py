@@ -139,6 +139,7 @@ class TuneResult:
     # whether its gain is significant, gain and spread (fractions) and the rounds. None: not
     # re-measured (the default was the study's best, or verification was off).
     served: dict | None = None
+    out_of_time: bool = False  # the time budget (--budget-s) ended the study before its trials
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -186,6 +187,7 @@ class Tuner:
         heartbeat_s: int | None = None,
         verify_rounds: int = 7,
         verify_top: int = 3,
+        deadline: float | None = None,
     ):
         if isinstance(provider, str):
             provider_spec, provider = provider, resolve_provider(provider)
@@ -207,6 +209,10 @@ class Tuner:
         self.verify_rounds = verify_rounds
         self.verify_top = verify_top
         self.verdict: dict | None = None
+        # time.time() after which no trial is started (--budget-s); the verification of what
+        # was measured still runs, so a cut study never serves a noise winner.
+        self.deadline = deadline
+        self.out_of_time = False
         self._runner = runner
         check_request(provider, problem)
         why = provider.available()
@@ -349,6 +355,9 @@ class Tuner:
         answered = [t for t in trials if t.state in (S.COMPLETE, S.PRUNED)]
         running = [t for t in trials if t.state == S.RUNNING]
         left = (1 if self.knob_cls is None else self.trials) - len(answered) - len(running)
+        if self.deadline is not None and time.time() >= self.deadline and answered:
+            self.out_of_time = left > 0
+            left = 0
         if self.knob_cls is not None:
             # Configs answered or running elsewhere are taken: several workers may be handed
             # the same config at once, and a trial count alone would then end the study with
@@ -395,7 +404,7 @@ class Tuner:
                 if left > 0:
                     study.optimize(self._objective(study), n_trials=left, callbacks=callbacks, catch=())
                     continue
-                if not wait or running == 0:
+                if not wait or running == 0 or self.out_of_time:
                     break
                 # Others are still running trials of this study: wait for them, or for
                 # their heartbeats to go stale, whichever comes first.
@@ -515,6 +524,7 @@ class Tuner:
             best_changes=changes,
             feasible_configs=None if self.knob_cls is None else len(self.feasible()),
             served=served,
+            out_of_time=self.out_of_time,
         )
 
 

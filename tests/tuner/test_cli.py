@@ -110,3 +110,18 @@ def test_replay_end_to_end_and_resume(tmp_path):
     for needle in ("default", "best", "speedup best/default", "results DB:", "Optuna study:",
                    "best config: the default with tile_n=160\n"):
         assert needle in table.stdout
+
+
+def test_a_time_budget_stops_the_trials_and_skips_the_shapes_after_it(tmp_path):
+    """--budget-s: no trial starts once the budget is spent; the shapes not reached are named."""
+    shapes = tmp_path / "shapes.csv"
+    shapes.write_text("seqlen,hdim,batch,heads\n8192,128,2,16\n8192,64,2,32\n")
+    r = fa4_tune("--shapes", str(shapes), "--provider", "tests.tuner.fake_providers:SlowReplay", "--trials", "30",
+                 "--budget-s", "2", "--verify-rounds", "0", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--json",
+                 env_extra={"FA4_TEST_SLOW_S": "0.4"})
+    assert r.returncode == 0, r.stderr
+    (res,) = json.loads(r.stdout)["results"]
+    assert res["out_of_time"] and 1 <= res["trials"] < 30
+    assert "b2_sq8192_sk8192_hq32_hkv32_d64_dv64_bf16_full_nondet_fwd not tuned" in r.stderr, r.stderr
+    bad = fa4_tune("--seqlen", "1024", "--hdim", "64", "--budget-s", "0")
+    assert bad.returncode == 2 and "--budget-s must be a positive number of seconds, got 0" in bad.stderr
