@@ -12,6 +12,7 @@ import torch
 from fa4.arch import Arch, arch_from_capability
 from fa4.dispatch import bwd_entry
 from fa4.problem import Problem
+from fa4.sm90.fwd_config import HEAD_DIMS, head_dims_v
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _LOG2E = 1.4426950408889634
@@ -35,7 +36,7 @@ def _arch_of(device: torch.device) -> Arch:
     return arch
 
 
-def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=(64, 128),
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=HEAD_DIMS,
              require_cuda: bool = True, layout: bool = True) -> None:
     """Reject inputs the kernel cannot take, with a message naming the problem (never a launch).
 
@@ -74,12 +75,39 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_d
         raise ValueError(f"k and v head counts differ: {k.shape[2]} vs {v.shape[2]}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q ({q.shape[2]}) must be a multiple of heads_kv ({k.shape[2]})")
-    if not (q.shape[3] == k.shape[3] == v.shape[3]):
+    if q.shape[3] != k.shape[3]:
         raise ValueError(f"head_dim mismatch: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}")
     if q.shape[3] not in supported_head_dims:
         raise ValueError(f"head_dim {q.shape[3]} is not supported (supported: {supported_head_dims})")
+    if v.shape[3] not in head_dims_v(q.shape[3]):
+        raise ValueError(f"head_dim_v {v.shape[3]} is not supported with head_dim {q.shape[3]} (supported: "
+                         f"{head_dims_v(q.shape[3])}; head_dim_v != head_dim only as 192/128)")
     if min(q.shape[1], k.shape[1]) < 1:
         raise ValueError("sequence lengths must be >= 1")
+
+
+def bwd_head_dim_error(q, v) -> str | None:
+    """Why the backward kernel cannot take these head dims (it covers fewer than the forward)."""
+    from fa4.sm90.bwd_config import HEAD_DIMS as BWD_HEAD_DIMS
+
+    d, dv = q.shape[3], v.shape[3]
+    if d in BWD_HEAD_DIMS and dv == d:
+        return None
+    return (f"fa4's backward supports head_dim {BWD_HEAD_DIMS} with head_dim_v == head_dim, not head_dim {d}, "
+            f"head_dim_v {dv} (the forward supports it: run it without gradients, e.g. under torch.no_grad())")
+
+
+def check_bwd_head_dims(q, v) -> None:
+    err = bwd_head_dim_error(q, v)
+    if err:
+        raise NotImplementedError(err)
+
+
+def empty_out(q, v) -> torch.Tensor:
+    """The output buffer the forward launch allocates: q's layout, head_dim_v wide."""
+    if v.shape[3] == q.shape[3]:
+        return torch.empty_like(q)
+    return q.new_empty((*q.shape[:3], v.shape[3]))
 
 
 def problem_of(q, k, v, causal: bool, pass_: str = "fwd", deterministic: bool = False) -> Problem:
@@ -182,7 +210,8 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
         problem = problem_of(q, k, v, causal)
         arch = _arch_of(q.device)
         entry, resolved = _resolve_config(problem, arch, config)
-        key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved)
+        key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved,
+                                problem.head_dim_v)
         # The config's runtime arguments of the kernel, derived once per key, not per launch.
         runtime = (resolved.tau, resolved.head_swizzle, 1 if resolved.sched_order == "lpt" else 0,
                    _sm_count(q.device) if resolved.persistent else 0)
@@ -196,9 +225,11 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride() != q.stride():
-        raise ValueError("out must match q in shape, dtype, device and strides")
+        out = empty_out(q, v)
+    elif (out.shape != (*q.shape[:3], v.shape[3]) or out.dtype != q.dtype or out.device != q.device
+          or (out.stride() != q.stride() if v.shape[3] == q.shape[3] else not _tma_ready(out))):
+        # head_dim_v != head_dim: q's strides cannot fit; any layout the TMA store takes does.
+        raise ValueError("out must match q in shape (head_dim_v wide), dtype, device and strides")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
     with torch.cuda.device(q.device):
         fn(q, k, v, out, lse, softmax_scale * _LOG2E, *runtime)
@@ -222,6 +253,7 @@ def check_bwd_args(deterministic, bwd_config) -> None:
 def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config):
     """Resolved backward config of a launch, cached like the forward's fast path."""
     check_bwd_args(deterministic, bwd_config)
+    check_bwd_head_dims(q, v)
     key = (q.shape, k.shape, q.dtype, q.device, bool(causal), deterministic,
            bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())))
     hit = _bwd_configs.get(key)
@@ -267,13 +299,20 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
+        if ctx.bwd_config is None:
+            check_bwd_head_dims(q, v)  # raises: the forward ran at a head dim the backward lacks
         dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.bwd_config)
         return dq, dk, dv, None, None, None, None, None
 
 
 def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
-    # Resolved now, so an infeasible bwd_config fails at this call rather than in backward().
-    resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config)
+    # Resolved now, so an infeasible bwd_config fails at this call rather than in backward(); at
+    # head dims the backward lacks the forward still runs, and backward() raises.
+    if bwd_head_dim_error(q, v) is None:
+        resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config)
+    else:
+        check_bwd_args(deterministic, bwd_config)
+        resolved = None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, resolved)

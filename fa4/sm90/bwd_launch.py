@@ -14,7 +14,7 @@ import threading
 import torch
 
 from fa4.arch import SM90
-from fa4.interface import _DTYPES, validate
+from fa4.interface import _DTYPES, check_bwd_head_dims, validate
 from fa4.knobs import config_from_dict
 from fa4.problem import Problem
 from fa4.sm90.bwd_compile import (
@@ -87,6 +87,7 @@ def flash_attn_bwd(
     (B, Hq, Sq) fp32 natural log. Causal is bottom-right aligned.
     """
     validate(q, k, v)
+    check_bwd_head_dims(q, v)
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"{name} must match q in shape, dtype and device")

@@ -14,7 +14,17 @@ from fa4.arch import SM90, Arch
 from fa4.knobs import Violation, knob
 from fa4.problem import Problem
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
+# head_dim_v per head_dim (the first is head_dim itself): the DeepSeek-style 192/128 split
+# has its own, smaller O accumulator and V tile.
+HEAD_DIMS_V = {192: (192, 128)}
+
+
+def head_dims_v(head_dim: int) -> tuple[int, ...]:
+    """The head_dim_v values the forward kernel takes with ``head_dim``."""
+    # Compared, not hashed: under torch.compile's fake tensors head_dim may be a SymInt.
+    return next((dvs for d, dvs in HEAD_DIMS_V.items() if d == head_dim), (head_dim,))
+
 
 # Rows per consumer warpgroup: one WGMMA atom is 64 rows tall, and a warpgroup owns one
 # Q tile, so two consumer warpgroups cover 128 query rows per CTA.
@@ -54,8 +64,9 @@ class FwdConfigSm90:
         "ping-pong warpgroups of FA4, 192 = three in a round robin (more softmax in flight, fewer registers).",
     )
     tile_n: int = knob(
-        (64, 96, 112, 128, 144, 160, 176, 192, 224), 128,
-        "Key/value rows per mainloop step (N of S = QK^T, K of O += PV; multiple of 16 for the PV WGMMA).",
+        (64, 80, 96, 112, 128, 144, 160, 176, 192, 224), 128,
+        "Key/value rows per mainloop step (N of S = QK^T, K of O += PV; multiple of 16 for the PV WGMMA). "
+        "Wide head dims take narrow tiles: at 256 two K/V stages of 80 rows fill shared memory.",
     )
     kv_stages: int = knob(
         (2, 3), 2,
@@ -146,8 +157,9 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("problem", f"FwdConfigSm90 targets sm90, not {arch.name}"))
     if problem.head_dim not in HEAD_DIMS:
         out.append(Violation("problem", f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})"))
-    if problem.head_dim_v != problem.head_dim:
-        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}"))
+    elif problem.head_dim_v not in head_dims_v(problem.head_dim):
+        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} not supported with head_dim "
+                             f"{problem.head_dim} (supported: {head_dims_v(problem.head_dim)})"))
     if problem.pass_ != "fwd":
         out.append(Violation("problem", "FwdConfigSm90 tunes the forward pass only"))
     n_wg = config.tile_m // ROWS_PER_WG
@@ -170,7 +182,7 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation(
             "registers",
             f"consumer fragments need {regs} registers per thread (O {problem.head_dim_v // 2}, "
-            f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if config.intra_wg_overlap else ''}) "
+            f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if regs > (problem.head_dim_v + config.tile_n) // 2 else ''}) "
             f"> {FRAGMENT_REG_BUDGET[n_wg]} with {n_wg} consumer warpgroups: ptxas would serialize the WGMMAs")
         )
     if config.tau > 0 and config.tau + 1 > LOG2_DTYPE_MAX[problem.dtype]:
@@ -204,15 +216,31 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     over 96; it fits the 3-warpgroup register budget since the packed P conversion), tau 8 and
     exp phases kept apart (+5% together). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
     every fraction tried (issue-slot bound).
+
+    The other head dims start from the reference FA4's Hopper tiles (not yet measured here):
+    hd96 three warpgroups with P through shared memory (O 48 + S 72 registers leave no room for
+    P at tile_n 144; the reference found P in registers far slower at 192-row tiles), tile_n
+    128 when causal; hd192 tile_n 112 (128 with head_dim_v 128: the O accumulator is a third
+    smaller); hd256 tile_n 80 (two stages of 80 K/V rows fill shared memory; O alone is 128
+    registers). Past head_dim 128 the reference drops the ping-pong barrier (one warpgroup's
+    softmax is short beside its two long GEMMs, so ordering them only adds waits).
     """
-    if problem.head_dim == 64:
+    d, dv = problem.head_dim, problem.head_dim_v
+    if d == 64:
         base = FwdConfigSm90(tile_m=192, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
+    elif d == 96:
+        base = FwdConfigSm90(tile_m=192, tile_n=128 if problem.causal else 144, kv_stages=2, tau=8.0,
+                             p_operand="smem")
+    elif d == 192:
+        base = FwdConfigSm90(tile_n=128 if dv <= 128 else 112, kv_stages=2, tau=8.0, pingpong="off")
+    elif d == 256:
+        base = FwdConfigSm90(tile_n=80, kv_stages=2, tau=8.0, pingpong="off")
     else:
         base = FwdConfigSm90(tile_n=128, kv_stages=2, tau=8.0)
     if problem.dtype == "fp16" and base.tau + 1 > LOG2_DTYPE_MAX["fp16"]:
         base = FwdConfigSm90(**{**base.__dict__, "tau": 0.0})
     if violations(base, problem, arch):
-        for tn in (176, 160, 144, 128, 112, 96, 64):
+        for tn in (176, 160, 144, 128, 112, 96, 80, 64):
             cand = FwdConfigSm90(tile_n=tn)
             if not violations(cand, problem, arch):
                 return cand
