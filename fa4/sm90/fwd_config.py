@@ -146,6 +146,11 @@ def consumer_registers(config: FwdConfigSm90, problem: Problem) -> int:
     # P through shared memory: its registers die at the store, before the next QK is issued.
     if config.p_operand == "smem":
         overlap_p = False
+    # Without overlap P(j-1) is still live too when P stays in registers: the serial step issues
+    # PV(j-1), which reads it, and QK(j), which writes S, before it waits for either (compiled:
+    # hd128 and hd96 at tile_n 224 serialize).
+    if config.p_operand == "rmem":
+        overlap_p = True
     live = o_acc + s_acc + (p_frag if overlap_p else 0)
     return int(math.ceil(live))
 
@@ -203,6 +208,17 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # compiled clean with and without overlap and with the exp2 split.
         out.append(Violation("registers",
             "persistent at head_dim 128, causal, needs tile_n 128 and p_operand 'rmem' (others spill)"))
+    if config.persistent and problem.causal and problem.head_dim > 128:
+        # Compiled: 5 of the 11 persistent causal kernels at hd192/256 spilled or serialized (P in
+        # registers and in shared memory, every ping-pong mode); those that ran were 20-25% slower
+        # than one CTA per tile (H200, S 8192: the wide tiles leave one CTA per SM either way).
+        out.append(Violation("registers",
+            f"persistent at head_dim {problem.head_dim}, causal, spills or loses (one CTA per tile)"))
+    if (config.persistent and problem.causal and problem.head_dim == 96 and config.p_operand == "smem"
+            and config.tile_m == 128):
+        # Compiled: 128x176 with P through shared memory spilled; P in registers and 192-row tiles did not.
+        out.append(Violation("registers",
+            "persistent at head_dim 96, causal, with P through shared memory needs tile_m 192 (128 spills)"))
     return out
 
 
@@ -217,20 +233,20 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     exp phases kept apart (+5% together). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
     every fraction tried (issue-slot bound).
 
-    The other head dims start from the reference FA4's Hopper tiles (not yet measured here):
-    hd96 three warpgroups with P through shared memory (O 48 + S 72 registers leave no room for
-    P at tile_n 144; the reference found P in registers far slower at 192-row tiles), tile_n
-    128 when causal; hd192 tile_n 112 (128 with head_dim_v 128: the O accumulator is a third
-    smaller); hd256 tile_n 80 (two stages of 80 K/V rows fill shared memory; O alone is 128
-    registers). Past head_dim 128 the reference drops the ping-pong barrier (one warpgroup's
-    softmax is short beside its two long GEMMs, so ordering them only adds waits).
+    The wider head dims (H200, bf16, S 8192, B 2, H*d 2048; beside the reference FA4 in one
+    process): hd96 three warpgroups, tile_n 96 with P in registers (O 48 + S 48 + P 24): 0.997 /
+    1.007 of the reference non-causal / causal, where the reference's own 192x144 (and 192x128)
+    with P through shared memory gave 0.91 here (the warpgroup barrier before each PV), 128-row
+    tiles 0.92-0.94; hd192 tile_n 112 (1.02 / 0.99), 128 at head_dim_v 128 (the O accumulator a
+    third smaller; 1.01 / 0.94-0.95, 112 and 96 lose 2-3%); hd256 tile_n 80 (two stages of 80
+    K/V rows fill shared memory, O alone is 128 registers; 1.02 / 0.97). Past head_dim 128 the
+    ping-pong barrier is off as in the reference (within 1% either way here).
     """
     d, dv = problem.head_dim, problem.head_dim_v
     if d == 64:
         base = FwdConfigSm90(tile_m=192, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
     elif d == 96:
-        base = FwdConfigSm90(tile_m=192, tile_n=128 if problem.causal else 144, kv_stages=2, tau=8.0,
-                             p_operand="smem")
+        base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
     elif d == 192:
         base = FwdConfigSm90(tile_n=128 if dv <= 128 else 112, kv_stages=2, tau=8.0, pingpong="off")
     elif d == 256:
