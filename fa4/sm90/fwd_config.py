@@ -234,13 +234,14 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     every fraction tried (issue-slot bound).
 
     The wider head dims (H200, bf16, S 8192, B 2, H*d 2048; beside the reference FA4 in one
-    process): hd96 three warpgroups, tile_n 96 with P in registers (O 48 + S 48 + P 24): 0.997 /
-    1.007 of the reference non-causal / causal, where the reference's own 192x144 (and 192x128)
+    process): hd96 three warpgroups, tile_n 96 with P in registers (O 48 + S 48 + P 24): 1.00-1.01 /
+    1.01 of the reference non-causal / causal, where the reference's own 192x144 (and 192x128)
     with P through shared memory gave 0.91 here (the warpgroup barrier before each PV), 128-row
     tiles 0.92-0.94; hd192 tile_n 112 (1.02 / 0.99), 128 at head_dim_v 128 (the O accumulator a
-    third smaller; 1.01 / 0.94-0.95, 112 and 96 lose 2-3%); hd256 tile_n 80 (two stages of 80
-    K/V rows fill shared memory, O alone is 128 registers; 1.02 / 0.97). Past head_dim 128 the
-    ping-pong barrier is off as in the reference (within 1% either way here).
+    third smaller; 1.00 / 0.98 with 4 heads per scheduling group when causal, 0.94 without; 112
+    and 96 lose 2-3%); hd256 tile_n 80 (two stages of 80 K/V rows fill shared memory, O alone is
+    128 registers; 1.02 / 0.97). Past head_dim 128 the ping-pong barrier is off as in the
+    reference (within 1% either way here).
     """
     d, dv = problem.head_dim, problem.head_dim_v
     if d == 64:
@@ -248,7 +249,10 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     elif d == 96:
         base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
     elif d == 192:
-        base = FwdConfigSm90(tile_n=128 if dv <= 128 else 112, kv_stages=2, tau=8.0, pingpong="off")
+        # Causal at head_dim_v 128: 4 heads per scheduling group keep more K/V in L2 (+4%).
+        swizzle = 4 if dv <= 128 and problem.causal else 1
+        base = FwdConfigSm90(tile_n=128 if dv <= 128 else 112, kv_stages=2, tau=8.0, pingpong="off",
+                             head_swizzle=swizzle)
     elif d == 256:
         base = FwdConfigSm90(tile_n=80, kv_stages=2, tau=8.0, pingpong="off")
     else:
