@@ -45,7 +45,9 @@ REG_SPLIT = {2: (240, 24), 3: (160, 32)}
 # tile_n 128. Fits, measured on every kernel of the space: 3 warpgroups 128 (hd64 tile_n 128)
 # fits, 136 (hd128 tile_n 96) and 140 (hd64 tile_n 144) serialize; 2 warpgroups 208 (hd128
 # tile_n 192) fits, 232 (hd128 tile_n 224) serializes. (Before P was converted with packed
-# cvt, fa4.common.convert, the budgets were 104 and 176.)
+# cvt, fa4.common.convert, the budgets were 104 and 176.) The wider head dims fit the same
+# budgets: 2 warpgroups 188 (hd256 tile_n 80), 180 (hd192 tile_n 112), 3 warpgroups 120 (hd96
+# tile_n 96) compiled clean; 216 (hd96 tile_n 224, P live in the serial step) serializes.
 FRAGMENT_REG_BUDGET = {2: 208, 3: 128}
 # Shared memory the kernel keeps besides Q/K/V tiles: mbarriers and alignment padding.
 SMEM_RESERVED = 2048
