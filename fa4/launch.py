@@ -18,7 +18,7 @@ from fa4.dispatch import bwd_entry
 from fa4.knobs import runtime_args
 from fa4.lookup import resolve_config
 from fa4.record import observed
-from fa4.tensors import arch_of, problem_of, validate
+from fa4.tensors import arch_of, bwd_head_dim_error, check_bwd_head_dims, empty_out, problem_of, validate
 
 _launch_cache: dict = {}
 
@@ -46,7 +46,8 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
         problem = problem_of(q, k, v, causal)
         arch = arch_of(q.device)
         entry, resolved = resolve_config(problem, arch, config)
-        key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved)
+        key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved,
+                                problem.head_dim_v)
         # The kernel's runtime arguments, derived once per key, not per launch: the runtime
         # knobs, then the grid of a persistent kernel (a property of the GPU, not a knob).
         runtime = (*runtime_args(resolved), _sm_count(q.device) if resolved.persistent else 0)
@@ -60,9 +61,11 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device or out.stride() != q.stride():
-        raise ValueError("out must match q in shape, dtype, device and strides")
+        out = empty_out(q, v)
+    elif (out.shape != (*q.shape[:3], v.shape[3]) or out.dtype != q.dtype or out.device != q.device
+          or (out.stride() != q.stride() if v.shape[3] == q.shape[3] else not _tma_ready(out))):
+        # head_dim_v != head_dim: q's strides cannot fit; any layout the TMA store takes does.
+        raise ValueError("out must match q in shape (head_dim_v wide), dtype, device and strides")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
     with torch.cuda.device(q.device):
         fn(q, k, v, out, lse, softmax_scale * LOG2_E, *runtime)
@@ -86,6 +89,7 @@ def check_bwd_args(deterministic, bwd_config) -> None:
 def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config):
     """Resolved backward config of a launch, cached like the forward's fast path."""
     check_bwd_args(deterministic, bwd_config)
+    check_bwd_head_dims(q, v)
     key = (q.shape, k.shape, q.dtype, q.device, bool(causal), deterministic,
            bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())))
     hit = _bwd_configs.get(key)
@@ -132,13 +136,20 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
+        if ctx.bwd_config is None:
+            check_bwd_head_dims(q, v)  # raises: the forward ran at a head dim the backward lacks
         dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.bwd_config)
         return dq, dk, dv, None, None, None, None, None
 
 
 def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
-    # Resolved now, so an infeasible bwd_config fails at this call rather than in backward().
-    resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config)
+    # Resolved now, so an infeasible bwd_config fails at this call rather than in backward(); at
+    # head dims the backward lacks the forward still runs, and backward() raises.
+    if bwd_head_dim_error(q, v) is None:
+        resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config)
+    else:
+        check_bwd_args(deterministic, bwd_config)
+        resolved = None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, resolved)

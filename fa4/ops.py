@@ -68,11 +68,11 @@ def fwd(
 
 @fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal, config, deterministic, bwd_config):
-    from fa4.tensors import validate
+    from fa4.tensors import empty_out, validate
 
     validate(q, k, v, layout=False)
     # The real launch allocates exactly these (empty_like keeps q's strides when q is dense).
-    return torch.empty_like(q), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return empty_out(q, v), q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
 
 
 @torch.library.custom_op("fa4::bwd", mutates_args=())

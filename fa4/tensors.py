@@ -6,6 +6,7 @@ import torch
 
 from fa4.arch import Arch, arch_from_capability
 from fa4.problem import Problem
+from fa4.sm90.fwd_config import HEAD_DIMS, head_dims_v
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -21,7 +22,7 @@ def arch_of(device: torch.device) -> Arch:
     return arch
 
 
-def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=(64, 128),
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=HEAD_DIMS,
              require_cuda: bool = True, layout: bool = True) -> None:
     """Reject inputs the kernel cannot take, with a message naming the problem (never a launch).
 
@@ -60,12 +61,39 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_d
         raise ValueError(f"k and v head counts differ: {k.shape[2]} vs {v.shape[2]}")
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"heads_q ({q.shape[2]}) must be a multiple of heads_kv ({k.shape[2]})")
-    if not (q.shape[3] == k.shape[3] == v.shape[3]):
+    if q.shape[3] != k.shape[3]:
         raise ValueError(f"head_dim mismatch: q {q.shape[3]}, k {k.shape[3]}, v {v.shape[3]}")
     if q.shape[3] not in supported_head_dims:
         raise ValueError(f"head_dim {q.shape[3]} is not supported (supported: {supported_head_dims})")
+    if v.shape[3] not in head_dims_v(q.shape[3]):
+        raise ValueError(f"head_dim_v {v.shape[3]} is not supported with head_dim {q.shape[3]} (supported: "
+                         f"{head_dims_v(q.shape[3])}; head_dim_v != head_dim only as 192/128)")
     if min(q.shape[1], k.shape[1]) < 1:
         raise ValueError("sequence lengths must be >= 1")
+
+
+def bwd_head_dim_error(q, v) -> str | None:
+    """Why the backward kernel cannot take these head dims (it covers fewer than the forward)."""
+    from fa4.sm90.bwd_config import HEAD_DIMS as BWD_HEAD_DIMS
+
+    d, dv = q.shape[3], v.shape[3]
+    if d in BWD_HEAD_DIMS and dv == d:
+        return None
+    return (f"fa4's backward supports head_dim {BWD_HEAD_DIMS} with head_dim_v == head_dim, not head_dim {d}, "
+            f"head_dim_v {dv} (the forward supports it: run it without gradients, e.g. under torch.no_grad())")
+
+
+def check_bwd_head_dims(q, v) -> None:
+    err = bwd_head_dim_error(q, v)
+    if err:
+        raise NotImplementedError(err)
+
+
+def empty_out(q, v) -> torch.Tensor:
+    """The output buffer the forward launch allocates: q's layout, head_dim_v wide."""
+    if v.shape[3] == q.shape[3]:
+        return torch.empty_like(q)
+    return q.new_empty((*q.shape[:3], v.shape[3]))
 
 
 def problem_of(q, k, v, causal: bool, pass_: str = "fwd", deterministic: bool = False) -> Problem:

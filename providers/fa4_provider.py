@@ -50,13 +50,21 @@ class Fa4Provider(Provider):
         return None
 
     def problem_errors(self, problem: Problem) -> list[str]:
-        from fa4.sm90.fwd_config import HEAD_DIMS
+        from fa4.sm90.fwd_config import head_dims_v
 
         e = super().problem_errors(problem)
+        if problem.pass_ == "bwd":
+            from fa4.sm90.bwd_config import HEAD_DIMS
+
+            dvs = (problem.head_dim,)
+        else:
+            from fa4.sm90.fwd_config import HEAD_DIMS
+
+            dvs = head_dims_v(problem.head_dim)
         if problem.head_dim not in HEAD_DIMS:
-            e.append(f"head_dim {problem.head_dim} not supported by fa4 (supported: {HEAD_DIMS})")
-        if problem.head_dim_v != problem.head_dim:
-            e.append("fa4 needs head_dim_v == head_dim")
+            e.append(f"head_dim {problem.head_dim} not supported by fa4's {problem.pass_} (supported: {HEAD_DIMS})")
+        elif problem.head_dim_v not in dvs:
+            e.append(f"fa4's {problem.pass_} needs head_dim_v in {dvs} at head_dim {problem.head_dim}")
         return e
 
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:
@@ -117,7 +125,7 @@ class Fa4Provider(Provider):
             return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, config)
         from fa4.sm90.compile import compile_key
 
-        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config)
+        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v)
 
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
         """Compile the kernel ``config`` selects for ``arch`` (no GPU needed). For the backward

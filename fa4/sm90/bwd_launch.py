@@ -17,7 +17,7 @@ from fa4.common.constants import LOG2_E
 from fa4.compile_cache import compiled
 from fa4.knobs import as_config, runtime_args
 from fa4.problem import Problem
-from fa4.tensors import DTYPES, problem_of, validate
+from fa4.tensors import DTYPES, check_bwd_head_dims, problem_of, validate
 from fa4.sm90.bwd_compile import (
     compile_bwd_main,
     compile_bwd_post,
@@ -60,6 +60,7 @@ def flash_attn_bwd(
     (B, Hq, Sq) fp32 natural log. Causal is bottom-right aligned.
     """
     validate(q, k, v)
+    check_bwd_head_dims(q, v)
     for name, t in (("dout", dout), ("out", out)):
         if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
             raise ValueError(f"{name} must match q in shape, dtype and device")

@@ -1,7 +1,7 @@
 """Compiling the Hopper forward kernel: one compiled object per (problem class, config).
 
-The problem class is what the generated code depends on: dtype, head_dim, causal,
-whether LSE is written, and the compile-time knobs. Batch, sequence lengths and
+The problem class is what the generated code depends on: dtype, head_dim (and head_dim_v),
+causal, whether LSE is written, and the compile-time knobs. Batch, sequence lengths and
 head counts stay dynamic, so one compilation serves every shape of the class.
 Compilation needs no GPU (CUTE_DSL_ARCH=sm_90a with fake tensors).
 """
@@ -25,6 +25,7 @@ class FwdKernelKey:
     causal: bool
     has_lse: bool
     config: FwdConfigSm90  # runtime knobs normalised away, see compile_key()
+    head_dim_v: int = 0  # 0: head_dim (set by compile_key)
 
 
 def ensure_target() -> None:
@@ -39,13 +40,14 @@ def ensure_target() -> None:
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
-def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90) -> FwdKernelKey:
+def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90,
+                head_dim_v: int | None = None) -> FwdKernelKey:
     """Configs that differ only in runtime knobs share one compiled kernel."""
     base = compile_time_config(config)
     if base.exp2_emu_frac == 0.0:
         # Nothing is emulated: the pattern picks no element, the kernels are the same.
         base = dataclasses.replace(base, exp2_emu_pattern=FwdConfigSm90().exp2_emu_pattern)
-    return FwdKernelKey(dtype, head_dim, causal, has_lse, base)
+    return FwdKernelKey(dtype, head_dim, causal, has_lse, base, head_dim_v or head_dim)
 
 
 def _fake_tensor(cutlass_dtype, rank: int, static_last: int | None = None, tma: bool = True):
@@ -72,10 +74,11 @@ def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
     dt = getattr(cutlass, DTYPES[key.dtype])
     q = _fake_tensor(dt, 4, key.head_dim)
     k = _fake_tensor(dt, 4, key.head_dim)
-    v = _fake_tensor(dt, 4, key.head_dim)
-    o = _fake_tensor(dt, 4, key.head_dim)
+    head_dim_v = key.head_dim_v or key.head_dim
+    v = _fake_tensor(dt, 4, head_dim_v)
+    o = _fake_tensor(dt, 4, head_dim_v)
     lse = _fake_tensor(cutlass.Float32, 3, tma=False) if key.has_lse else None
-    kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config)
+    kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config, head_dim_v)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if "--gpu-arch" not in options:
         # This kernel is sm_90a code whatever the DSL picked as default (without a GPU it

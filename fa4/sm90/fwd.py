@@ -49,9 +49,11 @@ BAR_P = 10  # 10..12: a consumer's P tile is in shared memory (p_operand 'smem')
 
 
 class FlashFwdSm90:
-    def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90):
+    def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90,
+                 head_dim_v: int | None = None):
         self.dtype = dtype
         self.head_dim = head_dim
+        self.head_dim_v = head_dim_v or head_dim
         self.causal = causal
         self.has_lse = has_lse
         self.config = config
@@ -78,15 +80,15 @@ class FlashFwdSm90:
             emulated_indices(self.tile_n // 4, config.exp2_emu_frac, config.exp2_emu_pattern)
         )
         self.qk_tiler = (ROWS_PER_WG, self.tile_n, head_dim)
-        self.pv_tiler = (ROWS_PER_WG, head_dim, self.tile_n)
+        self.pv_tiler = (ROWS_PER_WG, self.head_dim_v, self.tile_n)
 
     @cute.jit
     def __call__(
         self,
         mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
         mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
-        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim)
-        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
+        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
         # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
@@ -114,7 +116,7 @@ class FlashFwdSm90:
             Float32, (1, 1, 1), self.qk_tiler[:2],
         )
         pv_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
+            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
             Float32, (1, 1, 1), self.pv_tiler[:2],
             warpgroup.OperandSource.SMEM if self.p_smem else warpgroup.OperandSource.RMEM,
         )
@@ -126,15 +128,32 @@ class FlashFwdSm90:
         sQ_one = cute.slice_(sQ_layout, (None, None, 0))
         sK_one = cute.slice_(sK_layout, (None, None, 0))
         sV_one = cute.slice_(sV_layout, (None, None, 0))
+        # O is staged in the consumer's own Q buffer (same shape and swizzle) once its last QK
+        # GEMM has retired, so the epilogue needs no extra shared memory. A narrower O
+        # (head_dim_v < head_dim) gets its own swizzled tile at the start of each Q stage: the
+        # stage stride stays the Q buffer's, so no consumer's O lands in another's Q.
+        sO_layout = sQ_layout
+        if cutlass.const_expr(self.head_dim_v != self.head_dim):
+            sO_one = cute.tile_to_shape(
+                sm90_utils.make_smem_layout_atom(
+                    sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim_v),
+                    self.dtype,
+                ),
+                (ROWS_PER_WG, self.head_dim_v), (0, 1),
+            )
+            sO_staged = cute.make_layout(
+                cute.append(sO_one.outer.shape, self.q_stages),
+                stride=cute.append(sO_one.outer.stride, cute.cosize(sQ_one)),
+            )
+            sO_layout = cute.make_composed_layout(sO_one.inner, 0, sO_staged)
+        sO_one = cute.slice_(sO_layout, (None, None, 0))
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_one, (ROWS_PER_WG, self.head_dim))
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK, sK_one, (self.tile_n, self.head_dim))
-        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (self.head_dim, self.tile_n))
-        # O is staged in the consumer's own Q buffer (same shape and swizzle) once its
-        # last QK GEMM has retired, so the epilogue needs no extra shared memory.
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV, sV_one, (self.head_dim_v, self.tile_n))
         tma_o, mO_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_one, (ROWS_PER_WG, self.head_dim)
+            cpasync.CopyBulkTensorTileS2GOp(), mO, sO_one, (ROWS_PER_WG, self.head_dim_v)
         )
         self.q_bytes = cute.size_in_bytes(self.dtype, sQ_one)
         self.k_bytes = cute.size_in_bytes(self.dtype, sK_one)
@@ -165,7 +184,7 @@ class FlashFwdSm90:
             grid = (cutlass.min(num_tiles, num_ctas), 1, 1)
         self.kernel(
             qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
-            sQ_layout, sK_layout, sV_layout, sP_layout, scale_log2, tau, head_swizzle, lpt,
+            sQ_layout, sK_layout, sV_layout, sP_layout, sO_layout, scale_log2, tau, head_swizzle, lpt,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -178,14 +197,15 @@ class FlashFwdSm90:
         tma_k: cute.CopyAtom,
         mK: cute.Tensor,  # (seqlen_k, head_dim, heads_kv, batch), TMA view
         tma_v: cute.CopyAtom,
-        mV: cute.Tensor,  # (head_dim, seqlen_k, heads_kv, batch), TMA view
+        mV: cute.Tensor,  # (head_dim_v, seqlen_k, heads_kv, batch), TMA view
         tma_o: cute.CopyAtom,
-        mO: cute.Tensor,  # (seqlen_q, head_dim, heads_q, batch), TMA view
+        mO: cute.Tensor,  # (seqlen_q, head_dim_v, heads_q, batch), TMA view
         mLSE: cute.Tensor,  # (seqlen_q, heads_q, batch) fp32, or None
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sP_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
         scale_log2: Float32,
         tau: Float32,
         head_swizzle: Int32,
@@ -200,7 +220,10 @@ class FlashFwdSm90:
         storage = smem.allocate(self.shared_storage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (64, d, 2)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)  # (n, d, stages)
-        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (d, n, stages)
+        sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)  # (dv, n, stages)
+        sO = sQ  # (64, dv, 2): the epilogue's staging, in the Q buffers
+        if cutlass.const_expr(self.head_dim_v != self.head_dim):
+            sO = storage.sQ.get_tensor(sO_layout.outer, swizzle=sO_layout.inner)
         sP = sQ  # placeholder: only read when p_operand is 'smem'
         if cutlass.const_expr(self.p_smem):
             sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)  # (64, n, num_wg)
@@ -265,7 +288,7 @@ class FlashFwdSm90:
             cwg = wg_idx - 1  # which Q tile / ping-pong side this warpgroup is
             ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
             self.consumer(
-                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
+                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v,
                 cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau,
             )
 
@@ -285,7 +308,7 @@ class FlashFwdSm90:
         )
         tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (ROWS_PER_WG, self.head_dim), head, batch)
         tKsK, tKgK = seq_tiles(tma_k, mK, sK, (self.tile_n, self.head_dim), head_kv, batch)
-        gV = cute.flat_divide(mV, (self.head_dim, self.tile_n))[None, None, 0, None, head_kv, batch]
+        gV = cute.flat_divide(mV, (self.head_dim_v, self.tile_n))[None, None, 0, None, head_kv, batch]
         tVsV, tVgV = cpasync.tma_partition(
             tma_v, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2)
         )
@@ -326,16 +349,16 @@ class FlashFwdSm90:
 
     @cute.jit
     def consumer(
-        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
+        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v,
         cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau,
     ):
         qk_thr = qk_mma.get_slice(ctid)
         pv_thr = pv_mma.get_slice(ctid)
         tSrQ = qk_thr.make_fragment_A(qk_thr.partition_A(sQ))  # (MMA, 1, K/16, 2)
         tSrK = qk_thr.make_fragment_B(qk_thr.partition_B(sK))  # (MMA, N/8.., K/16, stages)
-        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, d.., n/16, stages)
+        tOrV = pv_thr.make_fragment_B(pv_thr.partition_B(sV))  # (MMA, dv.., n/16, stages)
         acc_S = qk_thr.make_fragment_C(qk_thr.partition_shape_C((ROWS_PER_WG, self.tile_n)))
-        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS_PER_WG, self.head_dim)))
+        acc_O = pv_thr.make_fragment_C(pv_thr.partition_shape_C((ROWS_PER_WG, self.head_dim_v)))
         tOrP = cute.make_rmem_tensor(pv_thr.partition_shape_A((ROWS_PER_WG, self.tile_n)), self.dtype)
         # The A-operand register order of a 16-bit WGMMA equals the accumulator order of
         # two adjacent 8-column blocks, so P is S converted element by element.
@@ -380,21 +403,21 @@ class FlashFwdSm90:
             q_phase = Int32(0)
             for tile_idx in cutlass.range(bidx, num_tiles, grid_size, unroll=1):
                 k_state, v_state = self.consume_tile(
-                    qk_mma, pv_mma, tma_o, mO, mLSE, sQ, pipe_q, pipe_k, pipe_v, k_state, v_state,
+                    qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
                     q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
                     scale_log2, tau,
                 )
                 q_phase = q_phase ^ 1
         else:
             self.consume_tile(
-                qk_mma, pv_mma, tma_o, mO, mLSE, sQ, pipe_q, pipe_k, pipe_v, k_state, v_state,
+                qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
                 Int32(0), frags, tSrQ_wg, pv_thr, cwg, ctid, bidx, sched, seqlen_q, seqlen_k,
                 scale_log2, tau,
             )
 
     @cute.jit
     def consume_tile(
-        self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, pipe_q, pipe_k, pipe_v, k_state, v_state,
+        self, qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
         q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
         scale_log2, tau,
     ):
@@ -466,8 +489,8 @@ class FlashFwdSm90:
                     row = row_off + tScS[1] + tScS[0][r, 0][0]
                     if row < seqlen_q:
                         mLSE[row, head, batch] = lse[r]
-        sO = sQ[None, None, cwg]  # this consumer's Q buffer, free now that its GEMMs retired
-        tOsO = pv_thr.partition_C(sO)
+        sO_wg = sO[None, None, cwg]  # this consumer's Q buffer, free now that its GEMMs retired
+        tOsO = pv_thr.partition_C(sO_wg)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
         rO.store(acc_O.load().to(self.dtype))
         cute.autovec_copy(rO, tOsO)
@@ -475,7 +498,7 @@ class FlashFwdSm90:
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPILOGUE + cwg, number_of_threads=THREADS_PER_WG)
         if ctid < 32:
-            tOsO_tma, tOgO = seq_tiles(tma_o, mO, sQ, (ROWS_PER_WG, self.head_dim), head, batch)
+            tOsO_tma, tOgO = seq_tiles(tma_o, mO, sO, (ROWS_PER_WG, self.head_dim_v), head, batch)
             cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * self.num_wg + cwg])
             cute.arch.cp_async_bulk_commit_group()
             # The CTA must not retire (nor, persistent, the producer refill this buffer with the

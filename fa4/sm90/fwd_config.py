@@ -14,7 +14,17 @@ from fa4.arch import SM90, Arch
 from fa4.knobs import RuntimeKnobNames, Violation, knob
 from fa4.problem import Problem
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
+# head_dim_v per head_dim (the first is head_dim itself): the DeepSeek-style 192/128 split
+# has its own, smaller O accumulator and V tile.
+HEAD_DIMS_V = {192: (192, 128)}
+
+
+def head_dims_v(head_dim: int) -> tuple[int, ...]:
+    """The head_dim_v values the forward kernel takes with ``head_dim``."""
+    # Compared, not hashed: under torch.compile's fake tensors head_dim may be a SymInt.
+    return next((dvs for d, dvs in HEAD_DIMS_V.items() if d == head_dim), (head_dim,))
+
 
 # Rows per consumer warpgroup: one WGMMA atom is 64 rows tall, and a warpgroup owns one
 # Q tile, so two consumer warpgroups cover 128 query rows per CTA.
@@ -35,7 +45,9 @@ REG_SPLIT = {2: (240, 24), 3: (160, 32)}
 # tile_n 128. Fits, measured on every kernel of the space: 3 warpgroups 128 (hd64 tile_n 128)
 # fits, 136 (hd128 tile_n 96) and 140 (hd64 tile_n 144) serialize; 2 warpgroups 208 (hd128
 # tile_n 192) fits, 232 (hd128 tile_n 224) serializes. (Before P was converted with packed
-# cvt, fa4.common.convert, the budgets were 104 and 176.)
+# cvt, fa4.common.convert, the budgets were 104 and 176.) The wider head dims fit the same
+# budgets: 2 warpgroups 188 (hd256 tile_n 80), 180 (hd192 tile_n 112), 3 warpgroups 120 (hd96
+# tile_n 96) compiled clean; 216 (hd96 tile_n 224, P live in the serial step) serializes.
 FRAGMENT_REG_BUDGET = {2: 208, 3: 128}
 # Shared memory the kernel keeps besides Q/K/V tiles: mbarriers and alignment padding.
 SMEM_RESERVED = 2048
@@ -54,8 +66,9 @@ class FwdConfigSm90:
         "ping-pong warpgroups of FA4, 192 = three in a round robin (more softmax in flight, fewer registers).",
     )
     tile_n: int = knob(
-        (64, 96, 112, 128, 144, 160, 176, 192, 224), 128,
-        "Key/value rows per mainloop step (N of S = QK^T, K of O += PV; multiple of 16 for the PV WGMMA).",
+        (64, 80, 96, 112, 128, 144, 160, 176, 192, 224), 128,
+        "Key/value rows per mainloop step (N of S = QK^T, K of O += PV; multiple of 16 for the PV WGMMA). "
+        "Wide head dims take narrow tiles: at 256 two K/V stages of 80 rows fill shared memory.",
     )
     kv_stages: int = knob(
         (2, 3), 2,
@@ -138,6 +151,11 @@ def consumer_registers(config: FwdConfigSm90, problem: Problem) -> int:
     # P through shared memory: its registers die at the store, before the next QK is issued.
     if config.p_operand == "smem":
         overlap_p = False
+    # Without overlap P(j-1) is still live too when P stays in registers: the serial step issues
+    # PV(j-1), which reads it, and QK(j), which writes S, before it waits for either (compiled:
+    # hd128 and hd96 at tile_n 224 serialize).
+    if config.p_operand == "rmem":
+        overlap_p = True
     live = o_acc + s_acc + (p_frag if overlap_p else 0)
     return int(math.ceil(live))
 
@@ -149,8 +167,9 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("problem", f"FwdConfigSm90 targets sm90, not {arch.name}"))
     if problem.head_dim not in HEAD_DIMS:
         out.append(Violation("problem", f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})"))
-    if problem.head_dim_v != problem.head_dim:
-        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}"))
+    elif problem.head_dim_v not in head_dims_v(problem.head_dim):
+        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} not supported with head_dim "
+                             f"{problem.head_dim} (supported: {head_dims_v(problem.head_dim)})"))
     if problem.pass_ != "fwd":
         out.append(Violation("problem", "FwdConfigSm90 tunes the forward pass only"))
     n_wg = config.tile_m // ROWS_PER_WG
@@ -173,7 +192,7 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation(
             "registers",
             f"consumer fragments need {regs} registers per thread (O {problem.head_dim_v // 2}, "
-            f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if config.intra_wg_overlap else ''}) "
+            f"S {config.tile_n // 2}{', P ' + str(config.tile_n // 4) if regs > (problem.head_dim_v + config.tile_n) // 2 else ''}) "
             f"> {FRAGMENT_REG_BUDGET[n_wg]} with {n_wg} consumer warpgroups: ptxas would serialize the WGMMAs")
         )
     if config.tau > 0 and config.tau + 1 > LOG2_DTYPE_MAX[problem.dtype]:
@@ -194,6 +213,17 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # compiled clean with and without overlap and with the exp2 split.
         out.append(Violation("registers",
             "persistent at head_dim 128, causal, needs tile_n 128 and p_operand 'rmem' (others spill)"))
+    if config.persistent and problem.causal and problem.head_dim > 128:
+        # Compiled: 5 of the 11 persistent causal kernels at hd192/256 spilled or serialized (P in
+        # registers and in shared memory, every ping-pong mode); those that ran were 20-25% slower
+        # than one CTA per tile (H200, S 8192: the wide tiles leave one CTA per SM either way).
+        out.append(Violation("registers",
+            f"persistent at head_dim {problem.head_dim}, causal, spills or loses (one CTA per tile)"))
+    if config.persistent and problem.causal and problem.head_dim == 96 and config.tile_m == 128:
+        # Compiled: 128x160 (P in registers) and 128x176 (P through shared memory) spilled; every
+        # 192-row persistent causal kernel compiled clean.
+        out.append(Violation("registers",
+            "persistent at head_dim 96, causal, needs tile_m 192 (128-row tiles spill)"))
     return out
 
 
@@ -207,15 +237,35 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     over 96; it fits the 3-warpgroup register budget since the packed P conversion), tau 8 and
     exp phases kept apart (+5% together). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
     every fraction tried (issue-slot bound).
+
+    The wider head dims (H200, bf16, S 8192, B 2, H*d 2048; beside the reference FA4 in one
+    process): hd96 three warpgroups, tile_n 96 with P in registers (O 48 + S 48 + P 24): 1.00-1.01 /
+    1.01 of the reference non-causal / causal, where the reference's own 192x144 (and 192x128)
+    with P through shared memory gave 0.91 here (the warpgroup barrier before each PV), 128-row
+    tiles 0.92-0.94; hd192 tile_n 112 (1.02 / 0.99), 128 at head_dim_v 128 (the O accumulator a
+    third smaller; 1.00 / 0.98 with 4 heads per scheduling group when causal, 0.94 without; 112
+    and 96 lose 2-3%); hd256 tile_n 80 (two stages of 80 K/V rows fill shared memory, O alone is
+    128 registers; 1.02 / 0.97). Past head_dim 128 the ping-pong barrier is off as in the
+    reference (within 1% either way here).
     """
-    if problem.head_dim == 64:
+    d, dv = problem.head_dim, problem.head_dim_v
+    if d == 64:
         base = FwdConfigSm90(tile_m=192, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
+    elif d == 96:
+        base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
+    elif d == 192:
+        # Causal at head_dim_v 128: 4 heads per scheduling group keep more K/V in L2 (+4%).
+        swizzle = 4 if dv <= 128 and problem.causal else 1
+        base = FwdConfigSm90(tile_n=128 if dv <= 128 else 112, kv_stages=2, tau=8.0, pingpong="off",
+                             head_swizzle=swizzle)
+    elif d == 256:
+        base = FwdConfigSm90(tile_n=80, kv_stages=2, tau=8.0, pingpong="off")
     else:
         base = FwdConfigSm90(tile_n=128, kv_stages=2, tau=8.0)
     if problem.dtype == "fp16" and base.tau + 1 > LOG2_DTYPE_MAX["fp16"]:
         base = FwdConfigSm90(**{**base.__dict__, "tau": 0.0})
     if violations(base, problem, arch):
-        for tn in (176, 160, 144, 128, 112, 96, 64):
+        for tn in (176, 160, 144, 128, 112, 96, 80, 64):
             cand = FwdConfigSm90(tile_n=tn)
             if not violations(cand, problem, arch):
                 return cand

@@ -90,6 +90,7 @@ def install(monkeypatch) -> Calls:
     from fa4 import launch, lookup
     from fa4.arch import SM90
     from fa4.sm90 import bwd_launch
+    from fa4.tensors import empty_out
 
     calls = Calls()
 
@@ -98,7 +99,7 @@ def install(monkeypatch) -> Calls:
         o, lse = forward_math(q, k, v, scale, causal)
         calls.fwd.append((return_lse, config, out is not None))
         if out is None:
-            out = torch.empty_like(q)  # what the real launch allocates
+            out = empty_out(q, v)  # what the real launch allocates
         out.copy_(o)
         if not return_lse:
             return out
@@ -125,12 +126,13 @@ def install(monkeypatch) -> Calls:
     return calls
 
 
-def inputs(b=2, sq=33, sk=47, hq=4, hkv=2, d=64, dtype=torch.bfloat16, seed=0, grad=True):
+def inputs(b=2, sq=33, sk=47, hq=4, hkv=2, d=64, dtype=torch.bfloat16, seed=0, grad=True, dv=None):
+    dv = dv or d
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
     k = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
-    v = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
-    dout = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    v = torch.randn(b, sk, hkv, dv, generator=g).to(dtype)
+    dout = torch.randn(b, sq, hq, dv, generator=g).to(dtype)
     if grad:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
     return q, k, v, dout

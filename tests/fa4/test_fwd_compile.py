@@ -5,10 +5,10 @@ knobs share one kernel), the generated code must contain WGMMA, must not spill t
 memory, must not have its WGMMAs serialized by ptxas (warning C7512), and must contain
 exactly the number of MUFU.EX2 the exp2 split asks for.
 
-CI compiles a pairwise-covering subset per (head_dim, causal): every value of every
+CI compiles a pairwise-covering subset per (head_dim, head_dim_v, causal): every value of every
 compile-time knob appears, and every pair of values of two knobs appears together when
 the pair is feasible. FA4_COMPILE_ALL=1 compiles every distinct kernel of the space
-(10,920 kernels since the persistent scheduler doubled it; ~2.5 s each, so hours: not for CI).
+(29,000 kernels over the six head-dim pairs; ~2.5-5 s each, so hours: not for CI).
 """
 
 from __future__ import annotations
@@ -21,19 +21,21 @@ import pytest
 from fa4.knobs import iter_configs, knob_specs
 from fa4.problem import Problem
 from fa4.sm90.compile import compile_fwd, compile_key, ensure_target
-from fa4.sm90.fwd_config import REG_SPLIT, FwdConfigSm90, violations
+from fa4.sm90.fwd_config import HEAD_DIMS, REG_SPLIT, FwdConfigSm90, head_dims_v, violations
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(FwdConfigSm90) if s.name not in FwdConfigSm90.RUNTIME_KNOBS]
+# Every (head_dim, head_dim_v) the forward declares.
+HEAD_DIM_PAIRS = [(d, dv) for d in HEAD_DIMS for dv in head_dims_v(d)]
 
 
-def distinct_kernels(head_dim: int, causal: bool) -> list[FwdConfigSm90]:
-    prob = Problem.standard(4096, head_dim, causal=causal)
+def distinct_kernels(head_dim: int, causal: bool, head_dim_v: int | None = None) -> list[FwdConfigSm90]:
+    prob = Problem.standard(4096, head_dim, head_dim_v=head_dim_v, causal=causal)
     seen = {}
     for c in iter_configs(FwdConfigSm90):
         if violations(c, prob):
             continue
-        seen.setdefault(compile_key("bf16", head_dim, causal, True, c), c)
+        seen.setdefault(compile_key("bf16", head_dim, causal, True, c, head_dim_v), c)
     return list(seen.values())
 
 
@@ -54,35 +56,49 @@ def pairwise_subset(configs: list[FwdConfigSm90]) -> list[FwdConfigSm90]:
 
 def cases():
     out = []
-    for hd in (64, 128):
+    for hd, hdv in HEAD_DIM_PAIRS:
         for causal in (False, True):
-            ks = distinct_kernels(hd, causal)
+            ks = distinct_kernels(hd, causal, hdv)
             if os.environ.get("FA4_COMPILE_ALL") != "1":
                 ks = pairwise_subset(ks)
+            dims = f"hd{hd}" if hdv == hd else f"hd{hd}v{hdv}"
             for c in ks:
-                label = f"hd{hd}-{'causal' if causal else 'full'}-" + "-".join(str(getattr(c, n)) for n in COMPILE_KNOBS)
-                out.append(pytest.param(hd, causal, c, id=label))
+                label = f"{dims}-{'causal' if causal else 'full'}-" + "-".join(str(getattr(c, n)) for n in COMPILE_KNOBS)
+                out.append(pytest.param(hd, hdv, causal, c, id=label))
     return out
 
 
 def test_pairwise_subset_covers_every_value():
-    for hd in (64, 128):
-        ks = distinct_kernels(hd, False)
+    for hd, hdv in HEAD_DIM_PAIRS:
+        ks = distinct_kernels(hd, False, hdv)
         sub = pairwise_subset(ks)
         for n in COMPILE_KNOBS:
-            assert {getattr(c, n) for c in sub} == {getattr(c, n) for c in ks}, n
+            assert {getattr(c, n) for c in sub} == {getattr(c, n) for c in ks}, (hd, hdv, n)
         assert len(sub) < len(ks)
 
 
-@pytest.mark.parametrize("hd,causal,config", cases())
-def test_kernel_codegen(hd, causal, config):
+def test_every_head_dim_has_a_feasible_default():
+    from fa4.sm90.fwd_config import default_config
+
+    for hd, hdv in HEAD_DIM_PAIRS:
+        for causal in (False, True):
+            for dtype in ("bf16", "fp16"):
+                prob = Problem.standard(8192, hd, head_dim_v=hdv, causal=causal, dtype=dtype)
+                cfg = default_config(prob)
+                assert not violations(cfg, prob), (prob, cfg, violations(cfg, prob))
+                # The defaults carry the per-head-dim choice, not the generic fallback's.
+                assert cfg.tau == 8.0, (hd, hdv, cfg)
+
+
+@pytest.mark.parametrize("hd,hdv,causal,config", cases())
+def test_kernel_codegen(hd, hdv, causal, config):
     ensure_target()
     from fa4.common import codegen_check as cc
     from fa4.common.exp2 import emulated_indices
 
     wgs = config.tile_m // 64
     ptx, cubin, ops = compile_and_read(
-        compile_fwd, compile_key("bf16", hd, causal, True, config), ["MUFU.EX2", "WARPGROUP.ARRIVE"]
+        compile_fwd, compile_key("bf16", hd, causal, True, config, hdv), ["MUFU.EX2", "WARPGROUP.ARRIVE"]
     )
     assert_clean(ptx, cubin, ops, wgs, REG_SPLIT[wgs])
     # Each GEMM's chain of WGMMAs issues under the one wgmma.fence the kernel emits for it.
