@@ -9,17 +9,19 @@ needs it. Every error is a JSON object ``{"error": "...", "detail": [...]}``.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
 import threading
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Literal, Optional
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
@@ -30,9 +32,10 @@ from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
 from service import schemas as sch
 from service.docs import mount_docs
+from service.cache import Invalidations, SingleFlight, TaggedLRU
 from store.best import best_config, index_rows
 from store import ResultsStore, canonical_json
-from store.store import SORT_KEYS
+from store.store import FAMILY_FIELDS, SORT_KEYS
 from service.settings import Settings
 
 API_VERSION = "v1"
@@ -67,24 +70,45 @@ def _validation_detail(errors) -> tuple[str, list[dict]]:
 
 
 class _State:
-    """Per-app state: the lazily opened store, provider fingerprints and the answer cache."""
+    """Per-app state: the store, provider fingerprints, the known devices and the answer caches.
+
+    Cached answers are tagged with their problem family and device (see ``service.cache``): a
+    write drops those two tags only, and a rebuild is made once however many requests want it.
+    Everything that can block (opening the store, fingerprints, provider imports, queries) runs
+    in the thread pool or in ``warm()`` before the server accepts connections; the event loop
+    only looks things up.
+    """
 
     def __init__(self, settings: Settings):
         self.settings = settings
         self._store: ResultsStore | None = None
         self._lock = threading.Lock()
+        # Keyed by registered provider names only (_provider refuses any other).
         self._fingerprints: dict[str, str | None] = {}
-        # Answers of /v1/configs/best as JSON bytes, valid for the database generation below.
-        self._best: dict[tuple, bytes] = {}
-        # The same answers by raw query string, for _BestFastPath (repeat queries skip validation).
-        self._by_query: dict[bytes, bytes] = {}
-        # Rows behind the answers, per (device, provider, family) and per device name: one
-        # query serves every shape of a family until the database changes.
-        self._family: dict[tuple, dict[Problem, list[dict]]] = {}
-        self._devices: dict[str, dict | None] = {}
-        self._generation: tuple | None = None
-        self._epoch = 0
+        self.inv = Invalidations()
+        # Answers of /v1/configs/best as JSON bytes, by validated key and by raw query string
+        # (for _BestFastPath: repeat queries skip validation). Both are bounded: a client can
+        # vary a query string without end.
+        self._best = TaggedLRU(settings.best_cache_size, self.inv)
+        self._by_query = TaggedLRU(settings.best_cache_size, self.inv)
+        # The rows behind the answers, per (device, provider, *FAMILY_FIELDS): one query serves
+        # every shape of a family until a write to that family.
+        self._family = TaggedLRU(settings.family_cache_size, self.inv)
+        self._flights = SingleFlight(self.inv)
+        # Every device row, by id and (newest row) by name: as many as the database holds, so a
+        # lookup for a name nobody measured costs no query and no memory.
+        self._devices_by_id: dict[int, dict] = {}
+        self._devices_by_name: dict[str, dict] = {}
+        self._generation: tuple[int, int, int] | None = None
         self._checked_at = float("-inf")
+        self._writes = 0  # writes through this app; a refresh records how many it has seen
+        self._refresh_task: asyncio.Task | None = None
+        self._refresh_task_seen = 0
+        self._refresh_seen = 0
+        self.schema_revision: str | None = None
+        # Listings build pages of up to MAX_PAGE rows in Python; one at a time in the thread pool
+        # leaves the event loop (lookups) most of the GIL however many clients page at once.
+        self._listing_slots: asyncio.Semaphore | None = None
 
     @property
     def store(self) -> ResultsStore:
@@ -93,6 +117,10 @@ class _State:
             with self._lock:
                 if self._store is None:
                     self._store = ResultsStore.open(self.settings.db_url)
+                    from store.migrate import current_revision
+
+                    with self._store.engine.connect() as conn:
+                        self.schema_revision = current_revision(conn)
                 s = self._store
         return s
 
@@ -101,67 +129,170 @@ class _State:
             self._store.close()
             self._store = None
 
-    def fingerprint(self, provider) -> str | None:
-        name = provider.name
-        if name not in self._fingerprints:
+    def warm(self) -> None:
+        """Blocking start-up work, done before the server accepts requests (see lifespan).
+
+        Fingerprinting flash-attn-4 imports the reference package (seconds); done on the first
+        lookup, it blocked the event loop and made every client's 0.5 s lookup time out.
+        """
+        from providers import list_providers
+
+        _ = self.store
+        for name in list_providers():
             try:
-                self._fingerprints[name] = provider.source_fingerprint()
-            except Exception:  # no source to read (e.g. a replay without recording)
-                self._fingerprints[name] = None
-        return self._fingerprints[name]
+                prov = _provider(name)
+                _knob_classes(prov)
+            except Exception:  # reported by /v1/providers; lookups for it answer 404/422
+                continue
+            self._fingerprint_now(prov)
+
+    def _fingerprint_now(self, provider) -> str | None:
+        try:
+            fp = provider.source_fingerprint()
+        except Exception:  # no source to read (e.g. a replay without recording)
+            fp = None
+        self._fingerprints[provider.name] = fp
+        return fp
+
+    def fingerprint(self, provider) -> str | None:
+        """For threads (listings): computes a missing one in place."""
+        if provider.name in self._fingerprints:
+            return self._fingerprints[provider.name]
+        return self._fingerprint_now(provider)
+
+    async def fingerprint_async(self, provider) -> str | None:
+        if provider.name in self._fingerprints:
+            return self._fingerprints[provider.name]
+
+        async def build(_since):
+            return await run_in_threadpool(self._fingerprint_now, provider)
+
+        return await self._flights.run(("fingerprint", provider.name), (), build)
+
+    # -- freshness ------------------------------------------------------------------------
 
     def refresh_due(self) -> bool:
         return time.monotonic() >= self._checked_at + self.settings.best_cache_ttl_s
 
-    def refresh(self) -> None:
-        """Drop cached answers when the database gained rows since the last check."""
-        gen = self.store.generation()
-        if gen != self._generation:
-            self._clear()
-            self._generation = gen
+    def _read_changes(self, generation):
+        store = self.store
+        if generation is None:
+            gen, families, names = store.generation(), set(), set()
+        else:
+            gen, families, names = store.changes_since(generation)
+        devices = store.devices() if generation is None or names else None
+        return gen, families, names, devices
+
+    async def _refresh_once(self) -> None:
+        seen = self._writes
+        gen, families, names, devices = await run_in_threadpool(self._read_changes, self._generation)
+        if devices is not None:
+            self._devices_by_id = {d["id"]: d for d in devices}
+            # Ids ascend: the last row of a name is its newest software stack.
+            self._devices_by_name = {d["name"]: d for d in devices}
+        for f in families:
+            self.inv.drop(("family", f))
+        for n in names:
+            self.inv.drop(("device", n))
+        self._generation = gen
         self._checked_at = time.monotonic()
+        self._refresh_seen = max(self._refresh_seen, seen)
 
-    def invalidate(self) -> None:
-        self._clear()
-        self._checked_at = float("-inf")
+    async def refresh(self, after_write: int | None = None) -> None:
+        """Bring the caches up to the database: drop what changed since the last check.
 
-    def _clear(self) -> None:
-        self._epoch += 1
-        self._best.clear()
-        self._by_query.clear()
-        self._family.clear()
-        self._devices.clear()
+        One check runs at a time and concurrent callers share it. ``after_write``: the check must
+        have started after this write through the service (its own answer must show it).
+        """
+        while True:
+            task = self._refresh_task
+            if task is not None and not task.done():
+                if after_write is None or self._refresh_task_seen >= after_write:
+                    return await asyncio.shield(task)
+                await asyncio.wait([task])  # it started before our write: wait, then check again
+                continue
+            if after_write is None and not self.refresh_due() and self._generation is not None:
+                return
+            if after_write is not None and self._refresh_seen >= after_write:
+                return
+            task = asyncio.ensure_future(self._refresh_once())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._refresh_task, self._refresh_task_seen = task, self._writes
+            return await asyncio.shield(task)
 
-    def answer(self, key: tuple, prov, device: str, problem: Problem, running: str | None,
-               arch: str | None) -> bytes:
-        """The JSON answer for ``key``, cached unless the database changed while it was built."""
-        epoch = self._epoch
-        fam = (device, prov.name, problem.pass_, problem.dtype, problem.head_dim, problem.head_dim_v,
-               problem.causal, problem.deterministic)
+    async def after_write(self) -> None:
+        self._writes += 1
+        await self.refresh(after_write=self._writes)
+
+    # -- answers --------------------------------------------------------------------------
+
+    @staticmethod
+    def family_of(device: str, provider: str, problem: Problem) -> tuple:
+        return (device, provider, *(getattr(problem, f) for f in FAMILY_FIELDS))
+
+    def _device_row(self, device_id: int) -> dict | None:
+        # Device rows never change; one added after the last refresh is read from the database.
+        return self._devices_by_id.get(device_id) or self.store.get_device(device_id)
+
+    async def _family_rows(self, fam: tuple, device: str, prov, problem: Problem) -> dict:
         rows = self._family.get(fam)
-        if rows is None:
-            rows = index_rows(self.store.family_rows(device, prov.name, problem))
-        device_row = self._devices[device] if device in self._devices else self.store.device_by_name(device)
-        answer = best_config(self.store, prov, device, problem, running_fp=running,
-                             arch=ARCHES[arch] if arch else None, rows=rows, device_row=device_row)
-        body = json.dumps(answer, allow_nan=False).encode()
-        # A change noticed meanwhile (a refresh or a write cleared the caches) makes these
-        # rows possibly old: serve them this once, keep nothing.
-        if epoch == self._epoch:
-            self._family[fam] = rows
-            self._devices[device] = device_row
-            if len(self._best) >= self.settings.best_cache_size:
-                self._best.clear()
-            self._best[key] = body
-        return body
+        if rows is not None:
+            return rows
+        if device not in self._devices_by_name:
+            return {}  # nothing was measured on a device the database does not know
+        tags = (("family", fam), ("device", device))
+
+        async def build(since):
+            # Samples are dropped: answers report n_samples only, and a family may hold thousands of rows.
+            rows = await run_in_threadpool(
+                lambda: index_rows([{**r, "samples_ms": None} for r in self.store.family_rows(device, prov.name,
+                                                                                           problem)]))
+            self._family.put(fam, rows, tags, since)
+            return rows
+
+        return await self._flights.run(("family", fam), tags, build)
+
+    async def answer(self, key: tuple, prov, device: str, problem: Problem, running: str | None,
+                     arch: str | None) -> tuple[bytes, tuple, int]:
+        """(JSON answer, its tags, the generation it was built at), built once for concurrent askers."""
+        cached = self._best.get(key)
+        if cached is not None:
+            return cached
+        fam = self.family_of(device, prov.name, problem)
+        tags = (("family", fam), ("device", device))
+
+        async def build(since):
+            rows = await self._family_rows(fam, device, prov, problem)
+            device_row = self._devices_by_name.get(device)
+
+            def render() -> bytes:
+                answer = best_config(self.store, prov, device, problem, running_fp=running,
+                                     arch=ARCHES[arch] if arch else None, rows=rows, device_row=device_row,
+                                     get_device=self._device_row)
+                return json.dumps(answer, allow_nan=False).encode()
+
+            entry = (await run_in_threadpool(render), tags, since)
+            # Kept only if no write touched its family or device meanwhile (else: served this once).
+            self._best.put(key, entry, tags, since)
+            return entry
+
+        return await self._flights.run(("answer", key), tags, build)
+
+    async def listing(self, fn, *args, **kwargs) -> Response:
+        """A catalogue or listing answer, built and encoded in the thread pool, one at a time."""
+        if self._listing_slots is None:
+            self._listing_slots = asyncio.Semaphore(1)
+        async with self._listing_slots:
+            body = await run_in_threadpool(lambda: json.dumps(fn(*args, **kwargs), allow_nan=False).encode())
+        return Response(content=body, media_type="application/json")
 
 
 class _BestFastPath:
     """Answers a repeated GET /v1/configs/best from the cache before routing and validation.
 
-    Only query strings that the route itself answered with 200 since the last database
-    change are in the cache, so this serves exactly what the route would; when a database
-    check is due, the request goes to the route, which makes it.
+    Only query strings that the route itself answered with 200 since the last change of their
+    family or device are in the cache, so this serves exactly what the route would; when a
+    database check is due, the request goes to the route, which makes it.
     """
 
     PATH = f"/{API_VERSION}/configs/best"
@@ -182,6 +313,55 @@ class _BestFastPath:
         await self.app(scope, receive, send)
 
 
+class _BodyGuard:
+    """Refuses a request body before anyone reads it: writes without a valid token, oversized bodies.
+
+    FastAPI reads and parses the whole body before it runs a route's dependencies, so the token
+    check of ``require_writer`` alone came after parsing 60 MB of JSON from anyone. Here the
+    writer check runs on the headers (the same rule as the dependency), a declared length over
+    the limit is a 413 at once, and an undeclared (chunked) body is counted as it arrives.
+    """
+
+    def __init__(self, app, limit: int, writer_error, writer_routes):
+        self.app = app
+        self.limit = limit
+        self.writer_error = writer_error
+        self.writer_routes = writer_routes  # [(path regex, methods)] of the routes needing the token
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        if any(methods and scope["method"] in methods and rx.match(scope["path"])
+               for rx, methods in self.writer_routes()):
+            auth = headers.get(b"authorization")
+            err = self.writer_error(None if auth is None else auth.decode("latin-1"))
+            if err is not None:
+                return await _error(err.status_code, str(err.detail), headers=err.headers)(scope, receive, send)
+        too_large = ApiError(413, f"request body too large: the limit is {self.limit} bytes")
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                n = int(declared)
+            except ValueError:
+                return await _error(400, "invalid Content-Length header")(scope, receive, send)
+            if n > self.limit:
+                return await _error(413, str(too_large.detail))(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    # Raised inside the route's body read: FastAPI passes an HTTPException on.
+                    raise too_large
+            return message
+
+        await self.app(scope, counted, send)
+
+
 def _provider(name: str, status: int = 404):
     from providers import ProviderError, get_provider, list_providers
 
@@ -195,11 +375,17 @@ def _provider(name: str, status: int = 404):
         raise ApiError(status, f"provider {name!r} cannot be loaded here: {e}") from None
 
 
-def _problem(**fields) -> Problem:
+@contextmanager
+def _invalid_problem():
     try:
-        return Problem.from_dict(fields)
+        yield
     except (ValueError, TypeError) as e:
         raise ApiError(422, f"invalid problem: {e}") from None
+
+
+def _problem(**fields) -> Problem:
+    with _invalid_problem():
+        return Problem.from_dict(fields)
 
 
 def _knob_classes(provider) -> dict[str, type | None]:
@@ -220,6 +406,9 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
 
     @asynccontextmanager
     async def lifespan(_app):
+        # uvicorn binds its socket after this returns: no request waits behind the warm-up.
+        await run_in_threadpool(state.warm)
+        await state.refresh()
         yield
         state.close()
 
@@ -236,6 +425,9 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
     mount_docs(app)
     app.state.fa4 = state
     app.add_middleware(_BestFastPath, state=state)
+    writer_routes: list[tuple] = []
+    app.add_middleware(_BodyGuard, limit=sch.MAX_BODY_BYTES, writer_error=lambda auth: writer_error(auth),
+                       writer_routes=lambda: writer_routes)
     bearer = HTTPBearer(auto_error=False, description="The service's API token (FA4_API_TOKEN)")
 
     @app.exception_handler(ApiError)
@@ -253,30 +445,40 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         # A bug, or the database went away: still JSON, and without a traceback for the client.
         return _error(500, f"internal error ({type(exc).__name__}); see the service log")
 
-    def require_writer(creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+    def writer_error(authorization: str | None) -> ApiError | None:
+        """Why a request with this Authorization header may not write, or None.
+
+        The one rule for writes, applied to the headers by _BodyGuard before any body is read
+        and by ``require_writer`` (which also gives the OpenAPI security scheme).
+        """
         if settings.token is None:
-            raise ApiError(403, "writes are disabled: the service has no API token configured (set FA4_API_TOKEN)")
-        if creds is None or creds.scheme.lower() != "bearer":
-            raise ApiError(401, "missing bearer token (Authorization: Bearer <token>)",
-                           headers={"WWW-Authenticate": "Bearer"})
-        if not hmac.compare_digest(creds.credentials.encode(), settings.token.encode()):
-            raise ApiError(401, "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            return ApiError(403, "writes are disabled: the service has no API token configured (set FA4_API_TOKEN)")
+        scheme, _, credentials = (authorization or "").strip().partition(" ")
+        credentials = credentials.strip()
+        if scheme.lower() != "bearer" or not credentials:
+            return ApiError(401, "missing bearer token (Authorization: Bearer <token>)",
+                            headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(credentials.encode(), settings.token.encode()):
+            return ApiError(401, "wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return None
+
+    def require_writer(request: Request, _creds: Optional[HTTPAuthorizationCredentials] = Depends(bearer)) -> None:
+        err = writer_error(request.headers.get("authorization"))
+        if err is not None:
+            raise err
 
     # -- health -------------------------------------------------------------------------
 
     @app.get("/healthz", response_model=sch.Health, tags=["meta"],
              responses={503: {"model": sch.Error}})
-    def healthz():
-        from store.migrate import current_revision
-
+    async def healthz():
+        # On the loop but for the ping: milliseconds even while lookups or listings are busy.
         try:
-            store = state.store
-            store.ping()
-            with store.engine.connect() as conn:
-                rev = current_revision(conn)
+            store = await run_in_threadpool(lambda: state.store)
+            await run_in_threadpool(store.ping)
         except Exception as e:
             return _error(503, f"database unavailable: {type(e).__name__}")
-        return {"status": "ok", "database": store.url, "schema_revision": rev}
+        return {"status": "ok", "database": store.url, "schema_revision": state.schema_revision}
 
     # -- configs ------------------------------------------------------------------------
 
@@ -292,7 +494,8 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         head_dim: int = Query(..., examples=[128], **_SIZE),
         seqlen_q: int = Query(..., examples=[4096], **_SIZE),
         seqlen_k: Optional[int] = Query(None, description="default: seqlen_q", **_SIZE),
-        batch: int = Query(1, **_SIZE),
+        batch: Optional[int] = Query(None, description="default: 16384 // seqlen_q (at least 1), as fa4-tune",
+                                     **_SIZE),
         heads_q: Optional[int] = Query(None, description="default: 2048 // head_dim (at least 1)", **_SIZE),
         heads_kv: Optional[int] = Query(None, description="default: heads_q", **_SIZE),
         head_dim_v: Optional[int] = Query(None, description="default: head_dim", **_SIZE),
@@ -306,38 +509,40 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             None, description="Arch for feasibility checks; default: the device's, from the database"
         ),
     ):
-        hq = heads_q or max(1, 2048 // head_dim)
-        problem = _problem(
-            batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k or seqlen_q, heads_q=hq, heads_kv=heads_kv or hq,
-            head_dim=head_dim, head_dim_v=head_dim_v or head_dim, dtype=dtype, causal=causal,
-            deterministic=deterministic, pass_=pass_,
-        )
+        # Omitted sizes follow the benchmark convention fa4-tune uses (Problem.standard).
+        with _invalid_problem():
+            problem = Problem.standard(
+                seqlen_q, head_dim, batch=batch, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
+                head_dim_v=head_dim_v, dtype=dtype, causal=causal, deterministic=deterministic, pass_=pass_,
+            )
         prov = _provider(provider)
         errs = prov.problem_errors(problem)
         if errs:
             raise ApiError(422, f"{provider} cannot run this problem: {'; '.join(errs)}")
-        running = source_fingerprint if source_fingerprint is not None else state.fingerprint(prov)
+        running = source_fingerprint if source_fingerprint is not None else await state.fingerprint_async(prov)
         key = (device, provider, problem, running, arch)
         if state.refresh_due():
-            await run_in_threadpool(state.refresh)
-        epoch = state._epoch
-        body = state._best.get(key)
-        if body is None:
-            body = await run_in_threadpool(state.answer, key, prov, device, problem, running, arch)
-        if epoch == state._epoch and len(state._by_query) < settings.best_cache_size:
-            state._by_query[request.scope["query_string"]] = body
+            await state.refresh()
+        body, tags, since = await state.answer(key, prov, device, problem, running, arch)
+        state._by_query.put(request.scope["query_string"], body, tags, since)
         # Served as cached bytes: the hot path skips re-validating an answer built from the schema.
         return Response(content=body, media_type="application/json")
 
     # -- catalogue ----------------------------------------------------------------------
 
     @app.get(f"/{API_VERSION}/devices", response_model=list[sch.Device], tags=["catalogue"])
-    def get_devices():
-        counts = state.store.device_counts()
-        return [{**d, "n_results": counts.get(d["id"], 0)} for d in state.store.devices()]
+    async def get_devices():
+        def build():
+            counts = state.store.device_counts()
+            return [{**d, "n_results": counts.get(d["id"], 0)} for d in state.store.devices()]
+
+        return await state.listing(build)
 
     @app.get(f"/{API_VERSION}/providers", response_model=list[sch.Provider], tags=["catalogue"])
-    def get_providers():
+    async def get_providers():
+        return await state.listing(providers_listing)
+
+    def providers_listing():
         from providers import list_providers
 
         counts = state.store.provider_counts()
@@ -380,7 +585,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
     # -- results ------------------------------------------------------------------------
 
     @app.get(f"/{API_VERSION}/results", response_model=sch.ResultsPage, tags=["results"])
-    def get_results(
+    async def get_results(
         device: Optional[str] = Query(None, **_TEXT),
         provider: Optional[str] = Query(None, max_length=64, pattern=r"^[^\x00]*$"),
         status: Optional[sch.Status] = None,
@@ -408,13 +613,19 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             head_dim=head_dim, head_dim_v=head_dim_v, seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch=batch,
             heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic,
         )
-        store = state.store
-        items = store.measurements(limit=limit, offset=offset, sort=sort, **filters)
-        return {"total": store.count(**filters), "limit": limit, "offset": offset, "sort": sort, "items": items}
+        def build():
+            store = state.store
+            items = store.measurements(limit=limit, offset=offset, sort=sort, **filters)
+            return {"total": store.count(**filters), "limit": limit, "offset": offset, "sort": sort, "items": items}
+
+        return await state.listing(build)
 
     @app.get(f"/{API_VERSION}/studies/{{study_name:path}}", response_model=sch.Study, tags=["results"],
              responses={404: {"model": sch.Error}})
-    def get_study(study_name: str = Path(..., max_length=255, pattern=r"^[^\x00]*$")):
+    async def get_study(study_name: str = Path(..., max_length=255, pattern=r"^[^\x00]*$")):
+        return await state.listing(study_listing, study_name)
+
+    def study_listing(study_name: str) -> dict:
         rows = state.store.measurements(study_name=study_name, sort="trial_number")
         if not rows:
             raise ApiError(404, f"no measurements recorded for study {study_name!r}")
@@ -435,10 +646,18 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
               responses={200: {"model": sch.ResultCreated, "description": "a retry: already stored"},
                          401: {"model": sch.Error}, 403: {"model": sch.Error}},
               dependencies=[Depends(require_writer)])
-    def post_result(
+    async def post_result(
         body: sch.ResultIn,
         idempotency_key: Optional[str] = Header(None, min_length=1, max_length=64, pattern=r"^[^\x00]*$"),
     ):
+        mid, created, key = await run_in_threadpool(store_result, body, idempotency_key)
+        if created:
+            # The writer's next lookup must see its row: only its family (and device) are rebuilt.
+            await state.after_write()
+        return JSONResponse(status_code=201 if created else 200,
+                            content={"id": mid, "created": created, "idempotency_key": key})
+
+    def store_result(body: sch.ResultIn, idempotency_key: str | None) -> tuple[int, bool, str]:
         prov = _provider(body.provider, status=422)
         problem = _problem(**body.problem.to_problem_dict())
         errs = prov.problem_errors(problem)
@@ -466,10 +685,13 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             mid, created = store.add_measurement_once(key, dev, pid, cid, **fields)
         except (ValueError, TypeError) as e:
             raise ApiError(422, f"invalid result: {e}") from None
-        state.invalidate()
-        return JSONResponse(status_code=201 if created else 200,
-                            content={"id": mid, "created": created, "idempotency_key": key})
+        return mid, created, key
 
+    # The routes whose token _BodyGuard checks before their body is read: those requiring a writer.
+    writer_routes.extend(
+        (r.path_regex, r.methods) for r in app.routes
+        if isinstance(r, APIRoute) and any(d.call is require_writer for d in r.dependant.dependencies)
+    )
     dashboards.mount(app)  # the web dashboard at / (reads only the routes above)
     return app
 

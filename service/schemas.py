@@ -7,6 +7,7 @@ knob models are built from the providers' knob dataclasses at run time
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, Literal, Optional
@@ -21,6 +22,17 @@ from store.models import STATUSES
 # so they are rejected up front with a 422.
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
+
+# Limits of what one posted result may carry. The harness times at most 200 repetitions per
+# candidate (tuner/harness.py max_reps), so 10,000 samples leave 50x room; free text is bounded
+# so that no stored row can make later listings huge (a 55 MB versions blob once did).
+MAX_SAMPLES = 10_000
+MAX_REASON_CHARS = 10_000
+MAX_JSON_FIELD_BYTES = 16 * 1024  # versions, provider_versions: package -> version maps
+# The request body limit, checked before a byte of the body is parsed: the largest valid
+# result is ~0.4 MB (10,000 samples of ~24 characters, a reason of 10,000 characters escaped
+# to 6 bytes each, 2 x 16 KiB of JSON fields), so 1 MiB leaves 2.5x room.
+MAX_BODY_BYTES = 1024 * 1024
 
 Status = Literal[STATUSES]  # type: ignore[valid-type]
 Pass = Literal[PASSES]  # type: ignore[valid-type]
@@ -39,6 +51,12 @@ def _no_nul(value: Any) -> Any:
     if isinstance(value, list):
         for v in value:
             _no_nul(v)
+    return value
+
+
+def _bounded_json(value: Any) -> Any:
+    if value is not None and len(json.dumps(value, separators=(",", ":"))) > MAX_JSON_FIELD_BYTES:
+        raise ValueError(f"must be at most {MAX_JSON_FIELD_BYTES} bytes as JSON")
     return value
 
 
@@ -82,12 +100,18 @@ class DeviceIn(_Strict):
     cuda: Optional[str] = Field(None, max_length=64)
     torch: Optional[str] = Field(None, max_length=64)
     cutlass_dsl: Optional[str] = Field(None, max_length=64)
-    provider_versions: dict[str, str] = Field(default_factory=dict)
+    provider_versions: dict[str, str] = Field(
+        default_factory=dict, description=f"package -> version; at most {MAX_JSON_FIELD_BYTES} bytes as JSON")
 
     @field_validator("*")
     @classmethod
     def _nul(cls, v):
         return _no_nul(v)
+
+    @field_validator("provider_versions")
+    @classmethod
+    def _size(cls, v):
+        return _bounded_json(v)
 
 
 Timing = Field(None, ge=0, allow_inf_nan=False)
@@ -104,8 +128,8 @@ class ResultIn(_Strict):
         "(see GET /v1/providers/{name}/knobs). Omitted knobs take their defaults.",
     )
     status: Status
-    reason: Optional[str] = Field(None, max_length=10000)
-    samples_ms: list[float] = Field(default_factory=list, max_length=100000)
+    reason: Optional[str] = Field(None, max_length=MAX_REASON_CHARS)
+    samples_ms: list[float] = Field(default_factory=list, max_length=MAX_SAMPLES)
     median_ms: Optional[float] = Timing
     iqr_ms: Optional[float] = Timing
     tflops: Optional[float] = Timing
@@ -115,7 +139,8 @@ class ResultIn(_Strict):
     study_name: Optional[str] = Field(None, max_length=255)
     trial_number: Optional[int] = Field(None, ge=0, le=INT32_MAX)
     is_default: bool = False
-    versions: Optional[dict[str, Any]] = None
+    versions: Optional[dict[str, Any]] = Field(
+        None, description=f"Library versions of the measurement; at most {MAX_JSON_FIELD_BYTES} bytes as JSON")
     created_at: Optional[datetime] = None
     idempotency_key: Optional[str] = Field(
         None, min_length=1, max_length=64,
@@ -127,6 +152,11 @@ class ResultIn(_Strict):
     @classmethod
     def _nul(cls, v):
         return _no_nul(v)
+
+    @field_validator("versions")
+    @classmethod
+    def _versions_size(cls, v):
+        return _bounded_json(v)
 
     @field_validator("samples_ms")
     @classmethod

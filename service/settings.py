@@ -19,7 +19,13 @@ class Settings:
     # this service clear the cache at once; rows written by tuner processes straight into
     # the database are noticed by a cheap check made at most this often.
     best_cache_ttl_s: float = 1.0
-    best_cache_size: int = 20000
+    # Entries of each answer cache (by key, by query string), least recently used evicted:
+    # answers are ~1-2 KB, so both together stay under ~40 MB however many distinct queries
+    # (device strings, shapes) clients send. Far above the shapes a fleet asks about.
+    best_cache_size: int = 8192
+    # Problem families whose rows are kept (without samples): one per device, provider, pass,
+    # dtype, head dims and flags measured and asked about.
+    family_cache_size: int = 1024
 
     @classmethod
     def from_env(cls, db_url: str | None = None, token: str | None = None) -> "Settings":

@@ -155,14 +155,15 @@ def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
 
 def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                 running_fp: str | None, arch: Arch | None = None, rows: dict[Problem, list[dict]] | None = None,
-                device_row=_UNSET) -> dict:
+                device_row=_UNSET, get_device=None) -> dict:
     """The answer of GET /v1/configs/best (a dict shaped like ``schemas.BestConfig``).
 
     ``running_fp`` is the source fingerprint of the kernel code that will use the
     answer; rows from other source are stale and never served as exact. None means
     the fingerprint is unknown and every row counts as current. ``rows`` (the
     family's rows, ``index_rows(store.family_rows(...))``) and ``device_row`` may be
-    passed by a caller that caches them; otherwise they are read from ``store``.
+    passed by a caller that caches them, and ``get_device`` (device id -> row) likewise;
+    otherwise they are read from ``store``.
     """
     name = provider.name
     notes: list[str] = []
@@ -189,7 +190,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
 
     # 1. Exact shape, current source.
     def measured_on(row: dict) -> dict | None:
-        return store.get_device(row["device_id"])
+        return (get_device or store.get_device)(row["device_id"])
 
     hit = try_rows([problem], running_fp)
     if hit:

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session, contains_eager
+from sqlalchemy.orm import Session
 
 from fa4.knobs import config_from_dict, config_to_dict, json_schema
 from fa4.problem import Problem
@@ -138,32 +138,33 @@ def _config_dict(c: m.Config) -> dict:
     }
 
 
-def _measurement_dict(row: m.Measurement) -> dict:
-    return {
-        "id": row.id,
-        "device": row.device.name,
-        "device_id": row.device_id,
-        "problem": _problem_of(row.problem).to_dict(),
-        "problem_id": row.problem_id,
-        "provider": row.config.provider,
-        "config": row.config.config,
-        "config_id": row.config_id,
-        "status": row.status,
-        "reason": row.reason,
-        "samples_ms": list(row.samples_ms or []),
-        "n_samples": row.n_samples,
-        "median_ms": row.median_ms,
-        "iqr_ms": row.iqr_ms,
-        "tflops": row.tflops,
-        "error": row.error,
-        "ref_error": row.ref_error,
-        "source_fingerprint": row.source_fingerprint,
-        "study_name": row.study_name,
-        "trial_number": row.trial_number,
-        "is_default": row.is_default,
-        "created_at": _iso(row.created_at),
-        "versions": row.versions,
-    }
+# Every column a measurement is read with, selected as plain columns: building ORM objects for
+# a page of 1000 rows cost ~100 ms of the GIL (seen on the demo DB), which starved the service's
+# event loop; tuples of these columns cost a fraction of that.
+_MEASUREMENT_COLUMNS = (
+    m.Measurement.id, m.Device.name.label("device"), m.Measurement.device_id, m.Measurement.problem_id,
+    m.Config.provider, m.Config.config, m.Measurement.config_id, m.Measurement.status, m.Measurement.reason,
+    m.Measurement.samples_ms, m.Measurement.n_samples, m.Measurement.median_ms, m.Measurement.iqr_ms,
+    m.Measurement.tflops, m.Measurement.error, m.Measurement.ref_error, m.Measurement.source_fingerprint,
+    m.Measurement.study_name, m.Measurement.trial_number, m.Measurement.is_default, m.Measurement.created_at,
+    m.Measurement.versions,
+    *(getattr(m.Problem, name).label(f"problem.{name}") for name in _PROBLEM_FIELDS),
+)
+_OUTER = tuple(c.key for c in _MEASUREMENT_COLUMNS if not c.key.startswith("problem."))
+
+# The rows a best-config answer is built from, and the problem fields that make a family: one
+# query serves every shape of a family (family_rows), and a new row changes that family only.
+FAMILY_FIELDS = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic")
+_SERVED = (m.Measurement.status == "ok", m.Measurement.tflops.is_not(None))
+
+
+def _measurement_dict(row) -> dict:
+    mapping = row._mapping
+    out = {k: mapping[k] for k in _OUTER}
+    out["problem"] = Problem(**{name: mapping[f"problem.{name}"] for name in _PROBLEM_FIELDS}).to_dict()
+    out["samples_ms"] = list(out["samples_ms"] or [])
+    out["created_at"] = _iso(out["created_at"])
+    return out
 
 
 def _verdict_dict(row: m.Verdict) -> dict:
@@ -179,19 +180,14 @@ def _problem_conditions(problem: Problem) -> list:
 
 
 def _measurement_query():
-    """Measurements with their device, problem and config loaded by the same joins we filter on."""
+    """Measurements as plain rows of _MEASUREMENT_COLUMNS, joined to the tables we filter on."""
     return (
-        select(m.Measurement)
+        select(*_MEASUREMENT_COLUMNS)
+        .select_from(m.Measurement)
         .join(m.Measurement.device)
         .join(m.Measurement.problem)
         .join(m.Measurement.config)
-        .options(
-            contains_eager(m.Measurement.device),
-            contains_eager(m.Measurement.problem),
-            contains_eager(m.Measurement.config),
-        )
     )
-
 
 
 def _locals_without_self(ns: dict) -> dict:
@@ -482,7 +478,7 @@ class ResultsStore:
     def get_measurement(self, measurement_id: int) -> dict | None:
         q = _measurement_query().where(m.Measurement.id == int(measurement_id))
         with self._read() as s:
-            row = s.scalars(q).first()
+            row = s.execute(q).first()
             return None if row is None else _measurement_dict(row)
 
     def _ok_rows(self, device_name: str, provider: str, problem: Problem | dict):
@@ -518,7 +514,7 @@ class ResultsStore:
             q = q.where(m.Measurement.source_fingerprint == source_fingerprint)
         q = q.order_by(m.Measurement.tflops.desc(), m.Measurement.id.asc()).limit(1)
         with self._read() as s:
-            row = s.scalars(q).first()
+            row = s.execute(q).first()
             return None if row is None else _measurement_dict(row)
 
     def add_verdict(self, device_id: int, problem_id: int, provider: str, *, measurement_id: int,
@@ -564,7 +560,7 @@ class ResultsStore:
             .limit(1)
         )
         with self._read() as s:
-            row = s.scalars(q).first()
+            row = s.execute(q).first()
             return None if row is None else _measurement_dict(row)
 
     def _filtered(self, query, filters: dict):
@@ -621,7 +617,7 @@ class ResultsStore:
         if limit is not None:
             q = q.limit(int(limit))
         with self._read() as s:
-            return [_measurement_dict(r) for r in s.scalars(q)]
+            return [_measurement_dict(r) for r in s.execute(q)]
 
     def count(self, **filters) -> int:
         """Number of measurements matching the same filters as :meth:`measurements`."""
@@ -642,24 +638,22 @@ class ResultsStore:
         family in memory (see ``store.best``); oldest row first.
         """
         p = _as_problem(problem)
-        same = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic")
         q = _measurement_query().where(
             m.Device.name == device_name,
             m.Config.provider == provider,
-            m.Measurement.status == "ok",
-            m.Measurement.tflops.is_not(None),
-            *[getattr(m.Problem, name) == getattr(p, name) for name in same],
+            *_SERVED,
+            *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS],
         ).order_by(m.Measurement.id.asc())
         vq = (
             select(m.Verdict)
             .join(m.Device, m.Device.id == m.Verdict.device_id)
             .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
             .where(m.Device.name == device_name, m.Verdict.provider == provider,
-                   *[getattr(m.Problem, name) == getattr(p, name) for name in same])
+                   *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS])
             .order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
         )
         with self._read() as s:
-            rows = [_measurement_dict(r) for r in s.scalars(q)]
+            rows = [_measurement_dict(r) for r in s.execute(q)]
             # The newest verdict of each (problem, source) marks the row it serves, so a caller
             # that caches these rows applies the re-measurement's decision too (store.best).
             newest = {(v.problem_id, v.source_fingerprint): _verdict_dict(v) | {"measurement_id": v.measurement_id}
@@ -693,19 +687,56 @@ class ResultsStore:
             d = s.scalars(q).first()
             return None if d is None else _device_dict(d)
 
-    def generation(self) -> tuple[int, int]:
-        """(newest measurement id, newest device id): changes whenever rows that answers depend on are added.
+    def generation(self) -> tuple[int, int, int]:
+        """(newest measurement id, device id, verdict id): changes whenever rows that answers depend on are added.
 
         Rows are only ever appended, so two equal generations mean equal answers; a cache
         can check this one cheap query instead of expiring everything on a timer.
         """
-        q = select(
-            select(func.max(m.Measurement.id)).scalar_subquery(),
-            select(func.max(m.Device.id)).scalar_subquery(),
-        )
         with self._read() as s:
-            a, b = s.execute(q).one()
-            return int(a or 0), int(b or 0)
+            return self._generation(s)
+
+    @staticmethod
+    def _generation(s: Session) -> tuple[int, int, int]:
+        q = select(*(select(func.max(t.id)).scalar_subquery() for t in (m.Measurement, m.Device, m.Verdict)))
+        return tuple(int(x or 0) for x in s.execute(q).one())
+
+    def changes_since(self, generation: tuple[int, int, int]) -> tuple[tuple[int, int, int], set[tuple], set[str]]:
+        """What was appended after ``generation``: (the new generation, families, device names).
+
+        A family is ``(device name, provider, *FAMILY_FIELDS values)`` of a new row that answers can
+        be built from (see family_rows), or of a new verdict (it picks the row served); device names
+        are those that got a new device row. One read transaction, so the three agree.
+        """
+        last_m, last_d, last_v = generation
+        with self._read() as s:
+            now = self._generation(s)
+            now_m, now_d, now_v = now
+            families: set[tuple] = set()
+            if now_m > last_m:
+                q = (
+                    select(m.Device.name, m.Config.provider, *(getattr(m.Problem, f) for f in FAMILY_FIELDS))
+                    .select_from(m.Measurement)
+                    .join(m.Measurement.device).join(m.Measurement.problem).join(m.Measurement.config)
+                    .where(m.Measurement.id > last_m, m.Measurement.id <= now_m, *_SERVED)
+                    .distinct()
+                )
+                families |= {tuple(r) for r in s.execute(q)}
+            if now_v > last_v:
+                q = (
+                    select(m.Device.name, m.Verdict.provider, *(getattr(m.Problem, f) for f in FAMILY_FIELDS))
+                    .select_from(m.Verdict)
+                    .join(m.Device, m.Device.id == m.Verdict.device_id)
+                    .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
+                    .where(m.Verdict.id > last_v, m.Verdict.id <= now_v)
+                    .distinct()
+                )
+                families |= {tuple(r) for r in s.execute(q)}
+            names: set[str] = set()
+            if now_d > last_d:
+                q = select(m.Device.name).where(m.Device.id > last_d, m.Device.id <= now_d).distinct()
+                names = set(s.scalars(q))
+        return now, families, names
 
     def ping(self) -> None:
         """Raise when the database cannot be reached."""
