@@ -3,6 +3,10 @@
     python3 bench/load_service.py                      # starts fa4-serve on a seeded temp DB, 500 req/s for 30 s
     python3 bench/load_service.py --url http://127.0.0.1:8000 --rate 200 --duration 10
     python3 bench/load_service.py --append bench/RESULTS.md
+    python3 bench/load_service.py --rate 800 --writes 10      # lookups and authenticated writes together
+    python3 bench/load_service.py --cold-start --rate 500     # load from the moment the port accepts
+    python3 bench/load_service.py --big-posts 8               # 8 x 60 MB unauthenticated POSTs, RSS, /healthz
+    python3 bench/load_service.py --devices 100000            # lookups with that many distinct device strings
 
 Open loop: request i is due at start + i/rate whatever happened before, and its latency is
 counted from that due time, so a server that falls behind shows it in the tail instead of
@@ -66,8 +70,12 @@ def seed(db_url: str) -> int:
     return n
 
 
-def population(rng: random.Random, n: int) -> list[dict]:
-    """Query parameters: 50% exact measured shapes, 35% other seqlens (nearest), 15% unmeasured family."""
+def population(rng: random.Random, n: int, other_provider: str | None = None) -> list[dict]:
+    """Query parameters: 50% exact measured shapes, 35% other seqlens (nearest), 15% unmeasured family.
+
+    With ``other_provider``, a tenth of the queries ask for it instead of fa4 (cold starts: its
+    fingerprint, e.g. flash-attn-4's, may cost seconds to compute).
+    """
     out = []
     for _ in range(n):
         u = rng.random()
@@ -78,6 +86,8 @@ def population(rng: random.Random, n: int) -> list[dict]:
              "heads_q": 2048 // hd, "causal": str(causal).lower()}
         if u >= 0.85:
             q["dtype"] = "fp16"  # only bf16 was measured: heuristic default
+        if other_provider and rng.random() < 0.1:
+            q["provider"] = other_provider
         out.append(q)
     return out
 
@@ -98,9 +108,18 @@ class Connection:
         self.reader = self.writer = None
 
     async def get(self, target: str) -> tuple[int, bytes]:
+        return await self.request("GET", target)
+
+    async def request(self, method: str, target: str, body: bytes = b"", headers: dict | None = None
+                      ) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(f"GET {target} HTTP/1.1\r\nHost: {self.host}\r\n\r\n".encode())
+        head = f"{method} {target} HTTP/1.1\r\nHost: {self.host}\r\n"
+        for k, v in (headers or {}).items():
+            head += f"{k}: {v}\r\n"
+        if body or method == "POST":
+            head += f"Content-Length: {len(body)}\r\nContent-Type: application/json\r\n"
+        self.writer.write(head.encode() + b"\r\n" + body)
         try:
             head = await self.reader.readuntil(b"\r\n\r\n")
             lines = head.decode("latin-1").split("\r\n")
@@ -119,13 +138,18 @@ class Connection:
 
 
 async def run_load(url: str, rate: float, duration: float, seed_: int = 1, connections: int = 32,
-                   cold: bool = False) -> dict:
+                   cold: bool = False, writes: float = 0.0, token: str | None = None,
+                   other_provider: str | None = None, devices: int = 0) -> dict:
     from urllib.parse import urlencode
 
     u = urlparse(url)
     rng = random.Random(seed_)
     total = int(rate * duration)
-    targets = ["/v1/configs/best?" + urlencode(p) for p in population(rng, 997)]
+    pop = population(rng, 997, other_provider)
+    if devices:
+        # Each request its own device string: what a cache keyed by the client's string would keep.
+        pop = [{**pop[i % len(pop)], "device": f"bench-gpu-{seed_}-{i}"} for i in range(devices)]
+    targets = ["/v1/configs/best?" + urlencode(p) for p in pop]
     lat: list[float] = []
     errors: dict[str, int] = {}
     provenance: dict[str, int] = {}
@@ -157,6 +181,7 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
             lat.append(time.perf_counter() - due)
 
     workers = [asyncio.create_task(worker(c)) for c in conns]
+    writer = asyncio.create_task(write_load(u, writes, duration, token, seed_)) if writes else None
     start = time.perf_counter() + 0.05
     for i in range(total):
         due = start + i / rate
@@ -171,6 +196,9 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
     for c in conns:
         c.close()
     lat.sort()
+    wrote = await writer if writer is not None else None
+    if wrote is not None:
+        wrote.update(await check_writes(u, wrote.pop("ids"), wrote["study"]))
     return {
         "requests": total,
         "target_rate": rate,
@@ -184,19 +212,203 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
         "error_kinds": errors,
         "provenance": provenance,
         "cache": "cold" if cold else "warm",
+        **({"writes": wrote} if wrote is not None else {}),
     }
 
 
-def start_server(db_url: str, port: int, workers: int) -> subprocess.Popen:
-    import httpx
+def write_body(rng: random.Random, study: str, i: int) -> dict:
+    """A tuner's trial in one of the measured families (so it changes answers lookups ask for)."""
+    from fa4.knobs import config_to_dict, iter_configs
+    from fa4.problem import Problem
+    from fa4.sm90.fwd_config import FwdConfigSm90
 
+    hd, causal, s = rng.choice((64, 128)), rng.choice((False, True)), rng.choice(SEQLENS)
+    p = Problem.standard(s, hd, causal=causal)
+    cfg = config_to_dict(rng.choice(list(iter_configs(FwdConfigSm90))))
+    ms = rng.uniform(0.5, 2.0)
+    return {"device": DEVICE, "provider": "fa4", "problem": p.to_dict(), "config": cfg, "status": "ok",
+            "samples_ms": [ms] * 20, "median_ms": ms, "tflops": p.flops / (ms * 1e9), "study_name": study,
+            "trial_number": i, "source_fingerprint": FA4_FINGERPRINT.get("fp", "")}
+
+
+FA4_FINGERPRINT: dict = {}
+
+
+async def write_load(u, rate: float, duration: float, token: str | None, seed_: int) -> dict:
+    """POST /v1/results at ``rate`` per second (open loop, one connection per write in flight)."""
+    rng = random.Random(seed_ + 1000)
+    study = f"bench-writes-{seed_}-{int(time.time())}"
+    lat, ids, errors = [], [], {}
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def one(i: int, due: float):
+        c = Connection(u.hostname, u.port or 80)
+        try:
+            status, body = await c.request("POST", "/v1/results", json.dumps(write_body(rng, study, i)).encode(),
+                                           headers)
+            if status == 201:
+                ids.append(json.loads(body)["id"])
+            else:
+                errors[f"HTTP {status}"] = errors.get(f"HTTP {status}", 0) + 1
+        except Exception as e:  # noqa: BLE001 - every failure is a counted error
+            errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+        finally:
+            c.close()
+        lat.append(time.perf_counter() - due)
+
+    tasks = []
+    start = time.perf_counter() + 0.05
+    for i in range(int(rate * duration)):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    lat.sort()
+    return {"sent": len(tasks), "acknowledged": len(ids), "errors": sum(errors.values()), "error_kinds": errors,
+            "p50_ms": round(percentile(lat, 0.5) * 1e3, 2), "p99_ms": round(percentile(lat, 0.99) * 1e3, 2),
+            "ids": ids, "study": study}
+
+
+async def check_writes(u, ids: list[int], study: str) -> dict:
+    """Every acknowledged write is in the database afterwards (read back through the API)."""
+    from urllib.parse import urlencode
+
+    c = Connection(u.hostname, u.port or 80)
+    found, offset = set(), 0
+    while True:
+        status, body = await c.get("/v1/results?" + urlencode({"study_name": study, "limit": 1000, "offset": offset}))
+        page = json.loads(body)
+        found |= {r["id"] for r in page["items"]}
+        offset += len(page["items"])
+        if not page["items"] or offset >= page["total"]:
+            break
+    c.close()
+    return {"present_afterwards": len(found & set(ids)), "missing": sorted(set(ids) - found)[:10]}
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+async def probe_healthz(u, stop: asyncio.Event, every_s: float = 0.01) -> list[float]:
+    """/healthz latencies, one request every ``every_s`` on one keep-alive connection, until ``stop``."""
+    c = Connection(u.hostname, u.port or 80)
+    lat = []
+    while not stop.is_set():
+        t = time.perf_counter()
+        try:
+            status, _ = await c.get("/healthz")
+            lat.append(time.perf_counter() - t if status == 200 else float("inf"))
+        except Exception:  # noqa: BLE001 - not up yet, or dropped: counted as a failure
+            lat.append(float("inf"))
+            c.close()
+        await asyncio.sleep(every_s)
+    c.close()
+    return sorted(lat)
+
+
+async def big_posts(u, n: int, megabytes: int, pid: int | None) -> dict:
+    """``n`` concurrent unauthenticated POSTs of ``megabytes`` each; server RSS and /healthz meanwhile."""
+    chunk = b"[" + b"1.0," * (1 << 18)  # ~1 MiB of a JSON array that never ends: valid-looking, huge
+    body_len = megabytes << 20
+    rss0 = rss_kb(pid) if pid else None
+    peak = [rss0 or 0]
+    stop = asyncio.Event()
+
+    async def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss_kb(pid))
+            await asyncio.sleep(0.02)
+
+    async def one() -> tuple[str, float, int]:
+        t = time.perf_counter()
+        reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
+        writer.write(f"POST /v1/results HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {body_len}\r\n\r\n".encode())
+        sent = 0
+        answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
+        try:
+            while sent < body_len and not answer.done():
+                writer.write(chunk[: body_len - sent])
+                sent += min(len(chunk), body_len - sent)
+                await writer.drain()
+            head = await asyncio.wait_for(answer, 30)
+            status = head.split(b" ", 2)[1].decode()
+        except (ConnectionError, asyncio.IncompleteReadError) as e:
+            status = type(e).__name__
+            answer.cancel()
+        writer.close()
+        return status, time.perf_counter() - t, sent
+
+    health = asyncio.ensure_future(probe_healthz(u, stop))
+    sampler = asyncio.ensure_future(sample()) if pid else None
+    await asyncio.sleep(0.3)
+    results = await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.sleep(0.3)
+    stop.set()
+    lat = await health
+    if sampler:
+        await sampler
+    return {
+        "posts": n, "megabytes_each": megabytes, "statuses": [r[0] for r in results],
+        "max_s": round(max(r[1] for r in results), 3), "body_mb_sent_max": round(max(r[2] for r in results) / 2**20, 2),
+        "rss_growth_mb": round((peak[0] - rss0) / 1024, 1) if pid else None,
+        "healthz_n": len(lat), "healthz_p99_ms": round(percentile(lat, 0.99) * 1e3, 2),
+        "healthz_max_ms": round(lat[-1] * 1e3, 2),
+    }
+
+
+async def cold_start(db_url: str, port: int, rate: float, duration: float, token: str) -> dict:
+    """Start fa4-serve and put ``rate`` lookups/s on it from the moment its port accepts a connection."""
+    u = urlparse(f"http://127.0.0.1:{port}")
+    t0 = time.perf_counter()
+    proc = spawn_server(db_url, port, 1, token)
+    try:
+        while True:
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", port)
+                w.close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() - t0 > 120:
+                    raise SystemExit("load_service: fa4-serve did not start")
+                await asyncio.sleep(0.005)
+        accepted_after = time.perf_counter() - t0
+        stop = asyncio.Event()
+        health = asyncio.ensure_future(probe_healthz(u, stop, 0.02))
+        res = await run_load(u.geturl(), rate, duration, cold=True, other_provider="flash-attn-4")
+        stop.set()
+        lat = await health
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    res["accepting_after_s"] = round(accepted_after, 2)
+    res["healthz_p99_ms"] = round(percentile(lat, 0.99) * 1e3, 2)
+    res["healthz_max_ms"] = round(lat[-1] * 1e3, 2)
+    return res
+
+
+def spawn_server(db_url: str, port: int, workers: int, token: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("FA4_API_TOKEN", None)
-    proc = subprocess.Popen(
+    if token:
+        env["FA4_API_TOKEN"] = token
+    return subprocess.Popen(
         [sys.executable, "-m", "service.cli", "--db", db_url, "--host", "127.0.0.1", "--port", str(port),
          "--workers", str(workers), "--no-access-log", "--log-level", "warning"],
         env=env,
     )
+
+
+def start_server(db_url: str, port: int, workers: int, token: str | None = None) -> subprocess.Popen:
+    import httpx
+
+    proc = spawn_server(db_url, port, workers, token)
     deadline = time.monotonic() + 60
     while True:
         try:
@@ -238,10 +450,22 @@ def main(argv=None) -> int:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load")
     ap.add_argument("--workers", type=int, default=1, help="uvicorn workers of the started service")
     ap.add_argument("--cold", action="store_true", help="do not pre-ask the shapes (measure the cache filling up)")
+    ap.add_argument("--writes", type=float, default=0.0,
+                    help="also POST this many results per second (the started service gets a token)")
+    ap.add_argument("--token", default=os.environ.get("FA4_API_TOKEN"), help="writer token for --url")
+    ap.add_argument("--cold-start", action="store_true",
+                    help="start the service and load it from the moment its port accepts (a tenth flash-attn-4)")
+    ap.add_argument("--big-posts", type=int, default=0, help="instead: this many concurrent unauthenticated POSTs")
+    ap.add_argument("--big-mb", type=int, default=60, help="size of each --big-posts body in MB")
+    ap.add_argument("--devices", type=int, default=0, help="lookups with this many distinct device strings")
     ap.add_argument("--append", type=Path, help="add a measurements-log entry to this markdown file (bench/RESULTS.md)")
     a = ap.parse_args(argv)
     if not (0 < a.rate <= MAX_RATE and 0 < a.duration <= MAX_DURATION):
         ap.error(f"rate must be in (0, {MAX_RATE}] and duration in (0, {MAX_DURATION}]")
+    if not 0 <= a.writes <= 100 or not 0 <= a.big_posts <= 16 or not 0 < a.big_mb <= 100:
+        ap.error("writes must be in [0, 100], big posts in [0, 16] of (0, 100] MB")
+    if (a.cold_start or a.big_posts) and a.url:
+        ap.error("--cold-start and --big-posts start their own service (they watch its process)")
 
     proc = None
     tmp = None
@@ -254,15 +478,31 @@ def main(argv=None) -> int:
     else:
         from tests.service.live import free_port
 
+        import secrets
+
+        a.token = a.token or secrets.token_hex(16)
         tmp = tempfile.TemporaryDirectory(prefix="fa4-load-")
         db_url = f"sqlite:///{Path(tmp.name) / 'load.db'}"
         rows = seed(db_url)
         port = free_port()
-        proc = start_server(db_url, port, a.workers)
+        if not a.cold_start:
+            proc = start_server(db_url, port, a.workers, a.token)
         url = f"http://127.0.0.1:{port}"
+    from tuner.providers import get_provider
+
+    FA4_FINGERPRINT["fp"] = get_provider("fa4").source_fingerprint()
     load_before = os.getloadavg()[0]
     try:
-        res = _run_loop(run_load(url, a.rate, a.duration, cold=a.cold))
+        if a.cold_start:
+            res = _run_loop(cold_start(db_url, port, a.rate, a.duration, a.token))
+        elif a.big_posts:
+            res = _run_loop(big_posts(urlparse(url), a.big_posts, a.big_mb, proc.pid))
+        else:
+            rss0 = rss_kb(proc.pid) if proc is not None else None
+            res = _run_loop(run_load(url, a.rate, a.duration, cold=a.cold, writes=a.writes, token=a.token,
+                                     devices=a.devices))
+            if rss0 is not None:
+                res["server_rss_growth_mb"] = round((rss_kb(proc.pid) - rss0) / 1024, 1)
     finally:
         if proc is not None:
             proc.terminate()
@@ -274,7 +514,7 @@ def main(argv=None) -> int:
     res["seeded_rows"] = rows
     res["server_workers"] = a.workers if proc is not None else None
     print(json.dumps(res, indent=2))
-    if a.append:
+    if a.append and not (a.cold_start or a.big_posts or a.writes or a.devices):
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         import fastapi
@@ -298,7 +538,7 @@ def main(argv=None) -> int:
             f"{res['loadavg_1min'][0]}/{res['loadavg_1min'][1]}.\n"
         )
         insert_entry(a.append, entry)
-    ok = res["errors"] == 0
+    ok = res.get("errors", 0) == 0 and res.get("writes", {}).get("errors", 0) == 0
     return 0 if ok else 1
 
 

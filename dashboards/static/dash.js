@@ -71,6 +71,10 @@ function compareTuples(a, b) {
   for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return a[i] - b[i];
   return 0;
 }
+// Chart tooltips are HTML: every value from the API goes through esc() (provider and study names,
+// configs, device names are free text a writer chose). Everything else is set as text nodes (el()).
+const ESCAPES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+const esc = (x) => String(x ?? "").replace(/[&<>"']/g, (c) => ESCAPES[c]);
 const fmt = (x, d = 1) => (x === null || x === undefined ? "–" : Number(x).toFixed(d));
 const configText = (c) => (c ? Object.entries(c).map(([k, v]) => `${k}=${v}`).join(", ") : "(no knobs)");
 
@@ -236,8 +240,8 @@ class Throughput extends View {
       grid: { left: 60, right: 30, top: 70, bottom: 50 },
       tooltip: {
         trigger: "item",
-        formatter: (p) => `${p.seriesName}<br>seqlen ${p.value[0]}: <b>${fmt(p.value[1])}</b> TFLOP/s` +
-          `<br>${configText(p.data.config)}<br>measurement #${p.data.measurement_id}`,
+        formatter: (p) => `${esc(p.seriesName)}<br>seqlen ${esc(p.value[0])}: <b>${fmt(p.value[1])}</b> TFLOP/s` +
+          `<br>${esc(configText(p.data.config))}<br>measurement #${esc(p.data.measurement_id)}`,
       },
       xAxis: { type: "log", logBase: 2, name: "seqlen", nameLocation: "middle", nameGap: 28 },
       yAxis: { type: "value", name: "TFLOP/s", scale: true },
@@ -314,9 +318,9 @@ class Gain extends View {
     draw("chart-gain", {
       grid: { left: 140, right: 30, top: 20, bottom: 110 },
       tooltip: {
-        formatter: (p) => `${p.data.provider} hd${p.data.head_dim}, seqlen ${p.data.seqlen}<br>` +
+        formatter: (p) => `${esc(p.data.provider)} hd${esc(p.data.head_dim)}, seqlen ${esc(p.data.seqlen)}<br>` +
           `tuned ${fmt(p.data.best)} / default ${fmt(p.data.default)} TFLOP/s = <b>${fmt(p.value[2], 3)}x</b>` +
-          `<br>${p.data.study}`,
+          `<br>${esc(p.data.study)}`,
       },
       xAxis: { type: "category", data: seqlens.map(String), name: "seqlen", nameLocation: "middle", nameGap: 28 },
       yAxis: { type: "category", data: ys },
@@ -398,7 +402,9 @@ class Determinism extends View {
     draw("chart-determinism", {
       legend: { top: 0 },
       grid: { left: 60, right: 60, top: 40, bottom: 60 },
-      tooltip: { trigger: "axis" },
+      tooltip: { trigger: "axis",
+        formatter: (ps) => [esc(ps[0]?.axisValue), ...ps.map((p) => `${p.marker}${esc(p.seriesName)}: ` +
+          `<b>${fmt(p.value, p.seriesName === "ratio" ? 3 : 1)}</b>`)].join("<br>") },
       xAxis: { type: "category", data: shapes.map((s) => s.label), axisLabel: { interval: 0, rotate: 20 } },
       yAxis: [
         { type: "value", name: "TFLOP/s" },
@@ -568,8 +574,8 @@ class StudyView extends View {
       legend: { top: 0 },
       grid: { left: 60, right: 30, top: 40, bottom: 45 },
       tooltip: { trigger: "item",
-        formatter: (p) => `trial ${p.value[0]}: <b>${fmt(p.value[1])}</b> TFLOP/s` +
-          (p.data.config ? `<br>${configText(p.data.config)}` : "") },
+        formatter: (p) => `trial ${esc(p.value[0])}: <b>${fmt(p.value[1])}</b> TFLOP/s` +
+          (p.data.config ? `<br>${esc(configText(p.data.config))}` : "") },
       xAxis: { type: "value", name: "trial", nameLocation: "middle", nameGap: 28, minInterval: 1 },
       yAxis: { type: "value", name: "TFLOP/s", scale: true },
       series: [

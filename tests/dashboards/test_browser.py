@@ -130,8 +130,10 @@ def empty_server(tmp_path_factory):
 class Page:
     """A loaded dashboard page that records console errors, page errors and failed requests."""
 
-    def __init__(self, browser, url: str, routes: dict | None = None):
-        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    def __init__(self, browser, url: str, routes: dict | None = None, width: int = 1400, init_script: str = ""):
+        self.page = browser.new_page(viewport={"width": width, "height": 1000})
+        if init_script:
+            self.page.add_init_script(init_script)
         for pattern, handler in (routes or {}).items():
             self.page.route(pattern, handler)
         self.problems: list[str] = []
@@ -660,3 +662,97 @@ def test_dashboard_works_under_a_path_prefix(browser, tmp_path):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+# -- hostile data and small screens ---------------------------------------------------------------
+
+def _payload(field: str) -> str:
+    # Runs as script wherever the page puts API text into HTML unescaped (an image that fails to load).
+    return f"<img src=x onerror=__xss.push('{field}')>"
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory):
+    """Results whose every free-text field carries script: device strings, study, reason, versions."""
+    from fa4.knobs import config_to_dict, iter_configs
+    from fa4.sm90.fwd_config import FwdConfigSm90
+
+    s = Server("--db", f"sqlite:///{tmp_path_factory.mktemp('hostile') / 'h.db'}", token=TOKEN)
+    device = {"name": _payload("device"), "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 62914560,
+              "memory_bytes": 150754820096, **{k: _payload(k) for k in ("driver", "cuda", "torch", "cutlass_dsl")},
+              "provider_versions": {_payload("pv-key"): _payload("pv-value")}}
+    common = {"device": device, "provider": "fa4", "source_fingerprint": _payload("fingerprint"),
+              "study_name": _payload("study"), "versions": {_payload("v-key"): _payload("v-value")}}
+    configs = [config_to_dict(c) for c in list(iter_configs(FwdConfigSm90))[:3]]
+    bodies = []
+    for seqlen in (4096, 8192):
+        prob = {"batch": 16384 // seqlen, "seqlen_q": seqlen, "seqlen_k": seqlen, "heads_q": 16, "heads_kv": 16,
+                "head_dim": 128, "head_dim_v": 128}
+        for i, cfg in enumerate(configs):
+            bodies.append({**common, "problem": prob, "config": cfg, "status": "ok", "median_ms": 1.0 + i,
+                           "tflops": 300.0 + 10 * i + seqlen / 1024, "is_default": i == 0, "trial_number": i,
+                           "study_name": _payload(f"study-{seqlen}")})
+        bodies.append({**common, "problem": prob, "config": configs[0], "status": "compile_error",
+                       "reason": _payload("reason"), "trial_number": 3, "study_name": _payload(f"study-{seqlen}"),
+                       "idempotency_key": f"failed-{seqlen}"})
+    for det, tflops in ((False, 400.0), (True, 360.0)):
+        bodies.append({**common, "problem": {"batch": 4, "seqlen_q": 4096, "seqlen_k": 4096, "heads_q": 16,
+                                             "heads_kv": 16, "head_dim": 128, "head_dim_v": 128, "pass": "bwd",
+                                             "deterministic": det},
+                       "config": {}, "status": "ok", "median_ms": 1.0, "tflops": tflops, "study_name": None})
+    try:
+        for body in bodies:
+            r = s.http.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 201, r.text
+        yield s
+    finally:
+        s.stop()
+
+
+def test_script_in_every_free_text_field_never_runs(browser, hostile_server):
+    page = Page(browser, hostile_server.url + "/", init_script="window.__xss = [];")
+    dialogs = []
+    page.page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    try:
+        assert [page.state(v) for v in VIEWS] == ["ready"] * len(VIEWS), page.problems
+        # Every data point of every chart shows its tooltip (the HTML part of the page).
+        shown = page.page.evaluate("""async () => {
+            const out = {};
+            for (const [id, c] of Object.entries(window.fa4dash.charts)) {
+              out[id] = [];
+              c.getOption().series.forEach((s, si) => s.data.forEach((_, di) => {
+                c.dispatchAction({ type: "showTip", seriesIndex: si, dataIndex: di });
+                out[id].push(document.getElementById(id).innerText);
+              }));
+              await new Promise((r) => setTimeout(r, 50));
+            }
+            return out;
+          }""")
+        page.page.wait_for_timeout(300)
+        text = page.page.inner_text("body")
+        assert page.page.evaluate("() => window.__xss") == [] and dialogs == []
+        assert page.page.evaluate("() => document.querySelectorAll('img').length") == 0
+        # The strings are shown, as text: the study and device selectors, the failed trial, the tooltips.
+        assert _payload("study-8192") in page.filter_options("study", "study")
+        assert _payload("device") in page.filter_options("throughput", "device")
+        assert _payload("reason") in text
+        tips = {k: " ".join(v) for k, v in shown.items()}
+        assert _payload("study-4096") in tips["chart-gain"] or _payload("study-8192") in tips["chart-gain"]
+        assert "fa4 tuned" in tips["chart-throughput"] and "trial 1" in tips["chart-history"]
+        assert "deterministic" in tips["chart-determinism"]
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_the_page_fits_a_420px_viewport(browser, demo_server):
+    page = Page(browser, demo_server.url + "/", width=420)
+    try:
+        page.screenshot("demo-420px")
+        assert [page.state(v) for v in VIEWS] == ["ready"] * len(VIEWS)
+        widths = page.page.evaluate("""() => ({ doc: document.documentElement.scrollWidth,
+            widest: Math.max(...[...document.querySelectorAll('body *')].map((e) => e.getBoundingClientRect().right)) })""")
+        assert widths["doc"] <= 420 and widths["widest"] <= 420, widths
+        assert page.problems == []
+    finally:
+        page.close()
