@@ -155,6 +155,9 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
     provenance: dict[str, int] = {}
     conns = [Connection(u.hostname, u.port or 80) for _ in range(connections)]
     queue: asyncio.Queue = asyncio.Queue()
+    if writes:
+        study = f"bench-writes-{seed_}-{int(time.time())}"
+        bodies = write_bodies(random.Random(seed_ + 1000), study, int(writes * duration))
 
     # Warm-up, not measured: connections opened and, unless cold, every shape of the population
     # asked once, so the run measures the steady state of a service whose answer cache is warm
@@ -179,9 +182,11 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
             except Exception as e:  # noqa: BLE001 - every failure is a counted error
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
             lat.append(time.perf_counter() - due)
+            slowest.append((lat[-1], due))
 
+    slowest: list[tuple[float, float]] = []
     workers = [asyncio.create_task(worker(c)) for c in conns]
-    writer = asyncio.create_task(write_load(u, writes, duration, token, seed_)) if writes else None
+    writer = asyncio.create_task(write_load(u, writes, bodies, study, token)) if writes else None
     start = time.perf_counter() + 0.05
     for i in range(total):
         due = start + i / rate
@@ -212,40 +217,43 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
         "error_kinds": errors,
         "provenance": provenance,
         "cache": "cold" if cold else "warm",
+        # When the tail happened: (seconds into the run, latency ms) of the five slowest requests.
+        "slowest": [(round(d - start, 3), round(x * 1e3, 1)) for x, d in sorted(slowest, reverse=True)[:5]],
         **({"writes": wrote} if wrote is not None else {}),
     }
 
 
-def write_body(rng: random.Random, study: str, i: int) -> dict:
-    """A tuner's trial in one of the measured families (so it changes answers lookups ask for)."""
+def write_bodies(rng: random.Random, study: str, n: int) -> list[bytes]:
+    """``n`` tuner trials in the measured families (so they change answers lookups ask for), encoded
+    up front: enumerating the knob space takes a second, which would stall the load generator."""
     from fa4.knobs import config_to_dict, iter_configs
     from fa4.problem import Problem
     from fa4.sm90.fwd_config import FwdConfigSm90
+    from tuner.providers import get_provider
 
-    hd, causal, s = rng.choice((64, 128)), rng.choice((False, True)), rng.choice(SEQLENS)
-    p = Problem.standard(s, hd, causal=causal)
-    cfg = config_to_dict(rng.choice(list(iter_configs(FwdConfigSm90))))
-    ms = rng.uniform(0.5, 2.0)
-    return {"device": DEVICE, "provider": "fa4", "problem": p.to_dict(), "config": cfg, "status": "ok",
-            "samples_ms": [ms] * 20, "median_ms": ms, "tflops": p.flops / (ms * 1e9), "study_name": study,
-            "trial_number": i, "source_fingerprint": FA4_FINGERPRINT.get("fp", "")}
+    fp = get_provider("fa4").source_fingerprint()
+    configs = [config_to_dict(c) for c in iter_configs(FwdConfigSm90)]
+    out = []
+    for i in range(n):
+        hd, causal, s = rng.choice((64, 128)), rng.choice((False, True)), rng.choice(SEQLENS)
+        p = Problem.standard(s, hd, causal=causal)
+        ms = rng.uniform(0.5, 2.0)
+        out.append(json.dumps({
+            "device": DEVICE, "provider": "fa4", "problem": p.to_dict(), "config": rng.choice(configs),
+            "status": "ok", "samples_ms": [ms] * 20, "median_ms": ms, "tflops": p.flops / (ms * 1e9),
+            "study_name": study, "trial_number": i, "source_fingerprint": fp}).encode())
+    return out
 
 
-FA4_FINGERPRINT: dict = {}
-
-
-async def write_load(u, rate: float, duration: float, token: str | None, seed_: int) -> dict:
-    """POST /v1/results at ``rate`` per second (open loop, one connection per write in flight)."""
-    rng = random.Random(seed_ + 1000)
-    study = f"bench-writes-{seed_}-{int(time.time())}"
+async def write_load(u, rate: float, bodies: list[bytes], study: str, token: str | None) -> dict:
+    """POST ``bodies`` at ``rate`` per second (open loop, one connection per write in flight)."""
     lat, ids, errors = [], [], {}
     headers = {"Authorization": f"Bearer {token}"}
 
     async def one(i: int, due: float):
         c = Connection(u.hostname, u.port or 80)
         try:
-            status, body = await c.request("POST", "/v1/results", json.dumps(write_body(rng, study, i)).encode(),
-                                           headers)
+            status, body = await c.request("POST", "/v1/results", bodies[i], headers)
             if status == 201:
                 ids.append(json.loads(body)["id"])
             else:
@@ -258,7 +266,7 @@ async def write_load(u, rate: float, duration: float, token: str | None, seed_: 
 
     tasks = []
     start = time.perf_counter() + 0.05
-    for i in range(int(rate * duration)):
+    for i in range(len(bodies)):
         due = start + i / rate
         delay = due - time.perf_counter()
         if delay > 0:
@@ -488,9 +496,6 @@ def main(argv=None) -> int:
         if not a.cold_start:
             proc = start_server(db_url, port, a.workers, a.token)
         url = f"http://127.0.0.1:{port}"
-    from tuner.providers import get_provider
-
-    FA4_FINGERPRINT["fp"] = get_provider("fa4").source_fingerprint()
     load_before = os.getloadavg()[0]
     try:
         if a.cold_start:

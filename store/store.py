@@ -158,10 +158,15 @@ FAMILY_FIELDS = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "determin
 _SERVED = (m.Measurement.status == "ok", m.Measurement.tflops.is_not(None))
 
 
+# Problem.to_dict's spelling of each field (a row of the database is a valid Problem already:
+# building one per row, and asdict() of it, was most of the cost of reading a page).
+_PROBLEM_KEYS = tuple((f"problem.{name}", "pass" if name == "pass_" else name) for name in _PROBLEM_FIELDS)
+
+
 def _measurement_dict(row) -> dict:
     mapping = row._mapping
     out = {k: mapping[k] for k in _OUTER}
-    out["problem"] = Problem(**{name: mapping[f"problem.{name}"] for name in _PROBLEM_FIELDS}).to_dict()
+    out["problem"] = {key: mapping[col] for col, key in _PROBLEM_KEYS}
     out["samples_ms"] = list(out["samples_ms"] or [])
     out["created_at"] = _iso(out["created_at"])
     return out
@@ -179,15 +184,19 @@ def _problem_conditions(problem: Problem) -> list:
     return [getattr(m.Problem, name) == getattr(problem, name) for name in _PROBLEM_FIELDS]
 
 
+# Measurements as plain rows of _MEASUREMENT_COLUMNS, joined to the tables we filter on; built
+# once (statements are immutable, .where() makes a new one).
+_MEASUREMENTS = (
+    select(*_MEASUREMENT_COLUMNS)
+    .select_from(m.Measurement)
+    .join(m.Measurement.device)
+    .join(m.Measurement.problem)
+    .join(m.Measurement.config)
+)
+
+
 def _measurement_query():
-    """Measurements as plain rows of _MEASUREMENT_COLUMNS, joined to the tables we filter on."""
-    return (
-        select(*_MEASUREMENT_COLUMNS)
-        .select_from(m.Measurement)
-        .join(m.Measurement.device)
-        .join(m.Measurement.problem)
-        .join(m.Measurement.config)
-    )
+    return _MEASUREMENTS
 
 
 def _locals_without_self(ns: dict) -> dict:
