@@ -41,8 +41,12 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MAX_RATE, MAX_DURATION = 2000, 120
 
 
-def seed(db_url: str) -> int:
-    """Measured rows for hd 64/128 x causal/not x six seqlens, a few configs each; returns the row count."""
+def seed(db_url: str, extra: int = 0) -> int:
+    """Measured rows for hd 64/128 x causal/not x six seqlens, a few configs each; returns the row count.
+
+    ``extra`` rows more, on another device (answers for DEVICE do not change), to make listings
+    of /v1/results heavy: 50 samples each, as a tuner's trial stores them.
+    """
     from fa4.arch import SM90
     from fa4.knobs import config_to_dict, iter_configs
     from fa4.problem import Problem
@@ -67,6 +71,16 @@ def seed(db_url: str) -> int:
                         store.add_measurement(dev, pid, cid, status="ok", samples_ms=[ms] * 5, median_ms=ms,
                                               tflops=p.flops / (ms * 1e9), source_fingerprint=fp)
                         n += 1
+        other = store.upsert_device({**DEVICE, "name": "bench-listing-gpu"})
+        p = Problem.standard(4096, 128)
+        pid = store.upsert_problem(p)
+        cid = store.upsert_config("fa4", config_to_dict(FwdConfigSm90()), FwdConfigSm90)
+        for i in range(extra):
+            ms = rng.uniform(0.5, 2.0)
+            store.add_measurement(other, pid, cid, status="ok", samples_ms=[ms] * 50, median_ms=ms,
+                                  tflops=p.flops / (ms * 1e9), source_fingerprint=fp, study_name="bench-listing",
+                                  trial_number=i)
+            n += 1
     return n
 
 
@@ -139,7 +153,8 @@ class Connection:
 
 async def run_load(url: str, rate: float, duration: float, seed_: int = 1, connections: int = 32,
                    cold: bool = False, writes: float = 0.0, token: str | None = None,
-                   other_provider: str | None = None, devices: int = 0) -> dict:
+                   other_provider: str | None = None, devices: int = 0, warmup: bool = True,
+                   listers: int = 0) -> dict:
     from urllib.parse import urlencode
 
     u = urlparse(url)
@@ -162,7 +177,8 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
     # Warm-up, not measured: connections opened and, unless cold, every shape of the population
     # asked once, so the run measures the steady state of a service whose answer cache is warm
     # (each first answer costs a few DB queries; --cold shows that start-up phase instead).
-    n_warm = connections if cold else len(targets)
+    # (A cold start measures from the very first request: no warm-up at all.)
+    n_warm = 0 if not warmup else connections if cold else len(targets)
     for i in range(0, n_warm, connections):
         await asyncio.gather(*(c.get(targets[(i + j) % len(targets)]) for j, c in enumerate(conns)))
 
@@ -187,6 +203,8 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
     slowest: list[tuple[float, float]] = []
     workers = [asyncio.create_task(worker(c)) for c in conns]
     writer = asyncio.create_task(write_load(u, writes, bodies, study, token)) if writes else None
+    done = asyncio.Event()
+    listing = [asyncio.create_task(list_loop(u, done)) for _ in range(listers)]
     start = time.perf_counter() + 0.05
     for i in range(total):
         due = start + i / rate
@@ -198,6 +216,8 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
         queue.put_nowait(None)
     await asyncio.gather(*workers)
     elapsed = time.perf_counter() - start
+    done.set()
+    pages = await asyncio.gather(*listing)
     for c in conns:
         c.close()
     lat.sort()
@@ -217,6 +237,9 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
         "error_kinds": errors,
         "provenance": provenance,
         "cache": "cold" if cold else "warm",
+        **({"listers": listers, "pages_listed": sum(p[0] for p in pages),
+            "page_p50_ms": round(percentile(sorted(x for p in pages for x in p[1]), 0.5) * 1e3, 1)}
+           if listers else {}),
         # When the tail happened: (seconds into the run, latency ms) of the five slowest requests.
         "slowest": [(round(d - start, 3), round(x * 1e3, 1)) for x, d in sorted(slowest, reverse=True)[:5]],
         **({"writes": wrote} if wrote is not None else {}),
@@ -229,7 +252,7 @@ def write_bodies(rng: random.Random, study: str, n: int) -> list[bytes]:
     from fa4.knobs import config_to_dict, iter_configs
     from fa4.problem import Problem
     from fa4.sm90.fwd_config import FwdConfigSm90
-    from tuner.providers import get_provider
+    from providers import get_provider
 
     fp = get_provider("fa4").source_fingerprint()
     configs = [config_to_dict(c) for c in iter_configs(FwdConfigSm90)]
@@ -296,6 +319,22 @@ async def check_writes(u, ids: list[int], study: str) -> dict:
     return {"present_afterwards": len(found & set(ids)), "missing": sorted(set(ids) - found)[:10]}
 
 
+async def list_loop(u, done: asyncio.Event) -> tuple[int, list[float]]:
+    """A client paging GET /v1/results?limit=1000 back to back until ``done`` (what a dashboard,
+    or a scraper, does); returns (pages, their latencies)."""
+    c = Connection(u.hostname, u.port or 80)
+    n, lat = 0, []
+    while not done.is_set():
+        t = time.perf_counter()
+        status, _ = await c.get("/v1/results?limit=1000")
+        if status != 200:
+            raise RuntimeError(f"GET /v1/results: HTTP {status}")
+        lat.append(time.perf_counter() - t)
+        n += 1
+    c.close()
+    return n, lat
+
+
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -320,8 +359,9 @@ async def probe_healthz(u, stop: asyncio.Event, every_s: float = 0.01) -> list[f
     return sorted(lat)
 
 
-async def big_posts(u, n: int, megabytes: int, pid: int | None) -> dict:
-    """``n`` concurrent unauthenticated POSTs of ``megabytes`` each; server RSS and /healthz meanwhile."""
+async def big_posts(u, n: int, megabytes: int, pid: int | None, token: str | None = None) -> dict:
+    """``n`` concurrent POSTs of ``megabytes`` each (unauthenticated unless ``token``); server RSS and
+    /healthz meanwhile."""
     chunk = b"[" + b"1.0," * (1 << 18)  # ~1 MiB of a JSON array that never ends: valid-looking, huge
     body_len = megabytes << 20
     rss0 = rss_kb(pid) if pid else None
@@ -336,7 +376,8 @@ async def big_posts(u, n: int, megabytes: int, pid: int | None) -> dict:
     async def one() -> tuple[str, float, int]:
         t = time.perf_counter()
         reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
-        writer.write(f"POST /v1/results HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        writer.write(f"POST /v1/results HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
                      f"Content-Length: {body_len}\r\n\r\n".encode())
         sent = 0
         answer = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
@@ -389,7 +430,7 @@ async def cold_start(db_url: str, port: int, rate: float, duration: float, token
         accepted_after = time.perf_counter() - t0
         stop = asyncio.Event()
         health = asyncio.ensure_future(probe_healthz(u, stop, 0.02))
-        res = await run_load(u.geturl(), rate, duration, cold=True, other_provider="flash-attn-4")
+        res = await run_load(u.geturl(), rate, duration, cold=True, other_provider="flash-attn-4", warmup=False)
         stop.set()
         lat = await health
     finally:
@@ -431,6 +472,12 @@ def start_server(db_url: str, port: int, workers: int, token: str | None = None)
 
 
 def _run_loop(coro):
+    # The generator's own full collections (it imported the seed's packages) would pause every
+    # request in flight at once and show up as the service's tail: keep them off what is loaded.
+    import gc
+
+    gc.collect()
+    gc.freeze()
     # The generator shares the cores with the service; uvloop keeps its own cost down.
     try:
         import uvloop
@@ -465,7 +512,10 @@ def main(argv=None) -> int:
                     help="start the service and load it from the moment its port accepts (a tenth flash-attn-4)")
     ap.add_argument("--big-posts", type=int, default=0, help="instead: this many concurrent unauthenticated POSTs")
     ap.add_argument("--big-mb", type=int, default=60, help="size of each --big-posts body in MB")
+    ap.add_argument("--big-with-token", action="store_true", help="send the writer token with --big-posts")
     ap.add_argument("--devices", type=int, default=0, help="lookups with this many distinct device strings")
+    ap.add_argument("--listers", type=int, default=0, help="clients paging /v1/results?limit=1000 meanwhile")
+    ap.add_argument("--seed-extra", type=int, default=0, help="more rows (another device) for heavy listings")
     ap.add_argument("--append", type=Path, help="add a measurements-log entry to this markdown file (bench/RESULTS.md)")
     a = ap.parse_args(argv)
     if not (0 < a.rate <= MAX_RATE and 0 < a.duration <= MAX_DURATION):
@@ -491,7 +541,7 @@ def main(argv=None) -> int:
         a.token = a.token or secrets.token_hex(16)
         tmp = tempfile.TemporaryDirectory(prefix="fa4-load-")
         db_url = f"sqlite:///{Path(tmp.name) / 'load.db'}"
-        rows = seed(db_url)
+        rows = seed(db_url, a.seed_extra)
         port = free_port()
         if not a.cold_start:
             proc = start_server(db_url, port, a.workers, a.token)
@@ -501,11 +551,12 @@ def main(argv=None) -> int:
         if a.cold_start:
             res = _run_loop(cold_start(db_url, port, a.rate, a.duration, a.token))
         elif a.big_posts:
-            res = _run_loop(big_posts(urlparse(url), a.big_posts, a.big_mb, proc.pid))
+            res = _run_loop(big_posts(urlparse(url), a.big_posts, a.big_mb, proc.pid,
+                                      a.token if a.big_with_token else None))
         else:
             rss0 = rss_kb(proc.pid) if proc is not None else None
             res = _run_loop(run_load(url, a.rate, a.duration, cold=a.cold, writes=a.writes, token=a.token,
-                                     devices=a.devices))
+                                     devices=a.devices, listers=a.listers))
             if rss0 is not None:
                 res["server_rss_growth_mb"] = round((rss_kb(proc.pid) - rss0) / 1024, 1)
     finally:
@@ -519,7 +570,7 @@ def main(argv=None) -> int:
     res["seeded_rows"] = rows
     res["server_workers"] = a.workers if proc is not None else None
     print(json.dumps(res, indent=2))
-    if a.append and not (a.cold_start or a.big_posts or a.writes or a.devices):
+    if a.append and not (a.cold_start or a.big_posts or a.writes or a.devices or a.listers):
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
         import fastapi

@@ -10,9 +10,12 @@ needs it. Every error is a JSON object ``{"error": "...", "detail": [...]}``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import hashlib
 import hmac
 import json
+import sys
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
@@ -32,7 +35,9 @@ from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
 from service import schemas as sch
 from service.docs import mount_docs
+from service import listing
 from service.cache import Invalidations, SingleFlight, TaggedLRU
+from service.listing import Listings
 from store.best import best_config, index_rows
 from store import ResultsStore, canonical_json
 from store.store import FAMILY_FIELDS, SORT_KEYS
@@ -106,9 +111,8 @@ class _State:
         self._refresh_task_seen = 0
         self._refresh_seen = 0
         self.schema_revision: str | None = None
-        # Listings build pages of up to MAX_PAGE rows in Python; one at a time in the thread pool
-        # leaves the event loop (lookups) most of the GIL however many clients page at once.
-        self._listing_slots: asyncio.Semaphore | None = None
+        # Pages of up to MAX_PAGE rows, one at a time, off the event loop's GIL when served.
+        self.listings = Listings(settings.db_url, lambda: self.store, process=settings.tune_process)
 
     @property
     def store(self) -> ResultsStore:
@@ -125,6 +129,7 @@ class _State:
         return s
 
     def close(self) -> None:
+        self.listings.close()
         if self._store is not None:
             self._store.close()
             self._store = None
@@ -278,13 +283,9 @@ class _State:
 
         return await self._flights.run(("answer", key), tags, build)
 
-    async def listing(self, fn, *args, **kwargs) -> Response:
-        """A catalogue or listing answer, built and encoded in the thread pool, one at a time."""
-        if self._listing_slots is None:
-            self._listing_slots = asyncio.Semaphore(1)
-        async with self._listing_slots:
-            body = await run_in_threadpool(lambda: json.dumps(fn(*args, **kwargs), allow_nan=False).encode())
-        return Response(content=body, media_type="application/json")
+    async def listing(self, fn, *args) -> Response:
+        """A listing (see service.listing) as a JSON response."""
+        return Response(content=await self.listings.run(fn, *args), media_type="application/json")
 
 
 class _BestFastPath:
@@ -409,6 +410,10 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         # uvicorn binds its socket after this returns: no request waits behind the warm-up.
         await run_in_threadpool(state.warm)
         await state.refresh()
+        if settings.tune_process:
+            gc.collect()
+            gc.freeze()
+            sys.setswitchinterval(0.0005)
         yield
         state.close()
 
@@ -532,15 +537,12 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
 
     @app.get(f"/{API_VERSION}/devices", response_model=list[sch.Device], tags=["catalogue"])
     async def get_devices():
-        def build():
-            counts = state.store.device_counts()
-            return [{**d, "n_results": counts.get(d["id"], 0)} for d in state.store.devices()]
-
-        return await state.listing(build)
+        return await state.listing(listing.devices)
 
     @app.get(f"/{API_VERSION}/providers", response_model=list[sch.Provider], tags=["catalogue"])
     async def get_providers():
-        return await state.listing(providers_listing)
+        body = await run_in_threadpool(lambda: listing.encode(providers_listing()))
+        return Response(content=body, media_type="application/json")
 
     def providers_listing():
         from providers import list_providers
@@ -613,34 +615,15 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             head_dim=head_dim, head_dim_v=head_dim_v, seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch=batch,
             heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic,
         )
-        def build():
-            store = state.store
-            items = store.measurements(limit=limit, offset=offset, sort=sort, **filters)
-            return {"total": store.count(**filters), "limit": limit, "offset": offset, "sort": sort, "items": items}
-
-        return await state.listing(build)
+        return await state.listing(listing.results_page, limit, offset, sort, filters)
 
     @app.get(f"/{API_VERSION}/studies/{{study_name:path}}", response_model=sch.Study, tags=["results"],
              responses={404: {"model": sch.Error}})
     async def get_study(study_name: str = Path(..., max_length=255, pattern=r"^[^\x00]*$")):
-        return await state.listing(study_listing, study_name)
-
-    def study_listing(study_name: str) -> dict:
-        rows = state.store.measurements(study_name=study_name, sort="trial_number")
-        if not rows:
+        body = await state.listings.run(listing.study, study_name)
+        if body is None:
             raise ApiError(404, f"no measurements recorded for study {study_name!r}")
-        trials = [{
-            "trial_number": r["trial_number"], "measurement_id": r["id"], "status": r["status"],
-            "reason": r["reason"], "config": r["config"], "tflops": r["tflops"], "median_ms": r["median_ms"],
-            "error": r["error"], "is_default": r["is_default"], "created_at": r["created_at"],
-        } for r in rows]
-        ok = [t for t in trials if t["status"] == "ok" and t["tflops"] is not None]
-        best = max(ok, key=lambda t: (t["tflops"], -t["measurement_id"])) if ok else None
-        first = rows[0]
-        return {
-            "study_name": study_name, "device": first["device"], "provider": first["provider"],
-            "problem": first["problem"], "n_trials": len(trials), "n_ok": len(ok), "best": best, "trials": trials,
-        }
+        return Response(content=body, media_type="application/json")
 
     @app.post(f"/{API_VERSION}/results", response_model=sch.ResultCreated, status_code=201, tags=["results"],
               responses={200: {"model": sch.ResultCreated, "description": "a retry: already stored"},
@@ -698,4 +681,4 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
 
 def app_from_env() -> FastAPI:
     """Factory for ``uvicorn --factory service.app:app_from_env``: database from $FA4_DB, token from $FA4_API_TOKEN."""
-    return create_app()
+    return create_app(settings=dataclasses.replace(Settings.from_env(), tune_process=True))

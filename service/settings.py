@@ -26,6 +26,13 @@ class Settings:
     # Problem families whose rows are kept (without samples): one per device, provider, pass,
     # dtype, head dims and flags measured and asked about.
     family_cache_size: int = 1024
+    # Interpreter settings for a process that does nothing but serve (app_from_env), not for
+    # test processes that build many apps: after the warm-up, gc.freeze() takes every object
+    # then alive out of the collector's sight (the provider imports leave ~400k, and each full
+    # collection walked them for ~0.2 s, a stall of every request); and a GIL switch interval
+    # of 0.5 ms instead of 5, so a thread building a listing page hands the GIL back to the
+    # event loop (lookups) within half a millisecond instead of five, at each hand-off.
+    tune_process: bool = False
 
     @classmethod
     def from_env(cls, db_url: str | None = None, token: str | None = None) -> "Settings":

@@ -182,7 +182,7 @@ def test_omitted_sizes_follow_the_cli_shape_convention(client):
 
 
 def test_start_up_fingerprints_every_provider_before_serving(db_url, toy):
-    from tuner.providers import list_providers
+    from providers import list_providers
 
     with TestClient(create_app(db_url)) as c:
         state = c.app.state.fa4
