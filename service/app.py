@@ -288,6 +288,12 @@ class _State:
         return Response(content=await self.listings.run(fn, *args), media_type="application/json")
 
 
+def _route_path(scope) -> str:
+    """The path the router matches: without the prefix of a mount or proxy (root_path)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 class _BestFastPath:
     """Answers a repeated GET /v1/configs/best from the cache before routing and validation.
 
@@ -303,7 +309,7 @@ class _BestFastPath:
         self.state = state
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] == self.PATH and scope["method"] == "GET":
+        if scope["type"] == "http" and scope["method"] == "GET" and _route_path(scope) == self.PATH:
             body = self.state._by_query.get(scope["query_string"])
             if body is not None and not self.state.refresh_due():
                 await send({"type": "http.response.start", "status": 200,
@@ -333,7 +339,8 @@ class _BodyGuard:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope["headers"]}
-        if any(methods and scope["method"] in methods and rx.match(scope["path"])
+        path = _route_path(scope)
+        if any(methods and scope["method"] in methods and rx.match(path)
                for rx, methods in self.writer_routes()):
             auth = headers.get(b"authorization")
             err = self.writer_error(None if auth is None else auth.decode("latin-1"))

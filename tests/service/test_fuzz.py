@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis", reason="pip install 'fa4-tune[test]'")
@@ -14,7 +16,8 @@ from store import ResultsStore  # noqa: E402
 
 TOKEN = "fuzz-token"
 # Bounded so the suite stays fast; CI runs this on every push, so coverage accumulates.
-MAX_EXAMPLES = 25
+# FA4_FUZZ_EXAMPLES=N runs N per operation (the hardening measurements in bench/RESULTS.md).
+MAX_EXAMPLES = int(os.environ.get("FA4_FUZZ_EXAMPLES", "25"))
 
 
 @pytest.fixture(scope="module")

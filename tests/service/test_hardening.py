@@ -23,7 +23,8 @@ client = test_app.client
 LIMIT_MSG = f"request body too large: the limit is {sch.MAX_BODY_BYTES} bytes"
 
 
-async def _call(app, method: str, path: str, headers: dict, body: bytes) -> tuple[int, dict, bool]:
+async def _call(app, method: str, path: str, headers: dict, body: bytes, root_path: str = ""
+                ) -> tuple[int, dict, bool]:
     """One request straight through the ASGI app; also says whether the app ever read the body."""
     read = False
 
@@ -38,7 +39,7 @@ async def _call(app, method: str, path: str, headers: dict, body: bytes) -> tupl
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "path": path,
-             "raw_path": path.encode(), "query_string": b"", "root_path": "", "scheme": "http",
+             "raw_path": path.encode(), "query_string": b"", "root_path": root_path, "scheme": "http",
              "server": ("testserver", 80), "client": ("127.0.0.1", 1),
              "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
     await app(scope, receive, send)
@@ -57,6 +58,9 @@ def test_writes_without_a_valid_token_are_refused_before_the_body_is_read(client
     ):
         got = asyncio.run(_call(app, "POST", "/v1/results", {**headers, "content-length": str(len(huge))}, huge))
         assert got == (status, {"error": msg}, False)
+    # Under a mount or a proxy prefix too (scope path /fa4/v1/results, root_path /fa4).
+    got = asyncio.run(_call(app, "POST", "/fa4/v1/results", {"content-length": "100"}, huge, root_path="/fa4"))
+    assert got == (401, {"error": "missing bearer token (Authorization: Bearer <token>)"}, False)
     # The same rule as the route's own dependency: a valid token gets through to parsing.
     got = asyncio.run(_call(app, "POST", "/v1/results", {**AUTH, "content-length": "100",
                                                           "content-type": "application/json"}, huge))
