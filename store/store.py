@@ -558,7 +558,8 @@ class ResultsStore:
             row = s.scalars(q).first()
             if row is None:
                 return None
-            return _verdict_dict(row) | {"measurement": _measurement_dict(row.measurement)}
+            return _verdict_dict(row) | {"measurement": _measurement_dict(
+                s.execute(_measurement_query().where(m.Measurement.id == row.measurement_id)).one())}
 
     def default_result(self, device_name: str, provider: str, problem: Problem | dict) -> dict | None:
         """The newest 'ok' measurement of the provider's default (heuristic) config."""
