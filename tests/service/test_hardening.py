@@ -195,3 +195,27 @@ def test_start_up_fingerprints_every_provider_before_serving(db_url, toy):
         assert set(state._fingerprints) <= set(list_providers())
         assert state.schema_revision is not None
         assert c.get("/healthz").json()["schema_revision"] == state.schema_revision
+
+
+def test_changes_since_names_the_families_of_new_rows_verdicts_and_devices(store):
+    from fa4.problem import Problem
+
+    dev = store.upsert_device({k: v for k, v in DEVICE.items()})
+    p = Problem.standard(4096, 128)
+    pid, cid = store.upsert_problem(p), store.upsert_config("toy", {"tile_n": 64})
+    gen0 = store.generation()
+    fam = (DEVICE["name"], "toy", "fwd", "bf16", 128, 128, False, False)
+    # A failed trial changes no answer: no family.
+    store.add_measurement(dev, pid, cid, status="compile_error", reason="x")
+    gen1, families, names = store.changes_since(gen0)
+    assert (families, names) == (set(), set()) and gen1[0] > gen0[0]
+    mid = store.add_measurement(dev, pid, cid, status="ok", samples_ms=[1.0], median_ms=1.0, tflops=5.0)
+    gen2, families, names = store.changes_since(gen1)
+    assert (families, names) == ({fam}, set())
+    store.add_verdict(dev, pid, "toy", measurement_id=mid, significant=True, gain=0.1, spread=0.01,
+                      rounds={"configs": []})
+    gen3, families, names = store.changes_since(gen2)
+    assert (families, names) == ({fam}, set()) and gen3[2] > gen2[2]
+    store.upsert_device({**DEVICE, "driver": "575.1"})
+    gen4, families, names = store.changes_since(gen3)
+    assert (families, names) == (set(), {DEVICE["name"]}) and store.changes_since(gen4)[1:] == (set(), set())
