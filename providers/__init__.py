@@ -3,7 +3,10 @@
 A provider is named by a spec string:
   "NAME"          a registered provider (see ``list_providers()``);
   "NAME:ARG"      a registered provider built with one argument (``replay:path/to/recording.json``);
-  "module:attr"   any importable Provider class or factory (used by tests and plug-ins).
+  "plugin:module:attr"
+                  a Provider subclass from an importable module (tests and plug-ins). The prefix
+                  is explicit so that a mistyped name never imports a module: any other unknown
+                  name is an error listing the registered ones.
 Specs are strings so that worker processes can rebuild the same provider.
 """
 
@@ -16,6 +19,7 @@ from .base import Provider, ProviderError
 
 Factory = Union[Callable[..., Provider], str]
 
+PLUGIN = "plugin"
 _REGISTRY: dict[str, Factory] = {}
 _CACHE: dict[str, Provider] = {}
 
@@ -44,11 +48,17 @@ def get_provider(spec: str) -> Provider:
     if name in _REGISTRY:
         factory = _resolve(_REGISTRY[name])
         provider = factory(arg) if sep else factory()
-    elif sep and name and arg.isidentifier():
+    elif name == PLUGIN and sep:
+        mod, colon, attr = arg.partition(":")
+        if not (mod and colon and attr.isidentifier()):
+            raise ProviderError(f"a plugin provider is named {PLUGIN}:module:ClassName, got {spec!r}")
         try:
-            provider = _resolve(spec)()
+            cls = _resolve(arg)
         except (ImportError, AttributeError) as e:
             raise ProviderError(f"cannot load provider {spec!r}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Provider)):
+            raise ProviderError(f"{spec!r} is not a Provider subclass ({type(cls).__name__} {attr})")
+        provider = cls()
     else:
         raise ProviderError(f"unknown provider {spec!r} (known: {', '.join(list_providers())})")
     _CACHE[spec] = provider

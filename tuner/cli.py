@@ -304,6 +304,12 @@ def main(argv=None) -> int:
         from .study import default_storage
 
         storage = args.storage or default_storage(store.url)
+        try:  # opened once here: an unwritable path or a bad URL is a usage error, not a traceback
+            from .storage import open_storage
+
+            open_storage(storage, args.heartbeat)
+        except Exception as e:  # noqa: BLE001
+            _die(f"cannot open the Optuna storage {storage}: {type(e).__name__}: {e}".splitlines()[0])
         if slots:
             outcome = fleet.run_fleet(
                 slots, problems, provider_spec=spec, db=str(store.engine.url.render_as_string(hide_password=False)),

@@ -34,6 +34,12 @@ def fa4_tune(*args, env_extra=None, timeout=300):
         (["--seqlen", "8192", "--hdim", "128", "--batch", "0"], "--batch must be a positive integer"),
         (["--seqlen", "8192", "--hdim", "100"], "head_dim 100 not supported by fa4"),
         (["--seqlen", "8192", "--hdim", "128", "--provider", "nope"], "unknown provider 'nope'"),
+        # A name that looks like module:attr imports nothing; the plugin form loads Provider classes only.
+        (["--seqlen", "8192", "--hdim", "128", "--provider", "os:system"], "unknown provider 'os:system' (known: "),
+        (["--seqlen", "8192", "--hdim", "128", "--provider", "plugin:os:getcwd"],
+         "'plugin:os:getcwd' is not a Provider subclass"),
+        (["--seqlen", "8192", "--hdim", "128", "--provider", "replay", "--storage", "/proc/nope/x.journal"],
+         "cannot open the Optuna storage /proc/nope/x.journal: FileNotFoundError"),
         (["--seqlen", "8192"], "--hdim"),
         (["--seqlen", "8192", "--hdim", "128", "--sampler", "anneal"], "invalid choice: 'anneal'"),
         (["--seqlen", "8192", "--hdim", "128", "--heads", "16", "--heads-kv", "5"], "multiple of heads_kv"),
@@ -116,7 +122,7 @@ def test_a_time_budget_stops_the_trials_and_skips_the_shapes_after_it(tmp_path):
     """--budget-s: no trial starts once the budget is spent; the shapes not reached are named."""
     shapes = tmp_path / "shapes.csv"
     shapes.write_text("seqlen,hdim,batch,heads\n8192,128,2,16\n8192,64,2,32\n")
-    r = fa4_tune("--shapes", str(shapes), "--provider", "tests.tuner.fake_providers:SlowReplay", "--trials", "30",
+    r = fa4_tune("--shapes", str(shapes), "--provider", "plugin:tests.tuner.fake_providers:SlowReplay", "--trials", "30",
                  "--budget-s", "2", "--verify-rounds", "0", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--json",
                  env_extra={"FA4_TEST_SLOW_S": "0.4"})
     assert r.returncode == 0, r.stderr

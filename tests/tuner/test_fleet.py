@@ -189,7 +189,7 @@ def test_sigkill_mid_trial_is_retried_and_the_db_stays_whole(tmp_path):
                FA4_TEST_SLOW_S="1.5", FA4_HEARTBEAT_S="2")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tuner.cli", "--shapes", shapes_file(tmp_path, problems), "--provider",
-         "tests.tuner.fake_providers:SlowReplay", "--devices", "cpu0,cpu1,cpu2", "--trials", str(budget),
+         "plugin:tests.tuner.fake_providers:SlowReplay", "--devices", "cpu0,cpu1,cpu2", "--trials", str(budget),
          "--db", db, "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Wait until every worker is measuring, then kill the one that started last: it is
@@ -282,7 +282,7 @@ def test_two_workers_halve_the_trial_phase(tmp_path):
     the H200 x2 run showed; see bench/RESULTS.md)."""
     import re
 
-    spec = "tests.tuner.fake_providers:SlowReplay"
+    spec = "plugin:tests.tuner.fake_providers:SlowReplay"
     shapes = shapes_file(tmp_path, [RECORDED[1], RECORDED[2]])
     spans = {}
     for devices in ("cpu0", "cpu0,cpu1"):
@@ -347,7 +347,7 @@ def test_a_study_gets_the_same_proposals_whatever_the_fleet_size(tmp_path):
         # Measurements that take time, as on a GPU: with instant ones, a worker that started a
         # second later than the other (a loaded CI host) found its own study filled by the other
         # worker, which had finished its share and come to help (4 own proposals of 12 in one run).
-        r = fa4_tune("--shapes", shapes_file(tmp_path, problems), "--provider", "tests.tuner.fake_providers:SlowReplay",
+        r = fa4_tune("--shapes", shapes_file(tmp_path, problems), "--provider", "plugin:tests.tuner.fake_providers:SlowReplay",
                      "--devices", devices, "--sampler", "random", "--trials", "12", "--db", db, "--json",
                      env_extra={"FA4_LOCK_DIR": str(tmp_path / "locks"), "FA4_TEST_SLOW_S": "0.5"})
         assert r.returncode == 0, r.stderr

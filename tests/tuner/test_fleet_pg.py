@@ -66,7 +66,7 @@ def _host(tmp_path, name, devices, storage, shapes, budget):
                CUDA_VISIBLE_DEVICES="", FA4_LOCK_DIR=str(d / "locks"), FA4_TEST_MARKERS=str(d / "markers"),
                FA4_TEST_SLOW_S="1.5", FA4_HEARTBEAT_S="2")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tuner.cli", "--shapes", shapes, "--provider", "tests.tuner.fake_providers:SlowReplay",
+        [sys.executable, "-m", "tuner.cli", "--shapes", shapes, "--provider", "plugin:tests.tuner.fake_providers:SlowReplay",
          "--devices", devices, "--trials", str(budget), "--storage", storage, "--db", f"sqlite:///{d / 'r.db'}",
          "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, d

@@ -25,7 +25,7 @@ from tests.tuner.test_fleet import check_db_matches_studies, recorded_best
 from tuner import device, fleet
 
 FAKE = ROOT / "tests" / "fakegpu"
-PROVIDER = "tests.tuner.fake_providers:GpuReplay"
+PROVIDER = "plugin:tests.tuner.fake_providers:GpuReplay"
 SHAPE = ["--seqlen", "8192", "--hdim", "128"]  # a problem of the H200 recording (B2 H16)
 RECORDED = Problem(batch=2, seqlen_q=8192, seqlen_k=8192, heads_q=16, heads_kv=16, head_dim=128,
                    head_dim_v=128)

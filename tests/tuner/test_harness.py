@@ -294,7 +294,7 @@ def test_prestart_warms_the_measuring_process_while_the_caller_works(monkeypatch
 
     monkeypatch.setenv("FA4_TEST_WARM_S", "2.0")
     monkeypatch.delenv("FA4_TEST_WARM_FAIL", raising=False)
-    spec = "tests.tuner.fake_providers:WarmupProbe"
+    spec = "plugin:tests.tuner.fake_providers:WarmupProbe"
     problem, cfg = _recorded_case()
     settings = Settings(target_ms=30, warmup_ms=20)
     with IsolatedRunner(timeout_s=120) as r:
@@ -319,7 +319,7 @@ def test_failed_warmup_is_reported_and_measuring_goes_on(monkeypatch):
 
     monkeypatch.setenv("FA4_TEST_WARM_S", "0")
     monkeypatch.setenv("FA4_TEST_WARM_FAIL", "1")
-    spec = "tests.tuner.fake_providers:WarmupProbe"
+    spec = "plugin:tests.tuner.fake_providers:WarmupProbe"
     problem, cfg = _recorded_case()
     with IsolatedRunner(timeout_s=120) as r:
         r.prestart(spec)
@@ -336,7 +336,7 @@ def test_close_stops_the_measuring_process_without_its_teardown(monkeypatch):
     from tuner.worker import CLOSE_GRACE_S, IsolatedRunner
 
     monkeypatch.setenv("FA4_TEST_TEARDOWN_S", "5")
-    spec = "tests.tuner.fake_providers:SlowTeardown"
+    spec = "plugin:tests.tuner.fake_providers:SlowTeardown"
     problem, cfg = _recorded_case()
     r = IsolatedRunner(timeout_s=120)
     r.prestart(spec)

@@ -145,7 +145,7 @@ def test_unrecorded_problem_is_a_request_error(env):
 
 def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, monkeypatch):
     monkeypatch.setenv(ENV, env["rec"])
-    spec = "tests.tuner.fake_providers:MisbehavingReplay"
+    spec = "plugin:tests.tuner.fake_providers:MisbehavingReplay"
     runner = IsolatedRunner(timeout_s=120)
     t = Tuner(spec, PROBLEM, store=env["store"], runner=runner, trials=6)
     # Queue the two misbehaving configs right after the default.

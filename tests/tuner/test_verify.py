@@ -68,7 +68,7 @@ def env(tmp_path, monkeypatch):
 
 def _tune(store, noise, monkeypatch, **kw):
     monkeypatch.setenv("FA4_TEST_NOISE", str(noise))
-    t = Tuner("tests.tuner.fake_providers:NoisyReplay", PROBLEM, store=store, runner=InProcessRunner(),
+    t = Tuner("plugin:tests.tuner.fake_providers:NoisyReplay", PROBLEM, store=store, runner=InProcessRunner(),
               trials=40, **kw)
     return t, t.run()
 
