@@ -364,7 +364,11 @@ class Tuner:
             # a feasible config never measured.
             if not hasattr(self, "_feasible_keys"):
                 self._feasible_keys = {_key(c) for c in self.feasible()}
-            seen = {_key(t.params) for t in answered + running if t.params} & self._feasible_keys
+            from .sampling import CLAIM
+
+            # A running trial's config is known from its claim before its params are set.
+            seen = {_key(t.params or t.system_attrs.get(CLAIM) or {}) for t in answered + running}
+            seen &= self._feasible_keys
             left = min(left, len(self._feasible_keys) - len(seen))
         return left, len(answered), len(running)
 

@@ -116,7 +116,7 @@ def test_a_bwd_study_suggests_and_stores_bwd_configs(tmp_path):
     store = ResultsStore.open(f"sqlite:///{tmp_path / 'r.db'}")
     try:
         t = Tuner(SyntheticFa4(), BWD_DET, store=store, runner=InProcessRunner(), trials=25,
-                  provider_spec="tests.tuner.test_fa4_provider:SyntheticFa4")
+                  provider_spec="plugin:tests.tuner.test_fa4_provider:SyntheticFa4")
         assert t.knob_cls is BwdConfigSm90
         res = t.run()
         study = optuna.load_study(study_name=t.name, storage=open_storage(t.storage_spec))
