@@ -172,6 +172,16 @@ def _measurement_dict(row) -> dict:
     return out
 
 
+def _verdict_query(device_name: str, provider: str, problem_conditions: list):
+    """Verdicts of ``provider`` on the named device for the problems the conditions select."""
+    return (
+        select(m.Verdict)
+        .join(m.Device, m.Device.id == m.Verdict.device_id)
+        .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
+        .where(m.Device.name == device_name, m.Verdict.provider == provider, *problem_conditions)
+    )
+
+
 def _verdict_dict(row: m.Verdict) -> dict:
     return {
         "id": row.id, "study_name": row.study_name, "significant": row.significant,
@@ -545,12 +555,7 @@ class ResultsStore:
                 source_fingerprint: str | None = None) -> dict | None:
         """The newest verdict for the problem (with the measurement it serves), or None."""
         p = _as_problem(problem)
-        q = (
-            select(m.Verdict)
-            .join(m.Device, m.Device.id == m.Verdict.device_id)
-            .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
-            .where(m.Device.name == device_name, m.Verdict.provider == provider, *_problem_conditions(p))
-        )
+        q = _verdict_query(device_name, provider, _problem_conditions(p))
         if source_fingerprint is not None:
             q = q.where(m.Verdict.source_fingerprint == source_fingerprint)
         q = q.order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)
@@ -654,14 +659,9 @@ class ResultsStore:
             *_SERVED,
             *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS],
         ).order_by(m.Measurement.id.asc())
-        vq = (
-            select(m.Verdict)
-            .join(m.Device, m.Device.id == m.Verdict.device_id)
-            .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
-            .where(m.Device.name == device_name, m.Verdict.provider == provider,
-                   *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS])
-            .order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
-        )
+        vq = _verdict_query(device_name, provider,
+                            [getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS]
+                            ).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
         with self._read() as s:
             rows = [_measurement_dict(r) for r in s.execute(q)]
             # The newest verdict of each (problem, source) marks the row it serves, so a caller
