@@ -63,11 +63,11 @@ def make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed):
     return q, k, v, dout, out, lse
 
 
-def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config):
+def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=False):
     seed = int(time.time() * 1e6) % (2**31)
     q, k, v, dout, out, lse = make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed)
     scale = 1.0 / math.sqrt(D)
-    grads = flash_attn_bwd(dout, q, k, v, out, lse, scale, causal, config.deterministic, config)
+    grads = flash_attn_bwd(dout, q, k, v, out, lse, scale, causal, deterministic, config)
     torch.cuda.synchronize()
     ok, info = grads_match_reference(grads, q, k, v, dout, causal, scale)
     return ok, {"seed": seed, **info}
@@ -90,7 +90,7 @@ def grads_match_reference(grads, q, k, v, dout, causal, scale):
     return ok, info
 
 
-def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, runs=10):
+def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=True, runs=10):
     q, k, v, dout, out, lse = make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, 1234)
     first = flash_attn_bwd(dout, q, k, v, out, lse, None, causal, True, config)
     same = 0
@@ -134,6 +134,10 @@ def default_for(sh, D, causal, det, **change):
     return dataclasses.replace(default_config(problem_for(sh, D, causal, det)), **change)
 
 
+def case(kind, sh, D, causal, det, **change):
+    return (kind, sh, D, causal, det, default_for(sh, D, causal, det, **change))
+
+
 def correctness(quick, det_only=False, only=None, hds=(64, 128)):
     """The grid below; with ``only`` (a list of knob overrides), just those variants of the
     default, each on the quick shapes and, where deterministic, the bitwise-identity cases."""
@@ -145,14 +149,13 @@ def correctness(quick, det_only=False, only=None, hds=(64, 128)):
             for det in ((True,) if det_only else (False, True)):
                 shapes = SHAPES[:3] if quick else SHAPES + [(1, 4096, 4096, 8, 8)]
                 for sh in shapes:
-                    cases.append(("grad", sh, D, causal, default_for(sh, D, causal, det)))
+                    cases.append(case("grad", sh, D, causal, det))
                 for var in VARIANTS[1:]:
-                    sh = variant_shape(var)
-                    cases.append(("grad", sh, D, causal, default_for(sh, D, causal, det, **var)))
+                    cases.append(case("grad", variant_shape(var), D, causal, det, **var))
                 if det:
                     for sh in DET_SHAPES:
                         for var in DET_VARIANTS:
-                            cases.append(("det", sh, D, causal, default_for(sh, D, causal, det, **var)))
+                            cases.append(case("det", sh, D, causal, det, **var))
     return run_cases(cases)
 
 
@@ -161,11 +164,11 @@ def correctness_of(variants, hds):
     for D in hds:
         for causal in (False, True):
             for var in variants:
-                det = bool(var.get("deterministic", False))
-                cases += [("grad", sh, D, causal, default_for(sh, D, causal, det, **var)) for sh in SHAPES[:3]]
+                var = dict(var)
+                det = bool(var.pop("deterministic", False))  # the problem's flag, not a knob
+                cases += [case("grad", sh, D, causal, det, **var) for sh in SHAPES[:3]]
                 if det:
-                    cases += [("det", sh, D, causal, default_for(sh, D, causal, det, **var))
-                              for sh in (DET_SHAPES[0], DET_SHAPES[2])]
+                    cases += [case("det", sh, D, causal, det, **var) for sh in (DET_SHAPES[0], DET_SHAPES[2])]
     return run_cases(cases)
 
 
@@ -173,21 +176,22 @@ def run_cases(cases):
     results, n_ok = [], 0
     # A knob change equal to the shape's default (dkv_store 'direct' under GQA) is the same case twice.
     cases = list(dict.fromkeys(cases))
-    for kind, sh, D, causal, cfg in cases:
+    for kind, sh, D, causal, det, cfg in cases:
         B, Sq, Sk, Hq, Hkv = sh
         q = torch.empty(B, Sq, Hq, D, device="meta", dtype=torch.bfloat16)
         k = torch.empty(B, Sk, Hkv, D, device="meta", dtype=torch.bfloat16)
-        bad = violations(cfg, problem_of(q, k, k, causal, pass_="bwd", deterministic=cfg.deterministic))
+        bad = violations(cfg, problem_of(q, k, k, causal, pass_="bwd", deterministic=det))
         if bad:
             print(f"SKIP {kind} {sh} D={D} causal={causal}: infeasible ({'; '.join(bad)[:160]})", flush=True)
             continue
         try:
             fn = check_case if kind == "grad" else check_deterministic
-            ok, info = fn(B, Sq, Sk, Hq, Hkv, D, causal, torch.bfloat16, cfg)
+            ok, info = fn(B, Sq, Sk, Hq, Hkv, D, causal, torch.bfloat16, cfg, det)
         except Exception as e:  # noqa: BLE001 - report and keep going
             ok, info = False, dict(exception=f"{type(e).__name__}: {e}"[:400])
         n_ok += ok
-        rec = dict(kind=kind, shape=sh, D=D, causal=causal, config=dataclasses.asdict(cfg), ok=ok, **info)
+        rec = dict(kind=kind, shape=sh, D=D, causal=causal, deterministic=det, config=dataclasses.asdict(cfg),
+                   ok=ok, **info)
         results.append(rec)
         print(("PASS " if ok else "FAIL ") + json.dumps({k: rec[k] for k in rec if k != "config"}, default=str)
               + ("" if ok else "  cfg=" + json.dumps(rec["config"])), flush=True)
@@ -216,11 +220,14 @@ def bench(seqlens, hds, variants=()):
                 lambda det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det)
             )
         for var in variants:
-            prob = problem_of(q, k, v, causal, pass_="bwd", deterministic=bool(var.get("deterministic", False)))
+            name = "ours " + json.dumps(var, separators=(",", ":"))
+            var = dict(var)
+            det = bool(var.pop("deterministic", False))  # the problem's flag, not a knob
+            prob = problem_of(q, k, v, causal, pass_="bwd", deterministic=det)
             cfg = dataclasses.replace(default_config(prob), **var)
             if not violations(cfg, prob):
-                runs["ours " + json.dumps(var, separators=(",", ":"))] = (
-                    lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, cfg.deterministic, cfg)
+                runs[name] = (
+                    lambda cfg=cfg, det=det: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, det, cfg)
                 )
         try:
             from flash_attn.cute import flash_attn_func as ref_fa4

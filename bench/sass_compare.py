@@ -55,7 +55,7 @@ def ours(hd: int, causal: bool, change: dict) -> bytes:
     from fa4.sm90.bwd_config import default_config
 
     cfg = dataclasses.replace(default_config(Problem.standard(8192, hd, causal=causal, pass_="bwd")), **change)
-    key = compile_key("bf16", hd, causal, False, cfg)
+    key = compile_key("bf16", hd, causal, False, False, cfg)
     return cubin_of(lambda options: compile_bwd_main(key, options=options))
 
 

@@ -185,6 +185,11 @@ def as_config(cls, value, name: str = "config"):
     return value
 
 
+def retired_knobs(cls) -> dict[str, str]:
+    """Knob names ``cls`` no longer declares, with why (its ``RETIRED_KNOBS``; empty if none)."""
+    return dict(getattr(cls, "RETIRED_KNOBS", None) or {})
+
+
 def config_from_dict(cls, data: dict):
     """Build a config from a mapping, rejecting unknown names and values off the menu.
 
@@ -192,6 +197,9 @@ def config_from_dict(cls, data: dict):
     that names the offending knob.
     """
     specs = {s.name: s for s in knob_specs(cls)}
+    # Names an older declaration had (cls.RETIRED_KNOBS: name -> why) are dropped, not refused:
+    # rows stored and clients built before the change keep working.
+    data = {k: v for k, v in data.items() if k not in retired_knobs(cls)}
     unknown = sorted(set(data) - set(specs))
     if unknown:
         raise ValueError(f"unknown knob(s) for {cls.__name__}: {', '.join(unknown)}")

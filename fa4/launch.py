@@ -112,25 +112,26 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 @observed("bwd")
-def _backward(dout, q, k, v, out, lse, softmax_scale, causal, config):
+def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
     """(dq, dk, dv) by our backward kernel with an already resolved config."""
     if not _tma_ready(dout):
         dout = dout.contiguous()
     run = bwd_entry(arch_of(q.device)).run
-    return run(dout, q, k, v, out, lse, softmax_scale, causal, config.deterministic, config)
+    return run(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
 
 
 class _FlashAttnFunc(torch.autograd.Function):
     """Eager autograd: the kernels called directly (cheaper per call than the custom ops)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, out, softmax_scale, causal, config, bwd_config):
+    def forward(ctx, q, k, v, out, softmax_scale, causal, config, deterministic, bwd_config):
         o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out)
         if out is not None:
             ctx.mark_dirty(out)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
+        ctx.deterministic = deterministic
         return o, lse
 
     @staticmethod
@@ -138,8 +139,9 @@ class _FlashAttnFunc(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         if ctx.bwd_config is None:
             check_bwd_head_dims(q, v)  # raises: the forward ran at a head dim the backward lacks
-        dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.bwd_config)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
+                               ctx.bwd_config)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
@@ -152,5 +154,6 @@ def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, determin
         resolved = None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
-    o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, resolved)
+    o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, deterministic,
+                                  resolved)
     return (o, lse) if return_lse else o

@@ -92,7 +92,7 @@ def bwd(
 
     config = launch.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config))
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-    return tuple(launch._backward(dout, q, k, v, out, lse, scale, causal, config))
+    return tuple(launch._backward(dout, q, k, v, out, lse, scale, causal, deterministic, config))
 
 
 @bwd.register_fake

@@ -126,9 +126,9 @@ def _problem(pass_: str, args):
     if pass_ == "fwd":  # _forward(q, k, v, softmax_scale, causal, ...)
         q, k, v, _, causal = args[:5]
         return problem_of(q, k, v, causal)
-    # _backward(dout, q, k, v, out, lse, softmax_scale, causal, config)
-    _, q, k, v, _, _, _, causal, config = args[:9]
-    return problem_of(q, k, v, causal, "bwd", config.deterministic)
+    # _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    _, q, k, v, _, _, _, causal, deterministic = args[:9]
+    return problem_of(q, k, v, causal, "bwd", deterministic)
 
 
 def _from_env() -> None:

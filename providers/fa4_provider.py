@@ -122,7 +122,7 @@ class Fa4Provider(Provider):
         if problem.pass_ == "bwd":
             from fa4.sm90.bwd_compile import compile_key
 
-            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, config)
+            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, problem.deterministic, config)
         from fa4.sm90.compile import compile_key
 
         return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v)

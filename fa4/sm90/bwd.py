@@ -78,7 +78,7 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 
 
 class FlashBwdSm90:
-    def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, config: BwdConfigSm90):
+    def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90):
         self.dtype = dtype
         self.head_dim = head_dim
         self.causal = causal
@@ -89,7 +89,7 @@ class FlashBwdSm90:
         # Q and dO tiles of one query tile travel together: one ring depth, one pipeline state.
         self.q_stages = config.stages
         self.do_stages = config.stages
-        self.deterministic = config.deterministic
+        self.deterministic = deterministic
         self.red_v2 = config.dq_accum == "red_v2"
         # 'bulk': consumers stage dQ in shared memory and a producer-side warp reduces it into
         # global memory with one cp.reduce.async.bulk (and owns the semaphore wait), so the

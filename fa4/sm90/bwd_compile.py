@@ -25,12 +25,14 @@ class BwdKernelKey:
     head_dim: int
     causal: bool
     gqa: bool
+    deterministic: bool  # the problem's: semaphore-ordered dQ (and GQA dK/dV) adds
     config: BwdConfigSm90  # runtime knobs normalised away
 
 
-def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, config: BwdConfigSm90) -> BwdKernelKey:
+def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, deterministic: bool,
+                config: BwdConfigSm90) -> BwdKernelKey:
     base = compile_time_config(config)
-    return BwdKernelKey(dtype, head_dim, causal, gqa, base)
+    return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base)
 
 
 def padded(seqlen: int) -> int:
@@ -88,10 +90,10 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     else:
         dk = _fake(dt, (None, None, None, d))
         dv = _fake(dt, (None, None, None, d))
-    det = key.config.deterministic
+    det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
     sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and key.gqa else None
-    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.config)
+    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
         kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv, sem_q, sem_kv,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fa4.arch import SM90, Arch
 from fa4.knobs import RuntimeKnobNames, Violation, knob
@@ -20,6 +21,7 @@ HEAD_DIMS = (64, 128)
 ROWS_PER_WG = 64
 THREADS_PER_WG = 128
 CONSUMER_WGS = 2
+TILE_N = CONSUMER_WGS * ROWS_PER_WG
 # Register budget of a consumer thread: setmaxnreg gives the consumers 240 (the producer
 # warpgroup keeps 32). Measured with ptxas 13.0 on this kernel, the register allocation of the
 # consumer branch does use up to that many (SASS of the hd128 kernel reaches R237 while the
@@ -47,10 +49,6 @@ class BwdConfigSm90:
         "Query rows per step of the mainloop (N of S^T = K Q^T, K of dV += P^T dO, M of dQ = dS K). "
         "128 fits the consumer registers only at head_dim 64 with dv_operand 'smem'.",
     )
-    tile_n: int = knob(
-        (128,), 128,
-        "Key rows per CTA: 64 per consumer warpgroup (the WGMMA M of S^T, dV and dK); two consumers.",
-    )
     stages: int = knob(
         (1, 2, 3), 2,
         "Depth of the Q and dO shared-memory rings (one pipeline state for both: TMA runs this many "
@@ -68,11 +66,6 @@ class BwdConfigSm90:
         "store per pair of elements (16 per thread and step at tile_m 64), 'stmatrix' stmatrix.x4, "
         "four 8x8 blocks per instruction (4 per thread and step), as the reference's Hopper backward does "
         "(measured +1.5-2.8% on the four S=8192 shapes).",
-    )
-    sdp_swap_ab: bool = knob(
-        (True,), True,
-        "Compute S^T and dP^T (keys on the M axis) so P^T/dS^T feed the dV/dK WGMMAs from registers. "
-        "The untransposed form is not built.",
     )
     dq_accum: str = knob(
         ("bulk", "red_v2", "red"), "bulk",
@@ -100,11 +93,6 @@ class BwdConfigSm90:
         "from a shared-memory copy (a store and a warpgroup barrier per step, 16-bit P^T not live "
         "beside S^T and dP^T: fewer registers).",
     )
-    deterministic: bool = knob(
-        (False, True), False,
-        "Add the dQ (and, under GQA, dK/dV) contributions in a fixed order: a per-tile int32 semaphore, "
-        "acquire spin by one thread, release increment after the adds.",
-    )
     spt_order: bool = knob(
         (True, False), True,
         "Causal: launch the shortest key tiles (highest n_block) first and give them the first dQ turns "
@@ -117,12 +105,21 @@ class BwdConfigSm90:
         "their Q/dO stay resident in L2.",
         runtime=True,
     )
-    cluster_exchange: bool = knob(
-        (False,), False,
-        "2-CTA cluster exchanging dS halves through distributed shared memory. Declared, not built.",
-    )
 
     RUNTIME_KNOBS = RuntimeKnobNames()
+    # Fields of older declarations that were not knobs; stored rows and REST posts that still
+    # name them are read without them (store migration 0004 rewrote the stored ones).
+    RETIRED_KNOBS: ClassVar[dict[str, str]] = {
+        "deterministic": "restated the problem: the problem's deterministic flag decides",
+        "sdp_swap_ab": "single-valued (True): S^T and dP^T are always computed with the keys on M",
+        "tile_n": f"single-valued ({TILE_N}): two consumer warpgroups of 64 key rows",
+        "cluster_exchange": "never built (False only)",
+    }
+
+    @property
+    def tile_n(self) -> int:
+        """Key rows per CTA: 64 per consumer warpgroup (the WGMMA M of S^T, dV and dK); two consumers."""
+        return TILE_N
 
 
 def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
@@ -165,20 +162,8 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("problem", f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})"))
     if problem.head_dim_v != problem.head_dim:
         out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}"))
-    if config.deterministic != problem.deterministic:
-        out.append(Violation(
-            "problem contradiction",
-            f"config.deterministic={config.deterministic} but the problem asks for "
-            f"deterministic={problem.deterministic}")
-        )
     if config.tile_m % ROWS_PER_WG:
         out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))
-    if config.tile_n != CONSUMER_WGS * ROWS_PER_WG:
-        out.append(Violation("tile shape", f"tile_n {config.tile_n} must be {CONSUMER_WGS} consumer warpgroups x 64 rows"))
-    if not config.sdp_swap_ab:
-        out.append(Violation("not built", "sdp_swap_ab=False is not built"))
-    if config.cluster_exchange:
-        out.append(Violation("not built", "cluster_exchange is not built"))
     need = smem_bytes(config, problem)
     if need > arch.smem_per_cta:
         out.append(Violation(
@@ -208,13 +193,13 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             elif config.ds_store == "sts" and config.dkv_store == "tma":
                 # The sweep of dkv_store 'tma' (404 kernels): 3 of these 12 spilled 1-2 registers.
                 why = "P^T from registers, the per-element dS^T stores and dkv_store 'tma' (use ds_store 'stmatrix')"
-            elif config.deterministic and problem.heads_q != problem.heads_kv:
+            elif problem.deterministic and problem.heads_q != problem.heads_kv:
                 why = "P^T from registers with the deterministic GQA dK/dV locks"
             elif config.stages < 2:
                 why = "P^T from registers with a one-deep Q/dO ring"
         elif config.ds_stages != 1 or config.stages != 1:
             why = "P^T through shared memory needs ds_stages 1 and stages 1 (the second buffers' offsets)"
-        elif config.ds_store == "stmatrix" and config.deterministic and problem.heads_q != problem.heads_kv:
+        elif config.ds_store == "stmatrix" and problem.deterministic and problem.heads_q != problem.heads_kv:
             # The one combination of the sweep with ds_store (756 kernels) that spills: 2 loads, 1 store.
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
         if why:
@@ -227,7 +212,7 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         if config.stages == 3:
             out.append(Violation("registers",
             "head_dim 128, causal, stages 3 with P^T from registers spills (use dv_operand 'smem')"))
-        elif config.stages == 1 and config.deterministic:
+        elif config.stages == 1 and problem.deterministic:
             out.append(Violation("registers",
             "head_dim 128, causal, deterministic, stages 1 with P^T from registers spills "
                        "(use dv_operand 'smem' or stages 2)"))
@@ -257,7 +242,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     same dQ tiles in turn, head_swizzle 4 took hd64 from 0.89 to 0.99 of the non-deterministic
     kernel (8: 0.975) and 8 took hd128 from 0.947 to 0.974; causal it stays 1 (8 lost 10% at
     hd128). dkv_store 'tma' over 'direct': +0.2% / +3.7% / +3.3% / +4.8% (hd64, hd64 causal, hd128,
-    hd128 causal; deterministic alike). Deterministic as the problem asks.
+    hd128 causal; deterministic alike).
     """
     swizzle = 1
     if problem.deterministic and not problem.causal:
@@ -268,8 +253,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
                 for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (no GQA)
                     cand = BwdConfigSm90(
                         tile_m=tm, stages=st, dq_split=split, dkv_store=dkv, head_swizzle=swizzle,
-                        deterministic=problem.deterministic,
                     )
                     if not violations(cand, problem, arch):
                         return cand
-    return BwdConfigSm90(deterministic=problem.deterministic, head_swizzle=swizzle)
+    return BwdConfigSm90(head_swizzle=swizzle)

@@ -71,19 +71,18 @@ def flash_attn_bwd(
     config = resolve_config(problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic), config)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
-    return launch_bwd(dout, q, k, v, out, lse, softmax_scale, causal, config.deterministic, config)
+    return launch_bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
 
 
 def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
                config: BwdConfigSm90):
     """The three launches, for inputs and a config already checked (fa4.flash_attn_func's
-    autograd resolved them at the forward call; flash_attn_bwd above checks them itself).
-    ``deterministic`` is ``config.deterministic``."""
+    autograd resolved them at the forward call; flash_attn_bwd above checks them itself)."""
     dtype = DTYPES[q.dtype]
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     gqa = hq != hkv
-    key = compile_key(dtype, d, bool(causal), gqa, config)
+    key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config)
     main = compiled(key, lambda: compile_bwd_main(key))
     pre = compiled(("bwd_pre", dtype, d), lambda: compile_bwd_pre(dtype, d))
     post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
@@ -106,7 +105,7 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         dk_out = torch.empty_like(k)
         dv_out = torch.empty_like(v)
     sem_q = sem_kv = None
-    if config.deterministic:
+    if deterministic:
         num_m = -(-sq // config.tile_m)
         num_n = -(-sk // config.tile_n)
         sem_q = torch.zeros(b, hq, _round4(num_m), device=dev, dtype=torch.int32)

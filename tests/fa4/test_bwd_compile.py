@@ -33,7 +33,7 @@ from fa4.sm90.compile import ensure_target
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(BwdConfigSm90) if s.name not in BwdConfigSm90.RUNTIME_KNOBS]
-DIMS = ["hd", "causal", "gqa"] + COMPILE_KNOBS
+DIMS = ["hd", "causal", "gqa", "det"] + COMPILE_KNOBS
 
 
 def problem(hd: int, causal: bool, gqa: bool, det: bool) -> Problem:
@@ -42,19 +42,19 @@ def problem(hd: int, causal: bool, gqa: bool, det: bool) -> Problem:
 
 
 def feasible_kernels() -> list[tuple]:
-    """(hd, causal, gqa, config) for every distinct feasible main kernel."""
+    """(hd, causal, gqa, det, config) for every distinct feasible main kernel."""
     seen = {}
-    for hd, causal, gqa in itertools.product((64, 128), (False, True), (False, True)):
+    for hd, causal, gqa, det in itertools.product((64, 128), (False, True), (False, True), (False, True)):
         for c in iter_configs(BwdConfigSm90):
-            if violations(c, problem(hd, causal, gqa, c.deterministic)):
+            if violations(c, problem(hd, causal, gqa, det)):
                 continue
-            seen.setdefault(compile_key("bf16", hd, causal, gqa, c), (hd, causal, gqa, c))
+            seen.setdefault(compile_key("bf16", hd, causal, gqa, det, c), (hd, causal, gqa, det, c))
     return list(seen.values())
 
 
 def values(case: tuple) -> dict:
-    hd, causal, gqa, c = case
-    return {"hd": hd, "causal": causal, "gqa": gqa, **{n: getattr(c, n) for n in COMPILE_KNOBS}}
+    hd, causal, gqa, det, c = case
+    return {"hd": hd, "causal": causal, "gqa": gqa, "det": det, **{n: getattr(c, n) for n in COMPILE_KNOBS}}
 
 
 def pairwise_subset(cases: list[tuple]) -> list[tuple]:
@@ -77,7 +77,7 @@ def default_kernels() -> list[tuple]:
 
     out = []
     for hd, causal, det in itertools.product((64, 128), (False, True), (False, True)):
-        out.append((hd, causal, False, default_config(problem(hd, causal, False, det))))
+        out.append((hd, causal, False, det, default_config(problem(hd, causal, False, det))))
     return out
 
 
@@ -85,8 +85,8 @@ def cases():
     ks = feasible_kernels()
     if os.environ.get("FA4_COMPILE_ALL") != "1":
         ks = pairwise_subset(ks)
-        keys = {compile_key("bf16", hd, c, g, cfg) for hd, c, g, cfg in ks}
-        ks += [k for k in default_kernels() if compile_key("bf16", k[0], k[1], k[2], k[3]) not in keys]
+        keys = {compile_key("bf16", *k) for k in ks}
+        ks += [k for k in default_kernels() if compile_key("bf16", *k) not in keys]
     return [pytest.param(*k, id="-".join(f"{n}={v}" for n, v in values(k).items())) for k in ks]
 
 
@@ -101,12 +101,12 @@ def test_subset_covers_every_feasible_value_and_pair():
     assert len(sub) < len(ks)
 
 
-@pytest.mark.parametrize("hd,causal,gqa,config", cases())
-def test_main_kernel_codegen(hd, causal, gqa, config):
+@pytest.mark.parametrize("hd,causal,gqa,det,config", cases())
+def test_main_kernel_codegen(hd, causal, gqa, det, config):
     ensure_target()
     from fa4.common import codegen_check as cc
 
-    key = compile_key("bf16", hd, causal, gqa, config)
+    key = compile_key("bf16", hd, causal, gqa, det, config)
     ptx, cubin, ops = compile_and_read(
         compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4", "UTMASTG.4D", "STG.E.U16"]
     )
@@ -130,7 +130,7 @@ def test_main_kernel_codegen(hd, causal, gqa, config):
          "red.relaxed.gpu.global.add.v2.f32", "red.relaxed.gpu.global.add.f32"],
     )
     lock = ("ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu")
-    if config.deterministic:
+    if det:
         assert all(pops[p] > 0 for p in lock), pops
     else:
         assert all(pops[p] == 0 for p in lock), pops
@@ -207,6 +207,6 @@ def test_dq_fragment_order_is_a_permutation_of_the_tile():
 def test_runtime_knobs_share_a_kernel():
     a = BwdConfigSm90(spt_order=True, head_swizzle=1)
     b = dataclasses.replace(a, spt_order=False, head_swizzle=8)
-    assert compile_key("bf16", 128, True, False, a) == compile_key("bf16", 128, True, False, b)
-    c = dataclasses.replace(a, deterministic=True)
-    assert compile_key("bf16", 128, True, False, a) != compile_key("bf16", 128, True, False, c)
+    assert compile_key("bf16", 128, True, False, False, a) == compile_key("bf16", 128, True, False, False, b)
+    # Deterministic mode (the problem's) is another kernel for the same config.
+    assert compile_key("bf16", 128, True, False, False, a) != compile_key("bf16", 128, True, False, True, a)

@@ -18,6 +18,7 @@ from fa4.common.bwd_schedule import dq_turn, m_block_range
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import BwdConfigSm90, default_config, smem_bytes, violations
+from fa4.sm90.fwd_config import FwdConfigSm90
 
 ISSUE_SHAPES = [(8192, hd, causal) for hd in (64, 128) for causal in (False, True)]
 
@@ -32,7 +33,6 @@ def test_default_config_is_feasible(seqlen, hd, causal, det):
     prob = bwd(seqlen, hd, causal, det)
     cfg = default_config(prob)
     assert violations(cfg, prob) == []
-    assert cfg.deterministic == det
 
 
 def test_violations_name_the_problem():
@@ -40,7 +40,8 @@ def test_violations_name_the_problem():
     assert any("backward pass only" in v for v in violations(cfg, Problem.standard(1024, 128)))
     assert any("sm90" in v for v in violations(cfg, bwd(1024, 128), SM100))
     assert any("head_dim 96" in v for v in violations(cfg, bwd(1024, 96)))
-    assert any("deterministic" in v for v in violations(cfg, bwd(1024, 128, det=True)))
+    # Deterministic is the problem's: the same config serves both modes.
+    assert violations(cfg, bwd(1024, 128, det=True)) == violations(cfg, bwd(1024, 128)) == []
     prob = bwd(1024, 128)
     big = BwdConfigSm90(tile_m=128, stages=2)
     assert smem_bytes(big, prob) > SM90.smem_per_cta
@@ -63,10 +64,25 @@ def test_dkv_tma_store_is_for_one_kv_head_per_query_head():
     assert any("dkv_store 'tma'" in v and "GQA" in v for v in violations(BwdConfigSm90(dkv_store="tma"), gqa))
 
 
-def test_unbuilt_choices_are_single_valued():
-    specs = {s.name: s for s in knob_specs(BwdConfigSm90)}
-    assert specs["cluster_exchange"].choices == (False,) and "not built" in specs["cluster_exchange"].doc
-    assert specs["sdp_swap_ab"].choices == (True,)
+@pytest.mark.parametrize("cls", [BwdConfigSm90, FwdConfigSm90])
+def test_every_knob_is_a_choice_the_problem_does_not_make(cls):
+    """A knob has two or more choices and is not a field of the problem (which the problem decides)."""
+    problem_fields = {f.name for f in dataclasses.fields(Problem)}
+    for spec in knob_specs(cls):
+        assert len(spec.choices) >= 2, f"{cls.__name__}.{spec.name} is single-valued: {spec.choices}"
+        assert spec.name not in problem_fields, f"{cls.__name__}.{spec.name} restates the problem"
+
+
+def test_rows_of_the_retired_knobs_still_read():
+    """Configs stored (or posted) before deterministic, sdp_swap_ab, tile_n and cluster_exchange
+    left the declaration read as the same config without them; unknown names are still refused."""
+    old = {"tile_m": 128, "tile_n": 128, "sdp_swap_ab": True, "deterministic": True, "cluster_exchange": False,
+           "dq_split": "rows"}
+    assert config_from_dict(BwdConfigSm90, old) == BwdConfigSm90(tile_m=128, dq_split="rows")
+    assert set(BwdConfigSm90.RETIRED_KNOBS) == {"deterministic", "sdp_swap_ab", "tile_n", "cluster_exchange"}
+    assert BwdConfigSm90().tile_n == 128
+    with pytest.raises(ValueError, match="unknown knob"):
+        config_from_dict(BwdConfigSm90, {"tile_mm": 64})
 
 
 def test_register_model_matches_measurements():
@@ -87,7 +103,7 @@ def test_register_model_matches_measurements():
         assert not [v for v in violations(c, bwd(1024, hd)) if "registers" in v or "spill" in v], (hd, c)
     for hd, c in spills:
         assert [v for v in violations(c, bwd(1024, hd)) if "registers" in v or "spill" in v], (hd, c)
-    det_gqa = BwdConfigSm90(tile_m=128, deterministic=True)
+    det_gqa = BwdConfigSm90(tile_m=128)
     assert any("GQA" in v for v in violations(det_gqa, gqa64))
     assert not violations(det_gqa, Problem.standard(1024, 64, pass_="bwd", deterministic=True))
 

@@ -6,7 +6,7 @@ import torch
 from fa4.arch import SM90, SM100
 from fa4.dispatch import bwd_entry
 from fa4.sm90.bwd_compile import SEQ_PAD, padded
-from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.bwd_config import BwdConfigSm90, default_config
 from fa4.sm90.bwd_launch import flash_attn_bwd, launch_bwd, resolve_config
 from fa4.tensors import problem_of
 
@@ -23,14 +23,13 @@ def test_resolve_config():
     prob = problem_of(q, k, v, causal=True, pass_="bwd", deterministic=True)
     assert prob.pass_ == "bwd" and prob.deterministic and prob.causal
     cfg = resolve_config(prob, None)
-    assert cfg.deterministic
-    assert resolve_config(prob, {"deterministic": True, "dq_accum": "red_v2"}).dq_accum == "red_v2"
-    with pytest.raises(ValueError, match="deterministic"):
-        resolve_config(prob, BwdConfigSm90(deterministic=False))
+    assert cfg == default_config(prob)
+    # An older client's dict that still names the retired knob reads as the same config.
+    assert resolve_config(prob, {"deterministic": True, "dq_accum": "red_v2"}) == BwdConfigSm90(dq_accum="red_v2")
     with pytest.raises(ValueError, match="registers"):
-        resolve_config(prob, BwdConfigSm90(deterministic=True, tile_m=128, stages=1, dv_operand="rmem"))
+        resolve_config(prob, BwdConfigSm90(tile_m=128, stages=1, dv_operand="rmem"))
     with pytest.raises(ValueError):
-        resolve_config(prob, {"tile_m": 96, "deterministic": True})
+        resolve_config(prob, {"tile_m": 96})
     with pytest.raises(ValueError, match="BwdConfigSm90"):
         resolve_config(prob, "fast")
 

@@ -104,8 +104,6 @@ def assert_grads_match(grads, q, k, v, dout, causal, scale=None):
         (dict(bwd_config=FwdConfigSm90()), "bwd_config must be a BwdConfigSm90"),
         (dict(bwd_config={"tile_m": 96}), "BwdConfigSm90.tile_m = 96"),
         (dict(bwd_config={"tau": 1}), "unknown knob"),
-        (dict(bwd_config=BwdConfigSm90(deterministic=True)), "deterministic=False"),
-        (dict(deterministic=True, bwd_config={"deterministic": False}), "deterministic=True"),
         (dict(bwd_config=dict(tile_m=128, stages=1, dv_operand="rmem")), "registers"),
     ],
 )
