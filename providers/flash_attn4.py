@@ -4,7 +4,7 @@ Its Hopper forward exposes four knobs through the private ``_flash_attn_fwd``: t
 shape (tile_m x tile_n), whether P feeds the PV GEMM from registers (``mma_pv_is_rs``) and
 whether a warpgroup overlaps QK of the next KV tile with PV of the current one
 (``intra_wg_overlap``). Its backward is reachable only through the public function, whose one
-performance-relevant switch is ``deterministic``.
+performance-relevant switch is ``deterministic``: the problem's flag, so the backward has no knobs.
 
 Feasibility below is our own register and shared-memory arithmetic for that kernel's
 structure (one producer warpgroup, tile_m/64 MMA warpgroups, Q + 2-stage K/V ring in shared
@@ -47,13 +47,6 @@ class RefFa4FwdKnobs:
     )
     intra_wg_overlap: bool = knob(
         (True, False), True, "overlap QK^T of KV tile j+1 with PV of tile j inside a warpgroup"
-    )
-
-
-@dataclass(frozen=True)
-class RefFa4BwdKnobs:
-    deterministic: bool = knob(
-        (False, True), False, "serialize dQ accumulation with semaphores (reproducible dQ)"
     )
 
 
@@ -174,7 +167,8 @@ class FlashAttn4Provider(Provider):
         return None
 
     def knob_cls_for(self, problem: Problem):
-        return RefFa4FwdKnobs if problem.pass_ == "fwd" else RefFa4BwdKnobs
+        # The backward has no knob: its one switch, deterministic, is the problem's.
+        return RefFa4FwdKnobs if problem.pass_ == "fwd" else None
 
     def problem_errors(self, problem: Problem) -> list[str]:
         return super().problem_errors(problem) + head_dim_errors(problem)
@@ -184,14 +178,12 @@ class FlashAttn4Provider(Provider):
             return fwd_violations(config, problem, arch)
         v = [] if arch.name == "sm90" else [Violation("problem", f"tuned here for sm90 only, not {arch.name}")]
         v.extend(head_dim_errors(problem))
-        if problem.deterministic and not config.deterministic:
-            v.append(Violation("problem contradiction", "the problem asks for a deterministic backward; this config is not"))
         return v
 
     def default_config(self, problem: Problem, arch: Arch):
         if problem.pass_ == "fwd":
             return fwd_default(problem)
-        return RefFa4BwdKnobs(deterministic=problem.deterministic)
+        return None
 
     # ---- running -------------------------------------------------------------------
     def make_fwd(self, problem: Problem, config, q, k, v):
@@ -215,9 +207,8 @@ class FlashAttn4Provider(Provider):
         import torch
 
         ref = _import_reference()
-        deterministic = config.deterministic if config is not None else problem.deterministic
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-        out = ref.flash_attn_func(q, k, v, causal=problem.causal, deterministic=deterministic)
+        out = ref.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic)
         if isinstance(out, tuple):
             out = out[0]
 

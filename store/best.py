@@ -153,6 +153,33 @@ def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
     return by_problem
 
 
+def neighbour_configs(store: ResultsStore, provider, device: str, problem: Problem, *,
+                      running_fp: str | None, arch: Arch | None = None, limit: int = 3) -> list[dict]:
+    """The configs served for the ``limit`` nearest measured shapes of ``problem``'s family on this
+    device (not ``problem`` itself), nearest first, each re-validated for ``problem``: a new
+    study's warm start. Rows of the running source come first; stale ones only where no current
+    neighbour exists. Each item: {"config": knob dict, "from": problem key, "distance": float}."""
+    notes: list[str] = []
+    arch = arch_for(store.device_by_name(device), device, arch, notes)
+    by_problem = index_rows(store.family_rows(device, provider.name, problem))
+    out: list[dict] = []
+    for fp in ((running_fp, None) if running_fp is not None else (None,)):
+        for cand in rank_nearest(problem, list(by_problem)):
+            if len(out) >= limit:
+                return out
+            if any(o["from"] == cand.key() for o in out):
+                continue
+            row = _fastest(by_problem[cand], fp)
+            if row is None:
+                continue
+            cfg, why = _usable_config(provider, problem, arch, row)
+            if cfg is None or any(o["config"] == cfg for o in out):
+                continue
+            out.append({"config": cfg, "from": cand.key(),
+                        "distance": seqlen_distance(problem, cand) + shape_distance(problem, cand)})
+    return out
+
+
 def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                 running_fp: str | None, arch: Arch | None = None, rows: dict[Problem, list[dict]] | None = None,
                 device_row=_UNSET, get_device=None) -> dict:

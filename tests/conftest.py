@@ -16,6 +16,15 @@ except ImportError:
     pass
 
 
+# The tools' per-user defaults (the results DB and Optuna journal under platformdirs'
+# user_data_dir) point into a directory of this test session, so no test reads or migrates
+# the machine's own results DB and every run starts from an empty one.
+if "FA4_TEST_KEEP_DATA_HOME" not in os.environ:
+    import tempfile as _tempfile
+
+    os.environ["XDG_DATA_HOME"] = _tempfile.mkdtemp(prefix="fa4-tests-data-")
+
+
 def _has_cuda() -> bool:
     try:
         import torch

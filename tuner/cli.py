@@ -204,6 +204,9 @@ def print_result(res, console) -> None:
     say(f"best config: {_changes(res.best_changes)}")
     if res.served is not None:
         say(f"served: {_served(res.served)}")
+    if res.warm_start:
+        say(f"warm start: {len(res.warm_start)} configs after the default, from the nearest measured shapes "
+            f"({', '.join(dict.fromkeys(w['from'] for w in res.warm_start))})")
     say(f"trials: {_trial_counts(res)}" + (f"; resumed with {res.resumed_with}" if res.resumed_with else "")
         + ("; stopped by --budget-s" if res.out_of_time else ""))
     say(f"results DB: {res.db_url}")
@@ -398,12 +401,12 @@ def _run_with_progress(tuner, console):
                                           what=t.provider.name, completed=0 if todo else 1)
 
     def on_trial(t, study, trial):
-        ua = trial.user_attrs
+        row = t.trial_row(trial) or {}
         if trial.value is not None and (state["best"] is None or trial.value > state["best"][0]):
             cfg = t.provider.config_from_dict(t.problem, trial.params) if trial.params else None
             state["best"] = (trial.value, t.provider.describe(cfg))
         best = f"best {state['best'][0]:.1f} TFLOP/s ({state['best'][1]})" if state["best"] else "best: none yet"
-        last = ua.get("status", "?")
+        last = row.get("status", "?")
         progress.update(state["task"], advance=1, description=f"{best}; last: {last}")
 
     with progress:

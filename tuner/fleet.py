@@ -292,12 +292,13 @@ def worker_main(spec: dict) -> int:
             warm_logged = True
             _say(f"{stamp()} measuring process had warmed up in {runner.warm_s:.1f} s ({runner.warm_result})")
         ua = trial.user_attrs
-        what = f"{trial.value:.1f} TFLOP/s" if trial.value is not None else (ua.get("reason") or "")[:80]
+        row = t.trial_row(trial) or {}
+        what = f"{trial.value:.1f} TFLOP/s" if trial.value is not None else (row.get("reason") or "")[:80]
         dup = f" (= trial {ua['duplicate_of']})" if "duplicate_of" in ua else ""
         # Where a measured trial's time went: a new kernel's compile shows in 'build'.
         took = ("  [" + " ".join(f"{k} {v:.2f}s" for k, v in ua["phases"].items()) + "]"
                 if ua.get("phases") and "duplicate_of" not in ua else "")
-        _say(f"{stamp()} {t.problem.key()} trial {trial.number}: {ua.get('status', trial.state.name.lower())} "
+        _say(f"{stamp()} {t.problem.key()} trial {trial.number}: {row.get('status', trial.state.name.lower())} "
              f"{what}{dup}{took}")
 
     try:

@@ -1,11 +1,16 @@
 """One Optuna study per (device, provider, problem), with results in the results DB.
 
 The search space is derived from the provider's knob dataclass (one categorical per knob).
-The provider's default config is enqueued first; infeasible configs are pruned with their
-reason (stored in the trial and as an "infeasible" measurement); configs that fail to
-compile, crash or compute wrong results are pruned with their status and reason too, so only
-correct, timed configs compete. A config already measured in the study is not measured
-again. Re-running the same command resumes the study until it holds ``trials`` trials.
+The provider's default config is enqueued first, then the served configs of the nearest
+measured shapes (warm start); infeasible configs are pruned with their reason (stored as an
+"infeasible" measurement); configs that fail to compile, crash or compute wrong results are
+pruned with their status and reason too, so only correct, timed configs compete. A config
+already measured in the study is not measured again. Re-running the same command resumes the
+study until it holds ``trials`` trials.
+
+The results DB is the one store of what a trial measured: Optuna keeps the objective value
+its sampler needs and, per trial, only ``measurement_id`` (the row in the results DB) and the
+bookkeeping of the run (worker, phases, duplicate_of).
 """
 
 from __future__ import annotations
@@ -140,24 +145,28 @@ class TuneResult:
     # re-measured (the default was the study's best, or verification was off).
     served: dict | None = None
     out_of_time: bool = False  # the time budget (--budget-s) ended the study before its trials
+    # Configs enqueued after the default from the nearest measured shapes, as
+    # {"config": knob dict, "from": problem key}; empty when the study was resumed or none fit.
+    warm_start: list | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def _trial_summary(provider: Provider, problem: Problem, trial) -> dict:
+def _trial_summary(provider: Provider, problem: Problem, trial, row: dict | None) -> dict:
+    """A trial as the report shows it; ``row`` is its measurement in the results DB."""
     cfg = provider.config_from_dict(problem, trial.params) if trial.params else None
-    ua = trial.user_attrs
+    row = row or {}
     return {
         "trial": trial.number,
         "config": dict(trial.params),
         "label": provider.describe(cfg),
-        "status": ua.get("status"),
-        "reason": ua.get("reason"),
-        "tflops": ua.get("tflops"),
-        "median_ms": ua.get("median_ms"),
-        "iqr_ms": ua.get("iqr_ms"),
-        "error": ua.get("error"),
+        "status": row.get("status"),
+        "reason": row.get("reason"),
+        "tflops": row.get("tflops"),
+        "median_ms": row.get("median_ms"),
+        "iqr_ms": row.get("iqr_ms"),
+        "error": row.get("error"),
     }
 
 
@@ -191,6 +200,7 @@ class Tuner:
         verify_rounds: int = 7,
         verify_top: int = 3,
         deadline: float | None = None,
+        warm_neighbours: int = 3,
     ):
         if isinstance(provider, str):
             provider_spec, provider = provider, resolve_provider(provider)
@@ -216,6 +226,9 @@ class Tuner:
         # was measured still runs, so a cut study never serves a noise winner.
         self.deadline = deadline
         self.out_of_time = False
+        # Nearest measured shapes whose served configs a new study tries right after the default.
+        self.warm_neighbours = warm_neighbours
+        self.warm_start: list[dict] = []
         self._runner = runner
         check_request(provider, problem)
         why = provider.available()
@@ -249,9 +262,9 @@ class Tuner:
             self._own_runner = True
         return self._runner
 
-    def _store_measurement(self, config_dict, trial_number, m_status, **kw) -> None:
+    def _store_measurement(self, config_dict, trial_number, m_status, **kw) -> int:
         config_id = self.store.upsert_config(self.provider.name, config_dict, self.knob_cls)
-        self.store.add_measurement(
+        mid = self.store.add_measurement(
             self.device_id, self.problem_id, config_id,
             status=m_status,
             source_fingerprint=self.fingerprint,
@@ -262,13 +275,19 @@ class Tuner:
             **kw,
         )
         self.stored += 1
+        return mid
+
+    def trial_row(self, trial) -> dict | None:
+        """The trial's measurement in the results DB (None: it stored none, e.g. its worker died)."""
+        mid = trial.user_attrs.get("measurement_id")
+        return None if mid is None else self.store.get_measurement(mid)
 
     def _previous(self, study, params: dict):
         import optuna
 
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
         for t in study.get_trials(deepcopy=False, states=states):
-            if t.params == params and "status" in t.user_attrs:
+            if t.params == params and "measurement_id" in t.user_attrs:
                 return t
         return None
 
@@ -278,34 +297,30 @@ class Tuner:
         def objective(trial):
             config = suggest_config(trial, self.knob_cls) if self.knob_cls else None
             cdict = self.provider.config_to_dict(config)
-            trial.set_user_attr("is_default", cdict == self.default_dict)
             if self.worker:
                 trial.set_user_attr("worker", self.worker)
             prev = self._previous(study, trial.params)
             if prev is not None:
-                for k, v in prev.user_attrs.items():
-                    if k not in ("is_default", "measured", "enqueued_default", "worker"):
-                        trial.set_user_attr(k, v)
+                # The same config answered already: point at its row, measure nothing.
+                trial.set_user_attr("measurement_id", prev.user_attrs["measurement_id"])
                 trial.set_user_attr("duplicate_of", prev.number)
                 if prev.state == optuna.trial.TrialState.COMPLETE:
                     return prev.value
-                raise optuna.TrialPruned(prev.user_attrs.get("reason") or "")
+                raise optuna.TrialPruned((self.trial_row(prev) or {}).get("reason") or "")
             reasons = self.provider.violations(config, self.problem, self.arch)
             if reasons:
                 reason = "; ".join(reasons)
-                trial.set_user_attr("status", INFEASIBLE)
-                trial.set_user_attr("reason", reason)
-                self._store_measurement(cdict, trial.number, INFEASIBLE, reason=reason)
+                mid = self._store_measurement(cdict, trial.number, INFEASIBLE, reason=reason)
+                trial.set_user_attr("measurement_id", mid)
                 raise optuna.TrialPruned(reason)
             m = self._runner_or_new().run(self.spec, self.problem, cdict, self.settings)
-            self._store_measurement(
+            mid = self._store_measurement(
                 cdict, trial.number, m.status, reason=m.reason, samples_ms=m.samples_ms,
                 median_ms=m.median_ms, iqr_ms=m.iqr_ms, tflops=m.tflops, error=m.error,
                 ref_error=m.ref_error,
             )
-            trial.set_user_attr("measured", True)
-            for k in ("status", "reason", "median_ms", "iqr_ms", "tflops", "error", "phases"):
-                trial.set_user_attr(k, getattr(m, k))
+            trial.set_user_attr("measurement_id", mid)
+            trial.set_user_attr("phases", m.phases)  # where the tuner's time went, not a result
             if not m.ok:
                 raise optuna.TrialPruned(f"{m.status}: {m.reason}")
             return m.tflops
@@ -411,6 +426,8 @@ class Tuner:
                     before = done
                     if left > 0:
                         self._enqueue_default(study)
+                        if done == 0 and running == 0:
+                            self._enqueue_warm_start(study)
                     if on_start:
                         on_start(self, max(0, left), before)
                 if left > 0:
@@ -479,27 +496,54 @@ class Tuner:
         if not any(t.params == self.default_dict for t in study.get_trials(deepcopy=False, states=alive)):
             study.enqueue_trial(self.default_dict, user_attrs={"enqueued_default": True})
 
+    def _enqueue_warm_start(self, study) -> None:
+        """A new study's next trials after the default: the configs lookups serve for the
+        nearest measured shapes (same device, provider and problem family: pass, head dims,
+        dtype, causal, deterministic), where feasible here and not the default."""
+        if self.knob_cls is None or self.warm_neighbours <= 0:
+            return
+        from store.best import neighbour_configs
+
+        feasible = {_key(c) for c in self.feasible()}
+        for hit in neighbour_configs(self.store, self.provider, self.device_info["name"], self.problem,
+                                     running_fp=self.fingerprint, arch=self.arch, limit=self.warm_neighbours):
+            cfg = hit["config"]
+            if cfg == self.default_dict or _key(cfg) not in feasible:
+                continue
+            if any(w["config"] == cfg for w in self.warm_start):
+                continue
+            study.enqueue_trial(cfg, user_attrs={"warm_start_from": hit["from"]})
+            self.warm_start.append({"config": cfg, "from": hit["from"]})
+
     def result(self, study, before: int = 0) -> TuneResult:
         import optuna
 
         trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        # What each trial measured, from the results DB (the one store of results).
+        by_id = {r["id"]: r for r in self.store.measurements(study_name=self.name)}
+
+        def row(t) -> dict | None:
+            mid = t.user_attrs.get("measurement_id")
+            return None if mid is None else by_id.get(mid) or self.store.get_measurement(mid)
+
+        own = [t for t in trials if "duplicate_of" not in t.user_attrs]
         # A trial whose worker died (marked FAIL by the heartbeat, retried elsewhere) never
-        # stored a status of its own.
+        # stored a row of its own.
         statuses = collections.Counter(
-            t.user_attrs.get("status") or ("worker_died" if t.state == optuna.trial.TrialState.FAIL else "unknown")
-            for t in trials if "duplicate_of" not in t.user_attrs
+            (row(t) or {}).get("status") or ("worker_died" if t.state == optuna.trial.TrialState.FAIL else "unknown")
+            for t in own
         )
-        measured = sum(1 for t in trials if t.user_attrs.get("measured"))
+        measured = sum(1 for t in own if row(t) is not None and row(t)["status"] != INFEASIBLE)
         default = None
-        for t in trials:
-            if t.params == (self.default_dict or {}) and "duplicate_of" not in t.user_attrs:
-                default = _trial_summary(self.provider, self.problem, t)
+        for t in own:
+            if t.params == (self.default_dict or {}):
+                default = _trial_summary(self.provider, self.problem, t, row(t))
                 break
-        complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and "duplicate_of" not in t.user_attrs]
+        complete = [t for t in own if t.state == optuna.trial.TrialState.COMPLETE]
         best = None
         if complete:
             bt = max(complete, key=lambda t: (t.value, -t.number))
-            best = _trial_summary(self.provider, self.problem, bt)
+            best = _trial_summary(self.provider, self.problem, bt, row(bt))
         speedup = None
         if best and default and default.get("tflops"):
             speedup = best["tflops"] / default["tflops"]
@@ -537,6 +581,7 @@ class Tuner:
             feasible_configs=None if self.knob_cls is None else len(self.feasible()),
             served=served,
             out_of_time=self.out_of_time,
+            warm_start=self.warm_start,
         )
 
 

@@ -170,8 +170,9 @@ def test_fa4_bwd_results_are_validated_and_served_with_the_bwd_knobs(client):
                  "invalid config for fa4 (bwd)", "unknown knob", "tau")
     assert_error(client.post("/v1/results", json=result(config={"tile_m": 96}, **base), headers=AUTH), 422,
                  "BwdConfigSm90.tile_m")
+    # An older client still naming the retired "deterministic" knob: stored without it.
     post(client, result(config={"deterministic": True, "stages": 1}, **base))
-    want = config_to_dict(BwdConfigSm90(deterministic=True, stages=1))
+    want = config_to_dict(BwdConfigSm90(stages=1))
     assert client.get("/v1/results", params={"provider": "fa4"}).json()["items"][0]["config"] == want
     ans = best(client, provider="fa4", seqlen_q=4096, batch=4, **{"pass": "bwd"}, deterministic=True)
     assert ans["provenance"] == "exact" and ans["config"] == want

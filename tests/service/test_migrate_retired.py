@@ -34,13 +34,16 @@ def _insert_old_rows(conn) -> None:
     configs = [(1, {**OLD_BWD, "deterministic": False}, OLD_SCHEMA), (2, {**OLD_BWD, "deterministic": True}, OLD_SCHEMA),
                (3, {**OLD_BWD, "deterministic": True, "tile_m": 128, "dq_split": "rows"}, None),
                (4, FWD, {"title": "FwdConfigSm90"})]
-    for cid, cfg, schema in configs:
+    ref = [(5, {"deterministic": False}, {"title": "RefFa4BwdKnobs"}), (6, {"deterministic": True}, None)]
+    for cid, cfg, schema in configs + ref:
         body = json.dumps(cfg, sort_keys=True, separators=(",", ":"))
         conn.execute(text(
             "INSERT INTO configs (id, provider, config_hash, config_json, config, knob_schema) "
-            "VALUES (:id, 'fa4', :h, :t, :c, :s)"),
-            {"id": cid, "h": f"old{cid}", "t": body, "c": body, "s": json.dumps(schema) if schema else None})
-    for mid, pid, cid, tflops in ((1, 1, 1, 500.0), (2, 2, 2, 480.0), (3, 2, 3, 490.0), (4, 3, 4, 640.0)):
+            "VALUES (:id, :p, :h, :t, :c, :s)"),
+            {"id": cid, "p": "fa4" if cid < 5 else "flash-attn-4", "h": f"old{cid}", "t": body, "c": body,
+             "s": json.dumps(schema) if schema else None})
+    for mid, pid, cid, tflops in ((1, 1, 1, 500.0), (2, 2, 2, 480.0), (3, 2, 3, 490.0), (4, 3, 4, 640.0),
+                                  (5, 1, 5, 520.0), (6, 2, 6, 470.0)):
         conn.execute(text(
             "INSERT INTO measurements (id, device_id, problem_id, config_id, status, samples_ms, n_samples, "
             "median_ms, tflops, source_fingerprint, is_default, created_at) VALUES (:id, 1, :pid, :cid, 'ok', "
@@ -69,8 +72,13 @@ def test_old_backward_rows_are_rewritten_merged_and_still_served(tmp_path):
             owners = dict(conn.execute(text("SELECT id, config_id FROM measurements")).all())
             rounds = json.loads(conn.execute(text("SELECT rounds FROM verdicts")).scalar())
         # The deterministic twin of config 1 became config 1: one row, both measurements.
-        assert sorted(cfgs) == [1, 3, 4]
-        assert owners == {1: 1, 2: 1, 3: 3, 4: 4}
+        assert sorted(cfgs) == [1, 3, 4, 5]
+        assert owners == {1: 1, 2: 1, 3: 3, 4: 4, 5: 5, 6: 5}
+        # The reference's backward has no knobs now: "no config", as for SDPA.
+        assert cfgs[5][0] is None
+        assert store.upsert_config("flash-attn-4", None) == 5
+        assert store.best("NVIDIA H200", "flash-attn-4",
+                          Problem(2, 8192, 8192, 16, 16, 128, 128, deterministic=True, pass_="bwd"))["tflops"] == 470.0
         for cid in (1, 3):
             body, digest = cfgs[cid]
             assert not {"deterministic", "sdp_swap_ab", "tile_n", "cluster_exchange"} & set(body)

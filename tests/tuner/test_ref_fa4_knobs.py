@@ -11,7 +11,6 @@ from fa4.knobs import config_from_dict, iter_configs, json_schema, knob_specs, s
 from fa4.problem import Problem
 from providers import get_provider
 from providers.flash_attn4 import (
-    RefFa4BwdKnobs,
     RefFa4FwdKnobs,
     fwd_default,
     fwd_register_use,
@@ -53,19 +52,15 @@ def test_optuna_space_is_one_categorical_per_knob():
     assert suggest_config(optuna.trial.FixedTrial(fixed), RefFa4FwdKnobs) == RefFa4FwdKnobs(**fixed)
 
 
-def test_bwd_space_is_the_deterministic_switch():
+def test_bwd_has_no_knobs_the_problem_decides_determinism():
+    """The backward's one switch, deterministic, restates the problem: not a knob."""
     p = get_provider("flash-attn-4")
     bwd = Problem.standard(8192, 128, pass_="bwd")
-    assert p.knob_cls_for(bwd) is RefFa4BwdKnobs
-    assert p.knob_cls_for(HD128) is RefFa4FwdKnobs
-    assert list(search_space(RefFa4BwdKnobs)) == ["deterministic"]
     det = Problem.standard(8192, 128, pass_="bwd", deterministic=True)
-    assert p.violations(RefFa4BwdKnobs(False), det, SM90) == [
-        "the problem asks for a deterministic backward; this config is not"
-    ]
-    assert p.violations(RefFa4BwdKnobs(True), det, SM90) == []
-    assert p.violations(RefFa4BwdKnobs(True), bwd, SM90) == []  # allowed, only slower
-    assert p.default_config(det, SM90) == RefFa4BwdKnobs(True)
+    assert p.knob_cls_for(bwd) is None and p.knob_cls_for(det) is None
+    assert p.knob_cls_for(HD128) is RefFa4FwdKnobs
+    assert p.default_config(det, SM90) is None and p.default_config(bwd, SM90) is None
+    assert p.violations(None, det, SM90) == [] and p.violations(None, bwd, SM90) == []
 
 
 @pytest.mark.parametrize("hd", [64, 96, 128, 192, 256])

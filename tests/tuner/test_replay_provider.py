@@ -10,7 +10,7 @@ from fa4.problem import Problem
 from tests.tuner.synthetic import COMPILE_ERROR_CFG, synthetic_recording, write_synthetic
 from providers.harness import Settings
 from providers import ProviderError, get_provider
-from providers.flash_attn4 import RefFa4BwdKnobs, RefFa4FwdKnobs
+from providers.flash_attn4 import RefFa4FwdKnobs
 from providers.replay import ReplayProvider
 
 PROBLEM = Problem.standard(8192, 128)
@@ -21,7 +21,7 @@ def test_serves_recorded_measurements(tmp_path):
     p = get_provider(f"replay:{path}")
     assert p.available() is None and p.needs_gpu is False
     assert p.knob_cls_for(PROBLEM) is RefFa4FwdKnobs
-    assert p.knob_cls_for(Problem.standard(8192, 128, pass_="bwd")) is RefFa4BwdKnobs
+    assert p.knob_cls_for(Problem.standard(8192, 128, pass_="bwd")) is None
     recorded = {json.dumps(r["config"], sort_keys=True): r for r in synthetic_recording(PROBLEM)["results"]}
     for cfg in (RefFa4FwdKnobs(128, 160, True, True), COMPILE_ERROR_CFG):
         m = p.measure(PROBLEM, cfg, Settings())

@@ -76,9 +76,9 @@ def test_the_grid_measures_every_feasible_config_once_and_no_infeasible_one(env)
     # The failing statuses of the recording are pruned, with their own status.
     by_cfg = {tuple(tr.params.values()): tr for tr in study.trials}
     ce = by_cfg[tuple(config_to_dict(COMPILE_ERROR_CFG).values())]
-    assert ce.state == optuna.trial.TrialState.PRUNED and ce.user_attrs["status"] == "compile_error"
+    assert ce.state == optuna.trial.TrialState.PRUNED and t.trial_row(ce)["status"] == "compile_error"
     bad = by_cfg[tuple(config_to_dict(INCORRECT_CFG).values())]
-    assert bad.user_attrs["status"] == "incorrect"
+    assert t.trial_row(bad)["status"] == "incorrect"
     assert res.best["config"] == config_to_dict(best_synthetic(PROBLEM))
     assert sum(res.statuses.values()) == len(feasible)
 
@@ -103,8 +103,8 @@ def test_an_infeasible_config_that_gets_in_is_pruned_with_reason_and_stored(env)
     t.run()
     tr = next(tr for tr in _study(t).trials if tr.params == config_to_dict(cfg))
     reason = "; ".join(fwd_violations(cfg, PROBLEM, SM90))
-    assert tr.state == optuna.trial.TrialState.PRUNED and tr.user_attrs["status"] == "infeasible"
-    assert tr.user_attrs["reason"] == reason
+    assert tr.state == optuna.trial.TrialState.PRUNED and t.trial_row(tr)["status"] == "infeasible"
+    assert t.trial_row(tr)["reason"] == reason
     rows = env["store"].measurements(study_name=t.name, status="infeasible")
     assert [(r["trial_number"], r["reason"]) for r in rows] == [(tr.number, reason)]
 
@@ -163,15 +163,16 @@ def test_crash_and_raise_in_worker_are_recorded_and_the_study_continues(env, mon
         runner.close()
     trials = _study(t).trials
     assert [tr.params for tr in trials[:3]] == [config_to_dict(c) for c in (fwd_default(PROBLEM), crash, boom)]
-    assert trials[1].user_attrs["status"] == "runtime_error"
-    assert "worker process died" in trials[1].user_attrs["reason"] and "SIGABRT" in trials[1].user_attrs["reason"]
-    assert trials[2].user_attrs["status"] == "runtime_error"
-    assert "provider bug raised inside the worker" in trials[2].user_attrs["reason"]
+    rows_of = [t.trial_row(tr) for tr in trials]
+    assert rows_of[1]["status"] == "runtime_error"
+    assert "worker process died" in rows_of[1]["reason"] and "SIGABRT" in rows_of[1]["reason"]
+    assert rows_of[2]["status"] == "runtime_error"
+    assert "provider bug raised inside the worker" in rows_of[2]["reason"]
     assert res.trials == 6
     # The study went on after the crash: the worker was restarted and later configs measured.
     assert runner.restarts >= 1
     assert trials[3].params == config_to_dict(after)
-    assert trials[3].user_attrs["status"] == "ok"
+    assert rows_of[3]["status"] == "ok"
     assert trials[3].value == pytest.approx(synthetic_tflops(after), rel=1e-3)
     rows = env["store"].measurements(study_name=t.name, status="runtime_error")
     # The queued pair, and any later proposal of a config the provider misbehaves on.
@@ -237,3 +238,56 @@ def test_check_without_gpu_compiles_feasible_configs_where_supported():
     assert len(rep["compile"]["errors"]) == n_fail
     assert rep["feasible"] == len(feasible)
     assert sum(r["count"] for r in rep["infeasible_reasons"].values()) >= rep["infeasible"]
+
+
+def test_the_results_db_is_the_one_store_of_a_trials_results(env):
+    """Optuna keeps the objective value its sampler needs and a pointer to the row; nothing else
+    of what was measured (status, reason, timings, errors live in the results DB only)."""
+    t = _tuner(env, sampler="grid", trials=1000)
+    res = t.run()
+    rows = {r["id"]: r for r in env["store"].measurements(study_name=t.name)}
+    result_keys = {"status", "reason", "tflops", "median_ms", "iqr_ms", "error", "ref_error", "samples_ms",
+                   "measured", "is_default"}
+    for tr in _study(t).trials:
+        assert not result_keys & set(tr.user_attrs), tr.user_attrs
+        row = rows[tr.user_attrs["measurement_id"]]
+        assert row["trial_number"] == tr.number and row["config"] == tr.params
+        if tr.state == optuna.trial.TrialState.COMPLETE:
+            assert row["status"] == "ok" and tr.value == row["tflops"]
+        else:
+            assert row["status"] != "ok"
+    # The report's numbers come from those rows.
+    assert res.measured == len(rows)
+    assert res.best["tflops"] == max(r["tflops"] for r in rows.values() if r["status"] == "ok")
+
+
+def test_a_new_study_starts_from_its_nearest_measured_neighbours(env, tmp_path):
+    """Warm start: after the default, the configs served for the nearest measured shapes of the
+    family (same device, provider, pass, head dims, dtype, causal), nearest first; a resumed
+    study enqueues nothing more."""
+    near = Problem.standard(4096, 128)
+    far = Problem.standard(1024, 128)
+    rec = write_synthetic(tmp_path / "rec3.json", [PROBLEM, near, far, CAUSAL64])
+    store = env["store"]
+
+    def tuner(problem, **kw):
+        return Tuner(f"replay:{rec}", problem, store=store, runner=InProcessRunner(), verify_rounds=0, **kw)
+
+    won = {}
+    for p in (far, near, CAUSAL64):
+        r = tuner(p, trials=25).run()
+        won[p] = r.best["config"]
+        assert r.best["config"] != r.default["config"], "the synthetic space must have a winner off the default"
+    t = tuner(PROBLEM, trials=6)
+    res = t.run()
+    trials = _study(t).trials
+    assert trials[0].params == config_to_dict(fwd_default(PROBLEM))
+    # Nearest first (4096 before 1024); the causal hd64 study is another family.
+    want = [c for c in (won[near], won[far]) if c != trials[0].params]
+    want = list(dict.fromkeys(json.dumps(c, sort_keys=True) for c in want))
+    assert [json.dumps(w["config"], sort_keys=True) for w in res.warm_start] == want
+    assert [w["from"] for w in res.warm_start][:1] == [near.key()]
+    assert [json.dumps(tr.params, sort_keys=True) for tr in trials[1:1 + len(want)]] == want
+    assert all(tr.user_attrs.get("warm_start_from") for tr in trials[1:1 + len(want)])
+    again = tuner(PROBLEM, trials=8).run()
+    assert again.warm_start == [] and again.resumed_with == 6

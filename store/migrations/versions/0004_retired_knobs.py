@@ -2,7 +2,9 @@
 
 ``BwdConfigSm90`` no longer declares ``deterministic`` (the problem's flag decides, and the
 problems table already has it), ``sdp_swap_ab`` and ``tile_n`` (single-valued) and
-``cluster_exchange`` (never built). Stored backward configs are rewritten without them:
+``cluster_exchange`` (never built); the reference FA4's backward (``RefFa4BwdKnobs``) had only
+``deterministic`` and has no knobs now: its configs become NULL, as for any knob-less
+provider. Stored backward configs are rewritten without them:
 canonical text and hash recomputed, rows that become the same config (a deterministic and a
 non-deterministic twin) merged into one with their measurements repointed, and the configs
 listed in verdicts' rounds rewritten alike. Nothing is lost: the mode stays on the problem.
@@ -27,7 +29,10 @@ branch_labels = None
 depends_on = None
 
 # Written out, not imported: a migration keeps meaning what it meant when it was written.
-RETIRED = {"BwdConfigSm90": ("deterministic", "sdp_swap_ab", "tile_n", "cluster_exchange")}
+RETIRED = {"BwdConfigSm90": ("deterministic", "sdp_swap_ab", "tile_n", "cluster_exchange"),
+           "RefFa4BwdKnobs": ("deterministic",)}
+# Knob classes retired whole: what is left of their configs is "no config" (NULL).
+GONE = ("RefFa4BwdKnobs",)
 # Knobs only the backward declares: how a config without a stored schema is recognised.
 BWD_ONLY = ("dq_accum", "dq_split", "ds_stages")
 
@@ -40,15 +45,22 @@ def _loads(value):
     return json.loads(value) if isinstance(value, str) else value
 
 
-def _retired_of(config: dict | None, schema: dict | None) -> tuple[str, ...]:
+def _class_of(provider: str | None, config: dict | None, schema: dict | None) -> str | None:
     if not isinstance(config, dict):
-        return ()
-    title = (schema or {}).get("title") if isinstance(schema, dict) else None
+        return None
+    title = schema.get("title") if isinstance(schema, dict) else None
     if title in RETIRED:
-        return RETIRED[title]
+        return title
     if title is None and any(k in config for k in BWD_ONLY):
-        return RETIRED["BwdConfigSm90"]
-    return ()
+        return "BwdConfigSm90"
+    if title is None and provider == "flash-attn-4" and set(config) == {"deterministic"}:
+        return "RefFa4BwdKnobs"
+    return None
+
+
+def _retired_of(config: dict | None, schema: dict | None, provider: str | None = None) -> tuple[str, ...]:
+    cls = _class_of(provider, config, schema)
+    return RETIRED[cls] if cls else ()
 
 
 def upgrade() -> None:
@@ -65,14 +77,17 @@ def upgrade() -> None:
     by_key = {(r["provider"], r["config_hash"]): r["id"] for r in rows}
     for r in rows:
         config, schema = _loads(r["config"]), _loads(r["knob_schema"])
-        retired = [k for k in _retired_of(config, schema) if k in config]
+        cls = _class_of(r["provider"], config, schema)
+        retired = [k for k in (RETIRED[cls] if cls else ()) if k in config]
         if not retired:
             continue
         new = {k: v for k, v in config.items() if k not in retired}
+        if cls in GONE:
+            new, schema = None, None
+        elif isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
+            schema = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k not in retired}}
         text = _canonical(new)
         digest = hashlib.sha256(text.encode()).hexdigest()
-        if isinstance(schema, dict) and isinstance(schema.get("properties"), dict):
-            schema = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k not in retired}}
         twin = by_key.get((r["provider"], digest))
         if twin is not None and twin != r["id"]:
             # Its deterministic or non-deterministic twin is already stored: one config, both rows.
