@@ -108,7 +108,7 @@ class BwdConfigSm90:
 
     RUNTIME_KNOBS = RuntimeKnobNames()
     # Fields of older declarations that were not knobs; stored rows and REST posts that still
-    # name them are read without them (store migration 0004 rewrote the stored ones).
+    # name them are read without them (store migration 0005 rewrote the stored ones).
     RETIRED_KNOBS: ClassVar[dict[str, str]] = {
         "deterministic": "restated the problem: the problem's deterministic flag decides",
         "sdp_swap_ab": "single-valued (True): S^T and dP^T are always computed with the keys on M",

@@ -1,4 +1,4 @@
-"""Revision 0004: stored backward configs lose the fields that were never knobs, and read on."""
+"""Revision 0005: stored backward configs lose the fields that were never knobs, and read on."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ listed in verdicts' rounds rewritten alike. Nothing is lost: the mode stays on t
 Data only (no schema change); the downgrade restores no field: old readers take the
 declared defaults for missing knobs, and the problem's mode is on its row.
 
-Revision ID: 0004_retired_knobs
-Revises: 0003_verdicts
+Revision ID: 0005_retired_knobs
+Revises: 0004_timing
 Create Date: 2026-12-01
 """
 
@@ -23,8 +23,8 @@ import json
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_retired_knobs"
-down_revision = "0003_verdicts"
+revision = "0005_retired_knobs"
+down_revision = "0004_timing"
 branch_labels = None
 depends_on = None
 
