@@ -230,9 +230,13 @@ def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str |
                           timing=timing)
     hit = _state.cache.get((problem, arch, timing))
     if hit is not None and (hit.expires == math.inf or hit.expires > time.monotonic()) and device is None:
+        _, timing_error = _configured_timing()
         return Resolution(hit.config, hit.provenance,
                           (Step("cache", "used", f"resolved earlier in this process from {hit.provenance}"),)
-                          + hit.steps, hit.tflops, hit.measured_problem, hit.expires, timing)
+                          + ((Step("timing", "error", timing_error),)
+                             if timing_error and Step("timing", "error", timing_error) not in hit.steps else ())
+                          + hit.steps,
+                          hit.tflops, hit.measured_problem, hit.expires, timing)
     # A device named by the caller may not be the one launches run on: do not cache its answer.
     return _resolve(problem, arch, device, timing, remember=device is None)
 
