@@ -280,3 +280,16 @@ def test_fa4_tune_launch_graph_records_the_mode_on_every_row(env):
     assert bad.returncode == 2 and "invalid choice: 'lazy'" in bad.stderr
     helptext = fa4_tune("--help").stdout
     assert "--launch graph" in helptext and "--l2 warm" in helptext and "FA4_TUNING_TIMING" in helptext
+
+
+def test_push_sends_the_mode_and_keeps_old_rows_keys():
+    from tuner.push import idempotency_key, result_payload
+
+    row = {"provider": "fa4", "problem": PROBLEM.to_dict(), "config": {}, "status": "ok", "timing": "graph-cold"}
+    body = result_payload(row, {"name": "H200"})
+    assert body["timing"] == "graph-cold"
+    # A default-mode row's payload (and so its idempotency key) is what it was before modes existed.
+    old = result_payload({**row, "timing": DEFAULT_TIMING}, {"name": "H200"})
+    assert "timing" not in old and old == result_payload({k: v for k, v in row.items() if k != "timing"},
+                                                         {"name": "H200"})
+    assert idempotency_key(old) != idempotency_key(body)
