@@ -27,7 +27,7 @@ def __getattr__(name: str):
 
 
 def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None,
-            pass_: str = "fwd", deterministic: bool = False):
+            pass_: str = "fwd", deterministic: bool = False, timing=None):
     """Which config ``flash_attn_func(q, k, v, causal=...)`` would use, and why.
 
     ``pass_="bwd"`` (with ``deterministic``) asks about the backward's config instead.
@@ -36,7 +36,8 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
     (every source asked, in order, with what it said); ``print()`` it for a summary.
     Instead of tensors, ``problem=`` (a :class:`fa4.problem.Problem`) works without a GPU;
     ``arch`` defaults to the tensors' GPU (else sm90), ``device`` names the GPU to look
-    results up for.
+    results up for. ``timing`` names the timing mode to explain (fa4.timing, e.g. "graph-cold");
+    default: the one a launch made here now asks for ($FA4_TUNING_TIMING, graph under capture).
     """
     from fa4 import lookup
 
@@ -48,4 +49,4 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
         problem = problem_of(q, k, v, causal, pass_=pass_, deterministic=deterministic)
         if arch is None and q.device.type == "cuda":
             arch = arch_of(q.device)
-    return lookup.explain_problem(problem, arch, device=device, config=config)
+    return lookup.explain_problem(problem, arch, device=device, config=config, timing=timing)

@@ -1,8 +1,13 @@
 """Launch-time config resolution: which knob values a launch uses, and why.
 
+Every lookup is for one timing mode (fa4.timing), and only measurements of that mode answer it:
+``$FA4_TUNING_TIMING`` (default ``eager-cold``) names it, and a launch made while the current CUDA
+stream is capturing a graph (``torch.cuda.is_current_stream_capturing()``) asks for ``graph-`` with
+the L2 state ``$FA4_TUNING_TIMING`` names, whatever its launch part says.
+
 Order (first that answers wins):
   1. an explicit ``config=`` passed by the caller (handled by fa4.launch);
-  2. the in-process cache, keyed by (problem, arch): a hit is a dict lookup;
+  2. the in-process cache, keyed by (problem, arch, timing mode): a hit is a dict lookup;
   3. the config sources installed beside the kernels (entry point group
      ``fa4.config_sources``): fa4-tune's results store offers the local results DB ($FA4_DB,
      or the default file when it exists), the best current measurement of provider "fa4"
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,8 +39,12 @@ from typing import Any
 from fa4.arch import SM90, Arch
 from fa4.dispatch import bwd_entry, fwd_entry
 from fa4.problem import Problem
+from fa4.timing import DEFAULT_TIMING, Timing
 
 PROVIDER = "fa4"
+# The timing mode lookups ask for (fa4.timing: eager-cold, eager-warm, graph-cold, graph-warm); a
+# launch under CUDA-graph capture asks for graph mode with this setting's L2 state.
+TIMING_ENV = "FA4_TUNING_TIMING"
 URL_ENV = "FA4_TUNING_URL"
 DEVICE_ENV = "FA4_DEVICE_NAME"
 # Set to 0 to skip the local results DB (e.g. a read-only home directory on a cluster).
@@ -87,10 +97,13 @@ class Resolution:
     measured_problem: dict | None = None
     # monotonic() time after which this answer is asked again; inf: for the process lifetime.
     expires: float = math.inf
+    # The timing mode asked for (fa4.timing); measurements of other modes never answer.
+    timing: str = DEFAULT_TIMING
 
     def __str__(self) -> str:
         lines = [f"config: {self.config}", f"from: {self.provenance}"
-                 + (f" ({self.tflops:.1f} TFLOP/s measured)" if self.tflops is not None else "")]
+                 + (f" ({self.tflops:.1f} TFLOP/s measured)" if self.tflops is not None else ""),
+                 f"timing: {self.timing}"]
         lines += [f"  {s.source:9s} {s.outcome:8s} {s.detail}" for s in self.steps]
         return "\n".join(lines)
 
@@ -100,6 +113,7 @@ class Resolution:
         return {
             "config": config_to_dict(self.config) if self.config is not None else None,
             "provenance": self.provenance,
+            "timing": self.timing,
             "tflops": self.tflops,
             "measured_problem": self.measured_problem,
             "chain": [{"source": s.source, "outcome": s.outcome, "detail": s.detail} for s in self.steps],
@@ -119,6 +133,10 @@ class _State:
     fingerprint: str | None = None
     fingerprint_error: str | None = None
     fingerprint_done: bool = False
+    # $FA4_TUNING_TIMING as last read: (raw text, its mode, why it was not understood or None).
+    timing_env: tuple = (None, Timing(), None)
+    # False once asking torch whether the stream captures failed (a torch without CUDA).
+    capture_check: bool = True
 
 
 _state = _State()
@@ -141,11 +159,48 @@ def entry_for(problem: Problem, arch: Arch):
     return bwd_entry(arch) if problem.pass_ == "bwd" else fwd_entry(arch)
 
 
+def _configured_timing() -> tuple[Timing, str | None]:
+    """The mode $FA4_TUNING_TIMING names (the default when unset) and why it was not understood."""
+    st = _state
+    raw = os.environ.get(TIMING_ENV)
+    if raw != st.timing_env[0]:
+        try:
+            st.timing_env = (raw, Timing.parse(raw) if raw and raw.strip() else Timing(), None)
+        except ValueError as e:
+            st.timing_env = (raw, Timing(), f"{TIMING_ENV}={raw!r}: {e}; using {DEFAULT_TIMING}")
+    return st.timing_env[1], st.timing_env[2]
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (never initialises CUDA)."""
+    st = _state
+    if not st.capture_check:
+        return False
+    torch = sys.modules.get("torch")  # a launch has its tensors' torch imported
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:  # a torch built without CUDA: nothing here ever captures
+        st.capture_check = False
+        return False
+
+
+def launch_timing() -> str:
+    """The timing mode a launch made now asks for: $FA4_TUNING_TIMING's, or graph mode (with its
+    L2 state) while the current stream is capturing a CUDA graph."""
+    mode, _ = _configured_timing()
+    if not mode.graph and _capturing():
+        mode = Timing("graph", mode.l2)
+    return mode.name
+
+
 def _cached_or_resolved(problem: Problem, arch: Arch):
-    hit = _state.cache.get((problem, arch))
+    timing = launch_timing()
+    hit = _state.cache.get((problem, arch, timing))
     if hit is not None and (hit.expires == math.inf or hit.expires > time.monotonic()):
         return hit.config
-    return _resolve(problem, arch, None).config
+    return _resolve(problem, arch, None, timing).config
 
 
 def resolve_fwd_config(problem: Problem, arch: Arch):
@@ -163,19 +218,27 @@ def resolve_bwd_config(problem: Problem, arch: Arch):
 
 
 def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str | None = None,
-                    config=None) -> Resolution:
-    """Which config a launch of ``problem`` would use and the chain of sources asked for it."""
+                    config=None, timing: str | Timing | None = None) -> Resolution:
+    """Which config a launch of ``problem`` would use and the chain of sources asked for it.
+
+    ``timing``: the mode to explain (fa4.timing); default: the one a launch made here now asks for."""
     arch = arch or SM90
+    timing = launch_timing() if timing is None else Timing.parse(timing).name
     if config is not None:
         cfg = _explicit(problem, arch, config)
-        return Resolution(cfg, "explicit", (Step("explicit", "used", "config= passed by the caller"),))
-    hit = _state.cache.get((problem, arch))
+        return Resolution(cfg, "explicit", (Step("explicit", "used", "config= passed by the caller"),),
+                          timing=timing)
+    hit = _state.cache.get((problem, arch, timing))
     if hit is not None and (hit.expires == math.inf or hit.expires > time.monotonic()) and device is None:
+        _, timing_error = _configured_timing()
         return Resolution(hit.config, hit.provenance,
                           (Step("cache", "used", f"resolved earlier in this process from {hit.provenance}"),)
-                          + hit.steps, hit.tflops, hit.measured_problem, hit.expires)
+                          + ((Step("timing", "error", timing_error),)
+                             if timing_error and Step("timing", "error", timing_error) not in hit.steps else ())
+                          + hit.steps,
+                          hit.tflops, hit.measured_problem, hit.expires, timing)
     # A device named by the caller may not be the one launches run on: do not cache its answer.
-    return _resolve(problem, arch, device, remember=device is None)
+    return _resolve(problem, arch, device, timing, remember=device is None)
 
 
 def _explicit(problem: Problem, arch: Arch, config):
@@ -203,9 +266,13 @@ def resolve_config(problem: Problem, arch: Arch, config=None):
 # -- the chain ------------------------------------------------------------------------------
 
 
-def _resolve(problem: Problem, arch: Arch, device: str | None, remember: bool = True) -> Resolution:
-    key = (problem, arch)
+def _resolve(problem: Problem, arch: Arch, device: str | None, timing: str = DEFAULT_TIMING,
+             remember: bool = True) -> Resolution:
+    key = (problem, arch, timing)
     steps: list[Step] = [Step("cache", "miss")]
+    _, timing_error = _configured_timing()
+    if timing_error:
+        steps.append(Step("timing", "error", timing_error))
     # No kernel for this arch and pass at all (NotImplementedError): the launch must fail, with that message.
     entry = entry_for(problem, arch)
     expires = math.inf
@@ -218,20 +285,20 @@ def _resolve(problem: Problem, arch: Arch, device: str | None, remember: bool = 
             steps.append(Step("service", "skipped", why))
     if device is not None:
         fp = _fingerprint()
-        found = _from_sources(problem, arch, entry, device, fp, steps)
+        found = _from_sources(problem, arch, entry, device, fp, timing, steps)
         if found is None:
-            found, expires = _from_service(problem, arch, entry, device, fp, steps)
+            found, expires = _from_service(problem, arch, entry, device, fp, timing, steps)
 
     if found is not None:
         config, source, tflops, measured = found
-        res = Resolution(config, source, tuple(steps), tflops, measured, expires)
+        res = Resolution(config, source, tuple(steps), tflops, measured, expires, timing)
     else:
         try:
             config = entry.default_config(problem, arch)
         except Exception as e:
             raise ValueError(f"no default config for {problem.key()} on {arch.name}: {e}") from e
         steps.append(Step("default", "used", "heuristic default of the kernel's knob declaration"))
-        res = Resolution(config, "default", tuple(steps), expires=expires)
+        res = Resolution(config, "default", tuple(steps), expires=expires, timing=timing)
     if remember:
         with _state.lock:
             _state.cache[key] = res
@@ -304,12 +371,13 @@ def _sources() -> list:
 
 
 def register_source(source) -> None:
-    """Add a config source (an object with ``name``, ``answer(problem, device, fingerprint)`` and
-    ``close()``) after the installed ones; it is asked from the next reset() on."""
+    """Add a config source (an object with ``name``, ``answer(problem, device, fingerprint, timing)``
+    and ``close()``; ``timing`` is the canonical mode of fa4.timing it must answer for, from its
+    measurements of that mode only) after the installed ones; it is asked from the next reset() on."""
     _registered.append(source)
 
 
-def _from_sources(problem, arch, entry, device, fp, steps) -> tuple | None:
+def _from_sources(problem, arch, entry, device, fp, timing, steps) -> tuple | None:
     if os.environ.get(LOCAL_DB_ENV, "1").strip() == "0":
         steps.append(Step("local-db", "skipped", f"disabled by {LOCAL_DB_ENV}=0"))
         return None
@@ -325,7 +393,7 @@ def _from_sources(problem, arch, entry, device, fp, steps) -> tuple | None:
                               f"the running kernel's source fingerprint is unknown ({_state.fingerprint_error})"))
             continue
         try:
-            ans = src.answer(problem, device, fp)
+            ans = src.answer(problem, device, fp, timing)
         except Exception as e:
             steps.append(Step(src.name, "error", f"{type(e).__name__}: {e}"))
             continue
@@ -341,7 +409,7 @@ def _from_sources(problem, arch, entry, device, fp, steps) -> tuple | None:
     return None
 
 
-def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None, float]:
+def _from_service(problem, arch, entry, device, fp, timing, steps) -> tuple[tuple | None, float]:
     """(answer or None, expiry of the resulting cache entry)."""
     base = os.environ.get(URL_ENV, "").strip()
     if not base:
@@ -355,13 +423,13 @@ def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None
                           f"({st.service_down_reason}); retried after {SERVICE_RETRY_S:.0f} s"))
         # This class never reached the service: ask again once the pause is over.
         return None, st.service_down_until
-    key = (problem, arch, device)
+    key = (problem, arch, device, timing)
     with st.lock:
         if key in st.asked:
             steps.append(Step("service", "skipped", "already asked once for this problem in this process"))
             return None, math.inf
         st.asked.add(key)
-    params = {**problem.to_dict(), "device": device, "provider": PROVIDER, "arch": arch.name}
+    params = {**problem.to_dict(), "device": device, "provider": PROVIDER, "arch": arch.name, "timing": timing}
     if fp is not None:
         params["source_fingerprint"] = fp
     url = base.rstrip("/") + "/v1/configs/best"
@@ -384,7 +452,7 @@ def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None
         return None, math.inf
     prov = body.get("provenance")
     if prov not in ("exact", "nearest"):
-        steps.append(Step("service", "miss", f"the service has no measurement ({prov})"))
+        steps.append(Step("service", "miss", f"the service has no {timing} measurement ({prov})"))
         return None, math.inf
     cfg, why = _usable(entry, problem, arch, body.get("config"))
     if cfg is None:
@@ -392,7 +460,8 @@ def _from_service(problem, arch, entry, device, fp, steps) -> tuple[tuple | None
         return None, math.inf
     stale = " (stale source)" if body.get("stale") else ""
     tflops = body.get("tflops")
-    steps.append(Step("service", "used", f"{prov}{stale} answer of {base}, measurement {body.get('measurement_id')}"))
+    steps.append(Step("service", "used",
+                      f"{prov}{stale} {timing} answer of {base}, measurement {body.get('measurement_id')}"))
     return (cfg, f"service:{prov}", tflops if isinstance(tflops, (int, float)) else None,
             body.get("measured_problem")), math.inf
 

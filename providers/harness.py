@@ -1,7 +1,8 @@
 """Benchmark harness shared by the tuner and the benchmark scripts.
 
 One measurement = fresh random inputs, a correctness gate against an fp32 reference, then
-timing with warm clocks and a flushed L2 between repetitions. The pure helpers (statistics,
+timing with warm clocks in the settings' timing mode (fa4.timing): eager launches or replays of a
+CUDA graph, with the L2 flushed between repetitions (cold) or not (warm). The pure helpers (statistics,
 the error rule, exception classification) have no GPU dependency and are unit-tested on CPU.
 """
 
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from fa4.problem import Problem
+from fa4.timing import DEFAULT_TIMING, Timing
 
 OK = "ok"
 INFEASIBLE = "infeasible"
@@ -30,13 +32,21 @@ class Settings:
     min_reps: int = 10
     max_reps: int = 200
     warmup_ms: float = 150.0  # run the kernel this long first so clocks settle at their boost
-    flush_l2: bool = True
+    # The timing mode (fa4.timing): "eager-cold" (the default), "graph-cold", "eager-warm", "graph-warm".
+    timing: str = DEFAULT_TIMING
     check: bool = True
     check_batches: int = 1  # sub-sample of the batch compared against the fp32 reference
     check_heads: int = 2  # kv heads (with their query-head groups) compared
     atol: float = 1e-4
     seed: int = 0
     timeout_s: float = 600.0  # per candidate in the worker, compile included
+
+    def __post_init__(self):
+        self.timing = Timing.parse(self.timing).name  # ValueError for an unknown mode
+
+    @property
+    def mode(self) -> Timing:
+        return Timing.parse(self.timing)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -285,11 +295,47 @@ def l2_flush_buffer(device=None):
     return torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
 
 
-def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
-    """Per-rep milliseconds from CUDA events, clocks warmed first, L2 flushed before each rep."""
+class NotCapturable(RuntimeError):
+    """The callable cannot be captured into a CUDA graph (graph timing modes): a runtime_error
+    result with this reason, never an eager timing in its place."""
+
+    PREFIX = "not capturable under CUDA graphs: "
+
+
+def capture_graph(fn: Callable[[], object]):
+    """``fn`` captured into a ``torch.cuda.CUDAGraph``, the way PyTorch requires: a few warm-up
+    calls on a side stream first (lazy initialisation, allocator pools, cuBLAS workspaces must not
+    happen during capture), then the capture itself on that side stream."""
     import torch
 
-    flush = l2_flush_buffer() if settings.flush_l2 else None
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            fn()
+        torch.cuda.synchronize()
+    except Exception as e:
+        raise NotCapturable(NotCapturable.PREFIX + short_reason(e)) from e
+    return graph
+
+
+def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
+    """Per-rep milliseconds from CUDA events, clocks warmed first, in the settings' timing mode.
+
+    eager: each rep calls ``fn``. graph: ``fn`` is captured once (after the warm-up) and each rep
+    replays the graph; a callable that cannot be captured raises NotCapturable. cold: the L2 is
+    flushed before each rep, outside the timed events; warm: nothing runs between reps.
+    """
+    import torch
+
+    mode = settings.mode
+    flush = l2_flush_buffer() if mode.flush_l2 else None
     # Warm-up: run until warmup_ms of wall time has passed so the GPU leaves its idle clocks.
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -304,13 +350,17 @@ def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
     torch.cuda.synchronize()
     estimate = (time.perf_counter() - t0) * 1e3 / n_warm
     reps = reps_for(estimate, settings)
+    run = capture_graph(fn).replay if mode.graph else fn
+    if mode.graph:
+        run()  # the first replay uploads the graph: not part of any rep
+        torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         if flush is not None:
             flush.zero_()
         starts[i].record()
-        fn()
+        run()
         ends[i].record()
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in zip(starts, ends)]
@@ -359,6 +409,8 @@ def measure(provider, problem: Problem, config, settings: Settings) -> Measureme
         del out
         samples = time_callable(fn, settings)
         phase("time")
+    except NotCapturable as e:  # graph modes: never an eager timing in its place
+        return Measurement(RUNTIME_ERROR, reason=str(e)[:300], phases=phases)
     except Exception as e:  # every failure is a result, never a crash of the study
         return Measurement(classify_exception(e, first_call), reason=short_reason(e), phases=phases)
     med, iqr = sample_stats(samples)

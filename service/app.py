@@ -33,6 +33,7 @@ import dashboards
 from fa4.arch import ARCHES
 from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
+from fa4.timing import ALL as ALL_TIMINGS, DEFAULT_TIMING
 from service import schemas as sch
 from service.docs import mount_docs
 from service import listing
@@ -262,7 +263,7 @@ class _State:
         return await self._flights.run(("family", fam), tags, build)
 
     async def answer(self, key: tuple, prov, device: str, problem: Problem, running: str | None,
-                     arch: str | None) -> tuple[bytes, tuple, int]:
+                     arch: str | None, timing: str = DEFAULT_TIMING) -> tuple[bytes, tuple, int]:
         """(JSON answer, its tags, the generation it was built at), built once for concurrent askers."""
         cached = self._best.get(key)
         if cached is not None:
@@ -275,7 +276,8 @@ class _State:
             # In memory only, ~0.1-0.2 ms: cheaper here than the GIL hand-offs of a thread hop.
             answer = best_config(self.store, prov, device, problem, running_fp=running,
                                  arch=ARCHES[arch] if arch else None, rows=rows,
-                                 device_row=self._devices_by_name.get(device), get_device=self._devices_by_id.get)
+                                 device_row=self._devices_by_name.get(device), get_device=self._devices_by_id.get,
+                                 timing=timing)
             entry = (json.dumps(answer, allow_nan=False).encode(), tags, since)
             # Kept only if no write touched its family or device meanwhile (else: served this once).
             self._best.put(key, entry, tags, since)
@@ -520,6 +522,9 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         arch: Optional[Literal[tuple(ARCHES)]] = Query(  # type: ignore[valid-type]
             None, description="Arch for feasibility checks; default: the device's, from the database"
         ),
+        timing: sch.TimingName = Query(
+            DEFAULT_TIMING, description="The timing mode the caller runs in; answered from measurements of this "
+            "mode only (a caller under CUDA graphs asks graph-cold or graph-warm). " + sch.TIMING_DOC),
     ):
         # Omitted sizes follow the benchmark convention fa4-tune uses (Problem.standard).
         with _invalid_problem():
@@ -532,15 +537,20 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         if errs:
             raise ApiError(422, f"{provider} cannot run this problem: {'; '.join(errs)}")
         running = source_fingerprint if source_fingerprint is not None else await state.fingerprint_async(prov)
-        key = (device, provider, problem, running, arch)
+        key = (device, provider, problem, running, arch, timing)
         if state.refresh_due():
             await state.refresh()
-        body, tags, since = await state.answer(key, prov, device, problem, running, arch)
+        body, tags, since = await state.answer(key, prov, device, problem, running, arch, timing)
         state._by_query.put(request.scope["query_string"], body, tags, since)
         # Served as cached bytes: the hot path skips re-validating an answer built from the schema.
         return Response(content=body, media_type="application/json")
 
     # -- catalogue ----------------------------------------------------------------------
+
+    @app.get(f"/{API_VERSION}/timings", response_model=list[sch.TimingMode], tags=["catalogue"])
+    async def get_timings():
+        """The timing modes a measurement can be taken in (fa4.timing), the default first."""
+        return [t.to_dict() for t in ALL_TIMINGS]
 
     @app.get(f"/{API_VERSION}/devices", response_model=list[sch.Device], tags=["catalogue"])
     async def get_devices():
@@ -612,6 +622,8 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         heads_kv: Optional[int] = Query(None, **_SIZE),
         causal: Optional[bool] = None,
         deterministic: Optional[bool] = None,
+        timing: Optional[sch.TimingName] = Query(None, description="only rows timed in this mode (default: any). "
+                                                 + sch.TIMING_DOC),
         limit: int = Query(100, ge=1, le=MAX_PAGE),
         offset: int = Query(0, ge=0, le=sch.INT32_MAX),
         sort: Literal[SORTS] = Query("id", description="column; '-' prefix = descending; NULLs last"),  # type: ignore[valid-type]
@@ -620,7 +632,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             device=device, provider=provider, status=status, study_name=study_name,
             source_fingerprint=source_fingerprint, is_default=is_default, pass_=pass_, dtype=dtype,
             head_dim=head_dim, head_dim_v=head_dim_v, seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch=batch,
-            heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic,
+            heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic, timing=timing,
         )
         return await state.listing(listing.results_page, limit, offset, sort, filters)
 
@@ -664,7 +676,9 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         if body.status == "ok" and (body.median_ms is None or body.tflops is None):
             raise ApiError(422, "an 'ok' measurement needs median_ms and tflops")
 
-        payload = body.model_dump(mode="json", by_alias=True, exclude={"idempotency_key"})
+        # The default mode is left out of the hash: a payload from before timing modes keeps its key.
+        payload = body.model_dump(mode="json", by_alias=True, exclude={"idempotency_key"}
+                                  | ({"timing"} if body.timing == DEFAULT_TIMING else set()))
         key = idempotency_key or body.idempotency_key or hashlib.sha256(canonical_json(payload).encode()).hexdigest()
         store = state.store
         fields = body.model_dump(exclude={"device", "provider", "problem", "config", "idempotency_key"})

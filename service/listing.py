@@ -51,7 +51,7 @@ def study(store: ResultsStore, study_name: str) -> dict | None:
     first = rows[0]
     return {
         "study_name": study_name, "device": first["device"], "provider": first["provider"],
-        "problem": first["problem"], "n_trials": len(trials), "n_ok": len(ok), "best": best, "trials": trials,
+        "problem": first["problem"], "timing": first["timing"], "n_trials": len(trials), "n_ok": len(ok), "best": best, "trials": trials,
     }
 
 

@@ -1,6 +1,7 @@
 """Request and response models of the REST API.
 
-Problem fields, statuses and passes come from ``fa4.problem`` and the DB models;
+Problem fields, statuses and passes come from ``fa4.problem`` and the DB models, timing modes from
+``fa4.timing``;
 knob models are built from the providers' knob dataclasses at run time
 (:func:`knob_model`), so no knob name is ever written here.
 """
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from fa4.knobs import knob_specs
 from fa4.problem import DTYPES, PASSES
+from fa4.timing import ALL as ALL_TIMINGS, DEFAULT_TIMING, TIMINGS
 from store.models import STATUSES
 
 # Column widths of the results DB: larger values would fail at INSERT time (a 5xx),
@@ -38,6 +40,9 @@ Status = Literal[STATUSES]  # type: ignore[valid-type]
 Pass = Literal[PASSES]  # type: ignore[valid-type]
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]
 Provenance = Literal["exact", "nearest", "default"]
+TimingName = Literal[TIMINGS]  # type: ignore[valid-type]
+TIMING_DOC = ("How the measurement was timed, '<launch>-<l2>' (GET /v1/timings describes each mode): "
+              + "; ".join(f"{t.name}: {t.doc}" for t in ALL_TIMINGS))
 
 
 def _no_nul(value: Any) -> Any:
@@ -142,6 +147,7 @@ class ResultIn(_Strict):
     versions: Optional[dict[str, Any]] = Field(
         None, description=f"Library versions of the measurement; at most {MAX_JSON_FIELD_BYTES} bytes as JSON")
     created_at: Optional[datetime] = None
+    timing: TimingName = Field(DEFAULT_TIMING, description=TIMING_DOC)
     idempotency_key: Optional[str] = Field(
         None, min_length=1, max_length=64,
         description="Retries with the same key store nothing new (the Idempotency-Key header works too). "
@@ -199,6 +205,7 @@ class Measurement(BaseModel):
     is_default: bool
     created_at: Optional[str]
     versions: Optional[dict[str, Any]]
+    timing: TimingName = Field(description=TIMING_DOC)
 
 
 class ResultsPage(BaseModel):
@@ -228,6 +235,8 @@ class BestConfig(BaseModel):
         "kernel source, see stale); default: the provider's heuristic, nothing usable was measured"
     )
     stale: bool = Field(description="The served measurement comes from different kernel source than the running one")
+    timing: TimingName = Field(description="The timing mode asked for; only measurements of this mode answer it "
+                               "(none of it: the default, with a note naming the modes measured)")
     notes: list[str] = Field(description="Why this answer and not a better one, in words")
     device: str
     provider: str
@@ -318,10 +327,21 @@ class Study(BaseModel):
     device: str
     provider: str
     problem: dict[str, Any]
+    timing: TimingName = Field(description="The timing mode the study's trials were measured in")
     n_trials: int
     n_ok: int
     best: Optional[Trial]
     trials: list[Trial]
+
+
+class TimingMode(BaseModel):
+    """One timing mode of fa4.timing, as GET /v1/timings lists them."""
+
+    name: TimingName = Field(description="Canonical '<launch>-<l2>' form, as the timing parameters take it")
+    launch: str = Field(description="eager: Python launches each repetition; graph: replays of a CUDA graph")
+    l2: str = Field(description="cold: L2 flushed before each repetition; warm: not flushed")
+    doc: str
+    default: bool = Field(description="The mode of requests that name none (and of rows from before modes)")
 
 
 class Health(BaseModel):

@@ -2,6 +2,12 @@
 
 Kept apart from the HTTP layer so the launch-time lookup and tests can reason
 about the same rules.
+
+Every answer is for one timing mode (fa4.timing: eager or CUDA-graph launches, cold or warm
+L2) and is built from rows of that mode only: a config picked under eager launches is never
+served to a caller under CUDA graphs. Without a row of the asked mode the answer is the heuristic
+default, and its notes say which other modes were measured; the nearest-shape rule applies
+within the mode.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import math
 from fa4.arch import SM90, Arch, arch_from_capability
 from fa4.knobs import config_from_dict, config_to_dict
 from fa4.problem import Problem
+from fa4.timing import DEFAULT_TIMING, canonical as canonical_timing
 from store import ResultsStore
 
 # How many nearest shapes to try before giving up on the nearest rule (each costs one query;
@@ -78,9 +85,11 @@ def _usable_config(provider, problem: Problem, arch: Arch, row: dict) -> tuple[d
 
 def _answer(provenance: str, stale: bool, notes: list[str], device: str, provider_name: str,
             problem: Problem, running_fp: str | None, row: dict | None = None,
-            config: dict | None = None, distance: float | None = None, device_row: dict | None = None) -> dict:
+            config: dict | None = None, distance: float | None = None, device_row: dict | None = None,
+            timing: str = DEFAULT_TIMING) -> dict:
     out = {
         "provenance": provenance,
+        "timing": timing,
         "stale": stale,
         "notes": notes,
         "device": device,
@@ -154,14 +163,18 @@ def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
 
 
 def neighbour_configs(store: ResultsStore, provider, device: str, problem: Problem, *,
-                      running_fp: str | None, arch: Arch | None = None, limit: int = 3) -> list[dict]:
+                      running_fp: str | None, arch: Arch | None = None, limit: int = 3,
+                      timing: str = DEFAULT_TIMING) -> list[dict]:
     """The configs served for the ``limit`` nearest measured shapes of ``problem``'s family on this
     device (not ``problem`` itself), nearest first, each re-validated for ``problem``: a new
     study's warm start. Rows of the running source come first; stale ones only where no current
-    neighbour exists. Each item: {"config": knob dict, "from": problem key, "distance": float}."""
+    neighbour exists; rows of the asked timing mode only. Each item: {"config": knob dict, "from":
+    problem key, "distance": float}."""
     notes: list[str] = []
     arch = arch_for(store.device_by_name(device), device, arch, notes)
-    by_problem = index_rows(store.family_rows(device, provider.name, problem))
+    timing = canonical_timing(timing)
+    by_problem = index_rows([r for r in store.family_rows(device, provider.name, problem)
+                             if r.get("timing", DEFAULT_TIMING) == timing])
     out: list[dict] = []
     for fp in ((running_fp, None) if running_fp is not None else (None,)):
         for cand in rank_nearest(problem, list(by_problem)):
@@ -182,7 +195,7 @@ def neighbour_configs(store: ResultsStore, provider, device: str, problem: Probl
 
 def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                 running_fp: str | None, arch: Arch | None = None, rows: dict[Problem, list[dict]] | None = None,
-                device_row=_UNSET, get_device=None) -> dict:
+                device_row=_UNSET, get_device=None, timing: str = DEFAULT_TIMING) -> dict:
     """The answer of GET /v1/configs/best (a dict shaped like ``schemas.BestConfig``).
 
     ``running_fp`` is the source fingerprint of the kernel code that will use the
@@ -191,13 +204,30 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
     family's rows, ``index_rows(store.family_rows(...))``) and ``device_row`` may be
     passed by a caller that caches them, and ``get_device`` (device id -> row) likewise;
     otherwise they are read from ``store``.
+
+    ``timing`` (a mode of fa4.timing) is the mode the caller runs in: only rows of that mode
+    count; rows of other modes are named in the notes of a default answer, never served.
     """
     name = provider.name
+    timing = canonical_timing(timing)
     notes: list[str] = []
     if device_row is _UNSET:
         device_row = store.device_by_name(device)
     arch = arch_for(device_row, device, arch, notes)
-    by_problem = rows if rows is not None else index_rows(store.family_rows(device, name, problem))
+    family_rows = rows if rows is not None else index_rows(store.family_rows(device, name, problem))
+    # Rows stored before timing modes existed carry no "timing" key only in callers' own caches.
+    by_problem: dict[Problem, list[dict]] = {}
+    other_modes: dict[str, int] = {}
+    for p, rs in family_rows.items():
+        mine = []
+        for r in rs:
+            t = r.get("timing", DEFAULT_TIMING)
+            if t == timing:
+                mine.append(r)
+            else:
+                other_modes[t] = other_modes.get(t, 0) + 1
+        if mine:
+            by_problem[p] = mine
 
     def try_rows(candidates, fp) -> tuple[dict, dict | None, Problem] | None:
         for cand in candidates:
@@ -222,7 +252,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
     hit = try_rows([problem], running_fp)
     if hit:
         row, cfg, _ = hit
-        return _answer("exact", False, notes, device, name, problem, running_fp, row, cfg, 0.0, measured_on(row))
+        return _answer("exact", False, notes, device, name, problem, running_fp, row, cfg, 0.0, measured_on(row), timing)
 
     stale_exact = None
     if running_fp is not None:
@@ -239,7 +269,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
         row, cfg, cand = hit
         notes.append(f"nearest measured shape {cand.key()} (this shape has no current measurement)")
         return _answer("nearest", False, notes, device, name, problem, running_fp, row, cfg,
-                       seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row))
+                       seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row), timing)
 
     # 3. Stale rows still beat a heuristic (the knob class and feasibility were re-checked),
     #    but they are labelled: nearest in code version, if not in shape.
@@ -252,9 +282,13 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                 f"of shape {cand.key()}; re-tune to refresh it"
             )
             return _answer("nearest", True, notes, device, name, problem, running_fp, row, cfg,
-                           seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row))
+                           seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row), timing)
 
     # 4. The provider's own heuristic.
+    if not by_problem:
+        notes.append(f"no measurements under {timing} for this device, provider and problem family"
+                     + (f" (rows timed {', '.join(f'{t}: {n}' for t, n in sorted(other_modes.items()))} are "
+                        f"never served to a {timing} caller)" if other_modes else ""))
     notes.append("nothing usable was measured for this device, provider and problem family: heuristic default")
     try:
         default = provider.default_config(problem, arch)
@@ -262,4 +296,4 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
     except Exception as e:  # e.g. no kernel for this arch: say so instead of failing the request
         notes.append(f"the provider has no default config here: {type(e).__name__}: {e}")
         config = None
-    return _answer("default", False, notes, device, name, problem, running_fp, None, config)
+    return _answer("default", False, notes, device, name, problem, running_fp, None, config, timing=timing)

@@ -14,6 +14,7 @@ from pathlib import Path
 from fa4.lookup import SourceAnswer
 from fa4.problem import Problem
 from fa4.rules import Fa4Rules
+from fa4.timing import DEFAULT_TIMING
 from store.best import best_config
 
 PROVIDER = "fa4"
@@ -50,21 +51,22 @@ class LocalResultsDB:
             self._error = f"cannot open the local results DB: {type(e).__name__}: {e}"
         return self._store, self._error
 
-    def answer(self, problem: Problem, device: str, fingerprint: str) -> SourceAnswer:
+    def answer(self, problem: Problem, device: str, fingerprint: str, timing: str = DEFAULT_TIMING) -> SourceAnswer:
+        """The best measurement of ``timing``'s mode (fa4.timing) only: another mode's never answers."""
         store, why = self._open()
         if store is None:
             return SourceAnswer("skipped", why or "")
         try:
             # The service's rule, on the same rows: the same answer wherever a kernel asks.
-            ans = best_config(store, Fa4Rules(), device, problem, running_fp=fingerprint)
+            ans = best_config(store, Fa4Rules(), device, problem, running_fp=fingerprint, timing=timing)
         except Exception as e:
             return SourceAnswer("error", f"{type(e).__name__}: {e}")
         notes = "; ".join(ans["notes"])
         if ans["provenance"] == "default":
-            return SourceAnswer("miss", f"no usable measurement of {problem.key()} on {device!r}: {notes}")
+            return SourceAnswer("miss", f"no usable {timing} measurement of {problem.key()} on {device!r}: {notes}")
         ref = f"measurement {ans['measurement_id']}"
         what = f"{ans['provenance']}{' (stale source)' if ans['stale'] else ''}"
-        return SourceAnswer("used", f"{what} answer, {ref} ({ans['tflops']:.1f} TFLOP/s) in {store.url}"
+        return SourceAnswer("used", f"{what} {timing} answer, {ref} ({ans['tflops']:.1f} TFLOP/s) in {store.url}"
                             + (f"; {notes}" if notes else ""),
                             config=ans["config"], ref=ref, tflops=ans["tflops"],
                             measured_problem=ans["measured_problem"])

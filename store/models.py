@@ -27,6 +27,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.schema import conv
 
+from fa4.timing import DEFAULT_TIMING, MAX_LEN as TIMING_LEN
+
 STATUSES = ("ok", "infeasible", "compile_error", "runtime_error", "incorrect")
 
 # Deterministic constraint names: Alembic needs them to alter or drop constraints
@@ -165,6 +167,9 @@ class Measurement(Base):
     # Set by rows ingested over the REST API (revision 0002): a retried POST finds
     # its first copy here instead of inserting a duplicate.
     idempotency_key: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True, unique=True)
+    # How it was timed (fa4.timing, revision 0004): "eager-cold" (rows from before the revision),
+    # "graph-cold", ... A lookup for one mode is only ever answered from rows of that mode.
+    timing: Mapped[str] = mapped_column(String(TIMING_LEN), default=DEFAULT_TIMING, server_default=DEFAULT_TIMING)
 
     device: Mapped[Device] = relationship(lazy="joined")
     problem: Mapped[Problem] = relationship(lazy="joined")
@@ -197,5 +202,7 @@ class Verdict(Base):
     rounds: Mapped[dict] = mapped_column(JSONValue)
     source_fingerprint: Mapped[str] = mapped_column(String(128), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    # The timing mode of the re-measurement, and of the row it serves (revision 0004).
+    timing: Mapped[str] = mapped_column(String(TIMING_LEN), default=DEFAULT_TIMING, server_default=DEFAULT_TIMING)
 
     measurement: Mapped[Measurement] = relationship(lazy="joined")

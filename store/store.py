@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from fa4.knobs import config_from_dict, config_to_dict, json_schema
 from fa4.problem import Problem
+from fa4.timing import DEFAULT_TIMING, canonical as canonical_timing
 
 from . import models as m
 from .engine import READ_ONLY, make_engine, masked, resolve_url
@@ -39,6 +40,7 @@ _EQ_FILTERS = {
     "study_name": m.Measurement.study_name,
     "source_fingerprint": m.Measurement.source_fingerprint,
     "is_default": m.Measurement.is_default,
+    "timing": m.Measurement.timing,
     **{name: getattr(m.Problem, name) for name in _PROBLEM_FIELDS},
 }
 
@@ -147,7 +149,7 @@ _MEASUREMENT_COLUMNS = (
     m.Measurement.samples_ms, m.Measurement.n_samples, m.Measurement.median_ms, m.Measurement.iqr_ms,
     m.Measurement.tflops, m.Measurement.error, m.Measurement.ref_error, m.Measurement.source_fingerprint,
     m.Measurement.study_name, m.Measurement.trial_number, m.Measurement.is_default, m.Measurement.created_at,
-    m.Measurement.versions,
+    m.Measurement.versions, m.Measurement.timing,
     *(getattr(m.Problem, name).label(f"problem.{name}") for name in _PROBLEM_FIELDS),
 )
 _OUTER = tuple(c.key for c in _MEASUREMENT_COLUMNS if not c.key.startswith("problem."))
@@ -187,6 +189,7 @@ def _verdict_dict(row: m.Verdict) -> dict:
         "id": row.id, "study_name": row.study_name, "significant": row.significant,
         "gain": row.gain, "spread": row.spread, "rounds": row.rounds,
         "source_fingerprint": row.source_fingerprint, "created_at": _iso(row.created_at),
+        "timing": row.timing,
     }
 
 
@@ -232,10 +235,12 @@ def _new_measurement(
     is_default: bool = False,
     versions: dict | None = None,
     created_at: datetime | None = None,
+    timing: str = DEFAULT_TIMING,
 ) -> m.Measurement:
     """A validated, not yet added Measurement row."""
     if status not in STATUSES:
         raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+    timing = canonical_timing(timing)  # ValueError naming the modes
     samples = [_timing("samples_ms[]", x) for x in samples_ms]
     row = m.Measurement(
         device_id=int(device_id),
@@ -256,6 +261,7 @@ def _new_measurement(
         is_default=bool(is_default),
         versions=None if versions is None else _json_ready("versions", dict(versions)),
         created_at=_utc(created_at) if created_at is not None else m.utcnow(),
+        timing=timing,
     )
     if status == "ok" and (row.median_ms is None or row.tflops is None):
         raise ValueError("an 'ok' measurement needs median_ms and tflops")
@@ -455,8 +461,11 @@ class ResultsStore:
         is_default: bool = False,
         versions: dict | None = None,
         created_at: datetime | None = None,
+        timing: str = DEFAULT_TIMING,
     ) -> int:
-        """Record one candidate's outcome in a single transaction; returns the row id."""
+        """Record one candidate's outcome in a single transaction; returns the row id.
+
+        ``timing``: the mode it was timed in (fa4.timing), "eager-cold" unless told."""
         row = _new_measurement(**_locals_without_self(locals()))
         with self._write() as s:
             _check_refs(s, row)
@@ -500,12 +509,13 @@ class ResultsStore:
             row = s.execute(q).first()
             return None if row is None else _measurement_dict(row)
 
-    def _ok_rows(self, device_name: str, provider: str, problem: Problem | dict):
+    def _ok_rows(self, device_name: str, provider: str, problem: Problem | dict, timing: str):
         p = _as_problem(problem)
         return _measurement_query().where(
             m.Device.name == device_name,
             m.Config.provider == provider,
             m.Measurement.status == "ok",
+            m.Measurement.timing == canonical_timing(timing),
             *_problem_conditions(p),
         )
 
@@ -516,6 +526,7 @@ class ResultsStore:
         problem: Problem | dict,
         *,
         source_fingerprint: str | None = None,
+        timing: str = DEFAULT_TIMING,
     ) -> dict | None:
         """The config to serve for ``provider`` on this problem and device, as its measurement row.
 
@@ -523,12 +534,12 @@ class ResultsStore:
         (a challenger only where it beat the default beyond the rounds' spread; the row then
         carries the verdict under "verdict"); else the fastest 'ok' measurement (max TFLOP/s),
         ties to the earliest row. With ``source_fingerprint``, only rows measured from that
-        kernel source count.
+        kernel source count. Only rows and verdicts of the ``timing`` mode count, never another's.
         """
-        verdict = self.verdict(device_name, provider, problem, source_fingerprint=source_fingerprint)
+        verdict = self.verdict(device_name, provider, problem, source_fingerprint=source_fingerprint, timing=timing)
         if verdict is not None:
             return verdict["measurement"] | {"verdict": {k: v for k, v in verdict.items() if k != "measurement"}}
-        q = self._ok_rows(device_name, provider, problem).where(m.Measurement.tflops.is_not(None))
+        q = self._ok_rows(device_name, provider, problem, timing).where(m.Measurement.tflops.is_not(None))
         if source_fingerprint is not None:
             q = q.where(m.Measurement.source_fingerprint == source_fingerprint)
         q = q.order_by(m.Measurement.tflops.desc(), m.Measurement.id.asc()).limit(1)
@@ -538,24 +549,32 @@ class ResultsStore:
 
     def add_verdict(self, device_id: int, problem_id: int, provider: str, *, measurement_id: int,
                     significant: bool, gain: float, spread: float, rounds: dict, study_name: str | None = None,
-                    source_fingerprint: str = "") -> int:
-        """Record a re-measurement's outcome (which row lookups serve) in one transaction."""
+                    source_fingerprint: str = "", timing: str = DEFAULT_TIMING) -> int:
+        """Record a re-measurement's outcome (which row lookups serve) in one transaction.
+
+        ``timing`` is the mode of the re-measurement; the served row must have been timed in it."""
+        timing = canonical_timing(timing)
         row = m.Verdict(device_id=device_id, problem_id=problem_id, provider=provider, study_name=study_name,
                         measurement_id=measurement_id, significant=bool(significant), gain=float(gain),
                         spread=float(spread), rounds=rounds, source_fingerprint=source_fingerprint,
-                        created_at=m.utcnow())
+                        created_at=m.utcnow(), timing=timing)
         with self._write() as s:
-            if s.get(m.Measurement, measurement_id) is None:
+            served = s.get(m.Measurement, measurement_id)
+            if served is None:
                 raise ValueError(f"no measurement {measurement_id} to serve")
+            if served.timing != timing:
+                raise ValueError(f"measurement {measurement_id} was timed {served.timing}, not {timing}: "
+                                 "a verdict serves a row of its own timing mode")
             s.add(row)
             s.flush()
             return row.id
 
     def verdict(self, device_name: str, provider: str, problem: Problem | dict, *,
-                source_fingerprint: str | None = None) -> dict | None:
-        """The newest verdict for the problem (with the measurement it serves), or None."""
+                source_fingerprint: str | None = None, timing: str = DEFAULT_TIMING) -> dict | None:
+        """The newest verdict of the ``timing`` mode for the problem (with the measurement it serves), or None."""
         p = _as_problem(problem)
-        q = _verdict_query(device_name, provider, _problem_conditions(p))
+        q = _verdict_query(device_name, provider, _problem_conditions(p)).where(
+            m.Verdict.timing == canonical_timing(timing))
         if source_fingerprint is not None:
             q = q.where(m.Verdict.source_fingerprint == source_fingerprint)
         q = q.order_by(m.Verdict.created_at.desc(), m.Verdict.id.desc()).limit(1)
@@ -566,10 +585,11 @@ class ResultsStore:
             return _verdict_dict(row) | {"measurement": _measurement_dict(
                 s.execute(_measurement_query().where(m.Measurement.id == row.measurement_id)).one())}
 
-    def default_result(self, device_name: str, provider: str, problem: Problem | dict) -> dict | None:
-        """The newest 'ok' measurement of the provider's default (heuristic) config."""
+    def default_result(self, device_name: str, provider: str, problem: Problem | dict, *,
+                       timing: str = DEFAULT_TIMING) -> dict | None:
+        """The newest 'ok' measurement of the provider's default (heuristic) config in the ``timing`` mode."""
         q = (
-            self._ok_rows(device_name, provider, problem)
+            self._ok_rows(device_name, provider, problem, timing)
             .where(m.Measurement.is_default.is_(True))
             .order_by(m.Measurement.created_at.desc(), m.Measurement.id.desc())
             .limit(1)
@@ -588,6 +608,8 @@ class ResultsStore:
             raise TypeError(f"unknown measurement filter(s): {', '.join(unknown)}")
         for name, value in filters.items():
             if value is not None:
+                if name == "timing":
+                    value = canonical_timing(value)
                 query = query.where(_EQ_FILTERS[name] == value)
         if status is not None:
             wanted = [status] if isinstance(status, str) else list(status)
@@ -609,7 +631,7 @@ class ResultsStore:
         """Measurements matching every given filter, oldest first unless ``newest_first``.
 
         Filters (None means "any"): device (name), provider, status (one or several),
-        study_name, source_fingerprint, is_default, and any Problem field (pass_ or
+        study_name, source_fingerprint, is_default, timing (a mode of fa4.timing), and any Problem field (pass_ or
         "pass", head_dim, causal, dtype, seqlen_q, ...). ``sort`` names one of
         ``SORT_KEYS`` (``"-tflops"``: descending) and overrides ``newest_first``.
         """
@@ -647,7 +669,8 @@ class ResultsStore:
             return int(s.scalar(self._filtered(base, filters)))
 
     def family_rows(self, device_name: str, provider: str, problem: Problem | dict) -> list[dict]:
-        """Every 'ok' row with TFLOP/s of ``provider`` on the device in ``problem``'s family, any source.
+        """Every 'ok' row with TFLOP/s of ``provider`` on the device in ``problem``'s family, any source
+        and any timing mode (each row says its own: ``store.best`` keeps the asked mode's).
 
         One query that lets a caller answer best-config questions for any shape of the
         family in memory (see ``store.best``); oldest row first.
@@ -664,10 +687,10 @@ class ResultsStore:
                             ).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
         with self._read() as s:
             rows = [_measurement_dict(r) for r in s.execute(q)]
-            # The newest verdict of each (problem, source) marks the row it serves, so a caller
-            # that caches these rows applies the re-measurement's decision too (store.best).
-            newest = {(v.problem_id, v.source_fingerprint): _verdict_dict(v) | {"measurement_id": v.measurement_id}
-                      for v in s.scalars(vq)}
+            # The newest verdict of each (problem, source, timing mode) marks the row it serves, so a
+            # caller that caches these rows applies the re-measurement's decision too (store.best).
+            newest = {(v.problem_id, v.source_fingerprint, v.timing):
+                      _verdict_dict(v) | {"measurement_id": v.measurement_id} for v in s.scalars(vq)}
         by_id = {r["id"]: r for r in rows}
         for v in newest.values():
             if v["measurement_id"] in by_id:

@@ -9,6 +9,7 @@ import sys
 import time
 
 from fa4.problem import DTYPES, PASSES, Problem
+from fa4.timing import DEFAULT, L2_STATES, LAUNCHES, Timing
 
 from .study import SAMPLERS, TuneError
 
@@ -37,12 +38,26 @@ distributed tuning:
 """
 
 
+def _choice_help(flag: str, choices: dict) -> str:
+    import textwrap
+
+    return "".join(textwrap.fill(doc, 96, initial_indent=f"  {flag} {name:<{15 - len(flag)}s} ",
+                                 subsequent_indent=" " * 19, break_on_hyphens=False) + "\n" for name, doc in choices.items())
+
+
+TIMING_HELP = "timing mode (recorded on every measurement; lookups match on it):\n" + _choice_help(
+    "--launch", LAUNCHES) + _choice_help("--l2", L2_STATES) + (
+    f"  default: {DEFAULT.name}. Tune in the mode you serve in: a model served under CUDA graphs needs\n"
+    "  --launch graph (kernels look their configs up in graph mode while a graph is captured; see\n"
+    "  FA4_TUNING_TIMING in the README). Each mode is its own Optuna study.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="fa4-tune",
         description="Tune an attention kernel's knobs for one problem (or a list of them); "
         "results go to the results DB.",
-        epilog=DISTRIBUTED_HELP,
+        epilog=TIMING_HELP + "\n" + DISTRIBUTED_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--seqlen", help="query sequence length (a comma-separated list makes a grid with --hdim)")
@@ -65,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-rounds", type=int, default=7, metavar="N",
                    help="re-measure the top 3 configs against the default, interleaved over N rounds, and "
                    "serve a challenger only if its gain beats the rounds' spread (default 7; 0: off)")
+    p.add_argument("--launch", choices=tuple(LAUNCHES), default=DEFAULT.launch,
+                   help=f"time eager launches or replays of a CUDA graph (default {DEFAULT.launch}; see below)")
+    p.add_argument("--l2", choices=tuple(L2_STATES), default=DEFAULT.l2,
+                   help=f"flush the L2 before each repetition (cold) or not (warm) (default {DEFAULT.l2})")
     p.add_argument("--db", help="results DB: SQLAlchemy URL or SQLite path (default: $FA4_DB, else user data dir)")
     p.add_argument("--storage", help="Optuna storage: a journal file (one host, default: beside the DB) or "
                    "postgresql://... (several hosts)")
@@ -196,6 +215,7 @@ def print_result(res, console) -> None:
 
     say = lambda text: console.print(escape(text))  # noqa: E731  data may hold brackets
     say(f"{res.provider} on {res.device}: {Problem.from_dict(res.problem).key()}")
+    say(f"timing: {res.timing}")
     say(f"default: {_row(res.default)}")
     say(f"best:    {_row(res.best)}")
     if res.default and res.default.get("status") not in (None, "ok"):
@@ -230,7 +250,7 @@ def print_summary(results: list[dict], console) -> None:
     if not results:
         return
     r0 = results[0]
-    console.print(escape(f"{r0['provider']} on {r0['device']}: {len(results)} shapes"))
+    console.print(escape(f"{r0['provider']} on {r0['device']}: {len(results)} shapes, timing {r0.get('timing')}"))
     for r in map(lambda d: TuneResult(**d), results):
         d, b = r.default or {}, r.best or {}
         speed = "-" if r.speedup is None else f"{r.speedup:.3f}x"
@@ -249,6 +269,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     problems = problems_from_args(args)
     deadline = None if args.budget_s is None else time.time() + args.budget_s
+    timing = Timing(args.launch, args.l2).name
     from rich.console import Console
 
     from .device import has_cuda
@@ -317,7 +338,7 @@ def main(argv=None) -> int:
             outcome = fleet.run_fleet(
                 slots, problems, provider_spec=spec, db=str(store.engine.url.render_as_string(hide_password=False)),
                 storage=storage, sampler=args.sampler, trials=args.trials, heartbeat_s=args.heartbeat,
-                verify_rounds=args.verify_rounds, deadline=deadline, preflight=lambda: (f"{provider.name} is not available: {why}"
+                verify_rounds=args.verify_rounds, deadline=deadline, timing=timing, preflight=lambda: (f"{provider.name} is not available: {why}"
                                    if (why := provider.available()) else None),
             )
             results, workers = outcome.results, outcome.workers
@@ -347,7 +368,7 @@ def main(argv=None) -> int:
                     tuner = Tuner(provider, problem, store=store, storage=storage, sampler=args.sampler,
                                   trials=args.trials, provider_spec=spec, heartbeat_s=args.heartbeat,
                                   parallel="://" in storage, runner=runner, verify_rounds=args.verify_rounds,
-                                  deadline=deadline)
+                                  deadline=deadline, timing=timing)
                     results.append(_run_with_progress(tuner, err).to_dict())
             finally:
                 if runner is not None:

@@ -313,7 +313,7 @@ def worker_main(spec: dict) -> int:
                           heartbeat_s=spec.get("heartbeat_s"),
                           # The owner of a study judges its winners, once, when the study is full.
                           verify_rounds=spec.get("verify_rounds", 7) if final and problem.key() in own else 0,
-                          deadline=spec.get("deadline"))
+                          deadline=spec.get("deadline"), timing=spec.get("timing"))
                 res = t.run(on_trial=on_trial, wait=final)
                 _emit({"event": "result", "slot": slot, "final": final, "key": problem.key(),
                        "stored": t.stored, "result": res.to_dict()})
@@ -366,7 +366,7 @@ def _exit_words(code: int) -> str:
 def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str, db: str, storage: str,
               sampler: str, trials: int, seed: int = 0, heartbeat_s: int | None = None,
               log=None, on_spawn=None, preflight=None, verify_rounds: int = 7,
-              deadline: float | None = None) -> FleetOutcome:
+              deadline: float | None = None, timing: str | None = None) -> FleetOutcome:
     """Start one worker per slot, wait for all, and gather each problem's final result.
 
     ``preflight`` (returns a reason or None) runs once the workers are started, so its cost (a
@@ -417,7 +417,7 @@ def run_fleet(slots: list[Slot], problems: list[Problem], *, provider_spec: str,
             spec = {"slot": slot.name, "index": k, "n_workers": len(slots), "provider": provider_spec,
                     "problems": [p.to_dict() for p in problems], "db": db, "storage": storage,
                     "sampler": sampler, "trials": trials, "seed": seed, "heartbeat_s": heartbeat_s,
-                    "verify_rounds": verify_rounds, "deadline": deadline,
+                    "verify_rounds": verify_rounds, "deadline": deadline, "timing": timing,
                     "parent_pid": os.getpid(), "t0": t0}
             env = dict(os.environ)
             env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+from fa4.timing import DEFAULT_TIMING
 from store.store import canonical_json
 
 TOKEN_ENV = "FA4_API_TOKEN"
@@ -28,6 +29,10 @@ def result_payload(row: dict, device: dict) -> dict:
     dev = {k: device.get(k) for k in DEVICE_FIELDS}
     dev["provider_versions"] = {str(k): str(v) for k, v in (device.get("provider_versions") or {}).items()}
     body = {k: row.get(k) for k in ROW_FIELDS}
+    # The timing mode travels when it is not the default (the service's default), so a row pushed
+    # before timing modes existed keeps its idempotency key.
+    if row.get("timing", DEFAULT_TIMING) != DEFAULT_TIMING:
+        body["timing"] = row["timing"]
     body["device"] = dev
     return body
 

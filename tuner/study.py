@@ -11,6 +11,10 @@ study until it holds ``trials`` trials.
 The results DB is the one store of what a trial measured: Optuna keeps the objective value
 its sampler needs and, per trial, only ``measurement_id`` (the row in the results DB) and the
 bookkeeping of the run (worker, phases, duplicate_of).
+
+Every trial (and the re-measurement of the winners) is timed in the study's one timing mode
+(fa4.timing: eager or CUDA-graph launches, cold or warm L2), recorded on each row; a study of
+another mode is another study.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Callable
 from fa4.arch import SM90, Arch, current_arch
 from fa4.knobs import VIOLATION_KINDS, iter_configs, knob_specs, search_space, violation_kind
 from fa4.problem import Problem
+from fa4.timing import DEFAULT_TIMING, Timing
 from providers import Provider, ProviderError, get_provider
 from providers.harness import INFEASIBLE, Settings
 
@@ -42,9 +47,12 @@ class TuneError(ValueError):
 # ---- naming and storage ---------------------------------------------------------------
 
 
-def study_name(device_name: str, provider: str, problem: Problem) -> str:
+def study_name(device_name: str, provider: str, problem: Problem, timing: str = DEFAULT_TIMING) -> str:
+    """The Optuna study of one (device, provider, problem, timing mode); the default mode's names are
+    those of studies from before timing modes, so they resume."""
     dev = re.sub(r"\s+", "_", device_name.strip())
-    return f"fa4-tune|{dev}|{provider}|{problem.key()}"
+    mode = Timing.parse(timing).name
+    return f"fa4-tune|{dev}|{provider}|{problem.key()}" + ("" if mode == DEFAULT_TIMING else f"|{mode}")
 
 
 def default_storage(db_url: str) -> str:
@@ -148,6 +156,7 @@ class TuneResult:
     # Configs enqueued after the default from the nearest measured shapes, as
     # {"config": knob dict, "from": problem key}; empty when the study was resumed or none fit.
     warm_start: list | None = None
+    timing: str = DEFAULT_TIMING  # the mode every trial was timed in (fa4.timing)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -201,6 +210,7 @@ class Tuner:
         verify_top: int = 3,
         deadline: float | None = None,
         warm_neighbours: int = 3,
+        timing: str | None = None,
     ):
         if isinstance(provider, str):
             provider_spec, provider = provider, resolve_provider(provider)
@@ -212,7 +222,13 @@ class Tuner:
         self.storage_spec = storage or default_storage(store.url)
         self.sampler_kind = sampler
         self.trials = trials
+        # The timing mode: ``timing`` when given (it overrides the settings'), else the settings'.
         self.settings = settings or Settings()
+        if timing is not None:
+            from dataclasses import replace
+
+            self.settings = replace(self.settings, timing=Timing.parse(timing).name)
+        self.timing = self.settings.timing
         self.seed = seed
         self.worker = worker  # a label stored with each trial (which GPU / host ran it)
         self.parallel = parallel  # other workers may run trials of the same study
@@ -249,7 +265,7 @@ class Tuner:
         self.knob_cls = provider.knob_cls_for(problem)
         self.default_config = provider.default_config(problem, self.arch)
         self.default_dict = provider.config_to_dict(self.default_config)
-        self.name = study_name(self.device_info["name"], provider.name, problem)
+        self.name = study_name(self.device_info["name"], provider.name, problem, self.timing)
         self.fingerprint = provider.source_fingerprint()
         self.stored = 0
 
@@ -272,6 +288,7 @@ class Tuner:
             trial_number=trial_number,
             is_default=(config_dict == self.default_dict),
             versions=self.device_info.get("provider_versions"),
+            timing=self.timing,
             **kw,
         )
         self.stored += 1
@@ -462,7 +479,7 @@ class Tuner:
             return None
         top = [default] + ranked[: self.verify_top]
         prior = self.store.verdict(self.device_info["name"], self.provider.name, self.problem,
-                                   source_fingerprint=self.fingerprint)
+                                   source_fingerprint=self.fingerprint, timing=self.timing)
         configs = [dict(t.params) for t in top]
         if prior is not None and prior["study_name"] == self.name and prior["rounds"]["configs"] == configs:
             return prior  # this study's candidates were judged already (a resumed, full study)
@@ -473,6 +490,7 @@ class Tuner:
         served = top[j.winner]
         if served.number not in rows:
             return None
+        # Re-measured in the study's timing mode (self.settings carries it), so its verdict is of that mode.
         # The gain shown: the winner's, or where the default stays, the closest challenger's.
         shown = j.winner if j.significant else max(range(1, len(top)), key=lambda i: (j.gains[i], -i))
         verdict = {
@@ -482,7 +500,7 @@ class Tuner:
         }
         verdict["id"] = self.store.add_verdict(
             self.device_id, self.problem_id, self.provider.name, measurement_id=rows[served.number],
-            study_name=self.name, source_fingerprint=self.fingerprint, **verdict)
+            study_name=self.name, source_fingerprint=self.fingerprint, timing=self.timing, **verdict)
         verdict["study_name"] = self.name
         return verdict
 
@@ -506,7 +524,8 @@ class Tuner:
 
         feasible = {_key(c) for c in self.feasible()}
         for hit in neighbour_configs(self.store, self.provider, self.device_info["name"], self.problem,
-                                     running_fp=self.fingerprint, arch=self.arch, limit=self.warm_neighbours):
+                                     running_fp=self.fingerprint, arch=self.arch, limit=self.warm_neighbours,
+                                     timing=self.timing):
             cfg = hit["config"]
             if cfg == self.default_dict or _key(cfg) not in feasible:
                 continue
@@ -582,6 +601,7 @@ class Tuner:
             served=served,
             out_of_time=self.out_of_time,
             warm_start=self.warm_start,
+            timing=self.timing,
         )
 
 

@@ -8,6 +8,9 @@ const PAGE = 1000; // the largest page /v1/results serves
 // Problem fields offered as filters; knob filters come from /v1/providers/{name}/knobs instead.
 const PROBLEM_FILTERS = ["pass", "dtype", "head_dim", "causal", "deterministic"];
 const PREFERRED = { pass: "fwd", dtype: "bf16", causal: "false", deterministic: "false" };
+// The timing modes (eager or CUDA-graph launches, cold or warm L2), as GET /v1/timings declares
+// them (fa4/timing.py): never listed here. Filled at start; the default mode comes first.
+let TIMINGS = [];
 const PALETTE = ["#5470c6", "#ee6666", "#3ba272", "#fc8452", "#9a60b4", "#73c0de", "#fac858", "#ea7ccc"];
 
 const CHARTS = {};
@@ -176,6 +179,29 @@ class View {
     return out;
   }
 
+  // The timing-mode select (the modes of GET /v1/timings); keeps a valid choice, else the default.
+  // Every chart of measurements compares rows of one mode only, as lookups do.
+  timingControls() {
+    if (!TIMINGS.length) {
+      delete this.filters.timing;
+      return [];
+    }
+    const def = (TIMINGS.find((t) => t.default) || TIMINGS[0]).name;
+    if (!TIMINGS.some((t) => t.name === this.filters.timing)) this.filters.timing = def;
+    const control = selectControl("timing", "timing", TIMINGS.map((t) => ({ value: t.name, label: t.name })),
+      this.filters.timing, (v) => { this.filters.timing = v; this.refresh(); });
+    control.setAttribute("title", TIMINGS.map((t) => `${t.name}: ${t.doc}`).join("\n"));
+    return [control];
+  }
+
+  // fa4-tune's flags for the chosen timing mode ("" for the default mode).
+  timingFlags() {
+    const t = TIMINGS.find((m) => m.name === this.filters.timing);
+    const def = TIMINGS.find((m) => m.default);
+    if (!t || !def || t.default) return "";
+    return (t.launch !== def.launch ? ` --launch ${t.launch}` : "") + (t.l2 !== def.l2 ? ` --l2 ${t.l2}` : "");
+  }
+
   // The filters among `fields` that are set (a link may carry others, or stale ones).
   pick(fields) {
     return Object.fromEntries(fields.filter((f) => f in this.filters).map((f) => [f, this.filters[f]]));
@@ -220,10 +246,11 @@ class Throughput extends View {
       return this.empty("empty", "No measurements yet. Tune a shape to fill this view:",
         ["fa4-tune --seqlen 8192 --hdim 128", "fa4-tune --seqlen 8192 --hdim 128 --provider flash-attn-4"]);
     }
-    const base = { device: this.device, status: "ok" };
+    const timing = this.timingControls();
+    const base = { device: this.device, status: "ok", timing: this.filters.timing };
     const all = await allResults(base);
     if (stale()) return;
-    this.setControls(...this.problemControls(all, PROBLEM_FILTERS));
+    this.setControls(...timing, ...this.problemControls(all, PROBLEM_FILTERS));
     const params = { ...base, ...this.pick(PROBLEM_FILTERS) };
     this.raw(resultsURL(params));
     const rows = all.length ? await allResults(params) : [];
@@ -232,7 +259,8 @@ class Throughput extends View {
     if (!series.length) {
       return this.empty("empty", `No successful measurements on ${this.device} for these filters. Fill it with:`,
         [`fa4-tune --seqlen 8192 --hdim ${this.filters.head_dim || 128}` +
-          (this.filters.causal === "true" ? " --causal" : "") + (this.filters.pass === "bwd" ? " --pass bwd" : "")]);
+          (this.filters.causal === "true" ? " --causal" : "") + (this.filters.pass === "bwd" ? " --pass bwd" : "") +
+          this.timingFlags()]);
     }
     draw("chart-throughput", {
       color: PALETTE,
@@ -296,11 +324,12 @@ class Gain extends View {
       return this.empty("empty", "No tuning studies yet. Each fa4-tune run measures the default config " +
         "first, then tuned ones; run for example:", fill);
     }
-    const base = { device: this.device, status: "ok" };
+    const timing = this.timingControls();
+    const base = { device: this.device, status: "ok", timing: this.filters.timing };
     const all = await allResults(base);
     if (stale()) return;
     const fields = PROBLEM_FILTERS.filter((f) => f !== "head_dim");
-    this.setControls(...this.problemControls(all.filter((r) => r.study_name), fields));
+    this.setControls(...timing, ...this.problemControls(all.filter((r) => r.study_name), fields));
     const params = { ...base, ...this.pick(fields) };
     this.raw(resultsURL(params));
     const rows = all.length ? await allResults(params) : [];
@@ -373,11 +402,12 @@ class Determinism extends View {
   async load(stale) {
     const fill = ["fa4-tune --seqlen 8192 --hdim 128 --pass bwd",
       "fa4-tune --seqlen 8192 --hdim 128 --pass bwd --deterministic"];
-    const base = { device: this.device, status: "ok", pass: "bwd" };
+    const timing = this.timingControls();
+    const base = { device: this.device, status: "ok", pass: "bwd", timing: this.filters.timing };
     const all = this.device ? await allResults(base) : [];
     if (stale()) return;
     if (!all.length) {
-      this.setControls();
+      this.setControls(...timing);
       this.raw(resultsURL(base));
       return this.empty("empty", `No backward measurements${this.device ? ` on ${this.device}` : ""} yet. ` +
         "Fill this view with fa4-tune --pass bwd [--deterministic]; the ratio needs both modes:", fill);
@@ -393,7 +423,7 @@ class Determinism extends View {
     const provSelect = selectControl("provider", "provider", providers.map((p) => ({ value: p, label: p })),
       this.filters.provider, (v) => { this.filters.provider = v; this.refresh(); });
     const dtypeControls = this.problemControls(all.filter((r) => r.provider === this.filters.provider), ["dtype"]);
-    this.setControls(provSelect, ...dtypeControls);
+    this.setControls(...timing, provSelect, ...dtypeControls);
     const params = { ...base, provider: this.filters.provider, dtype: this.filters.dtype };
     this.raw(resultsURL(params));
     const rows = await allResults(params);
@@ -553,7 +583,8 @@ class StudyView extends View {
     const ok = trials.filter((t) => t.status === "ok" && t.tflops !== null);
     const def = study.trials.find((t) => t.is_default && t.status === "ok");
     const best = study.best;
-    this.summaryEl.textContent = `${study.provider} on ${study.device}, ${study.n_trials} trials (${study.n_ok} ok)` +
+    this.summaryEl.textContent = `${study.provider} on ${study.device}, timed ${study.timing}, ` +
+      `${study.n_trials} trials (${study.n_ok} ok)` +
       (best ? `; best ${fmt(best.tflops)} TFLOP/s (trial ${best.trial_number})` : "") +
       (def ? `; default ${fmt(def.tflops)} TFLOP/s` : "") +
       (trials.length !== study.trials.length ? `; ${trials.length} trials (${ok.length} ok) match the knob filters` : "") +
@@ -672,6 +703,8 @@ async function start() {
   // Devices with results first; one name may have several software stacks (one entry each).
   const order = [...devices].sort((a, b) => (b.n_results > 0) - (a.n_results > 0) || a.id - b.id);
   const names = [...new Set(order.map((d) => d.name))];
+  // Without the modes (an older service) the views show every row, as before modes existed.
+  TIMINGS = await getJSON(`${API}/timings`).catch(() => []);
   for (const v of views) {
     v.devices = names;
     v.device = names[0] || null;

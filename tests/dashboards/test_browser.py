@@ -314,6 +314,26 @@ def test_throughput_chart_shows_the_api_numbers_and_follows_filters(demo_page, d
     assert demo_page.problems == []
 
 
+def test_timing_filter_offers_the_declared_modes_and_narrows_every_chart(demo_page, demo_server):
+    """The modes come from GET /v1/timings (fa4/timing.py), the default selected; the demo's rows
+    are all eager-cold, so another mode empties the chart and says which flags fill it."""
+    modes = demo_server.get("/v1/timings")
+    names = [m["name"] for m in modes]
+    assert len(names) == 4 and modes[0]["default"]
+    for view in ("throughput", "gain", "determinism"):
+        assert demo_page.filter_options(view, "timing") == names
+        assert demo_page.filter_value(view, "timing") == names[0] == _query(demo_page.raw(view))["timing"]
+    demo_page.choose("throughput", "timing", "graph-warm")
+    demo_page.settle("throughput", raw_has="timing=graph-warm")
+    assert demo_page.state("throughput") == "empty"
+    text = demo_page.page.inner_text("#throughput .empty")
+    assert "--launch graph --l2 warm" in text, text
+    demo_page.choose("throughput", "timing", names[0])
+    demo_page.settle("throughput", raw_has=f"timing={names[0]}")
+    assert demo_page.state("throughput") == "ready"
+    assert demo_page.problems == []
+
+
 def test_gain_heatmap_shows_tuned_over_default_per_study(demo_page, demo_server):
     rows = demo_server.results(**_query(demo_page.raw("gain")))
     want = expected_gain(rows)
@@ -339,7 +359,8 @@ def test_determinism_chart_shows_the_measured_backward_of_each_provider(demo_pag
             demo_page.choose("determinism", "provider", provider)
             demo_page.settle("determinism", raw_has=f"provider={provider}")
         params = _query(demo_page.raw("determinism"))
-        assert params == {"device": device, "status": "ok", "pass": "bwd", "provider": provider, "dtype": "bf16"}
+        assert params == {"device": device, "status": "ok", "pass": "bwd", "provider": provider, "dtype": "bf16",
+                          "timing": "eager-cold"}
         want = expected_determinism(demo_server.results(**params))
         assert len(want) == 4  # S=8192, hd 64/128, causal or not
         series = _assert_determinism_chart(demo_page, want)

@@ -12,6 +12,7 @@ from fa4 import lookup
 from fa4.arch import SM90
 from fa4.knobs import config_to_dict, iter_configs
 from fa4.problem import Problem
+from fa4.timing import DEFAULT_TIMING
 from fa4.sm90.fwd_config import FwdConfigSm90, default_config, violations
 from service.app import create_app
 from store import ResultsStore
@@ -183,9 +184,9 @@ def test_service_failures_are_remembered(env, monkeypatch):
     lookup._state.service_down_until = 0.0
     with serve(create_app(f"sqlite:///{env / 'svc.db'}")) as base:
         monkeypatch.setenv("FA4_TUNING_URL", base)
-        assert lookup._state.cache[(P2, SM90)].expires < float("inf")
-        lookup._state.cache[(P2, SM90)] = lookup._state.cache[(P2, SM90)].__class__(
-            **{**lookup._state.cache[(P2, SM90)].__dict__, "expires": 0.0})
+        assert lookup._state.cache[(P2, SM90, DEFAULT_TIMING)].expires < float("inf")
+        lookup._state.cache[(P2, SM90, DEFAULT_TIMING)] = lookup._state.cache[(P2, SM90, DEFAULT_TIMING)].__class__(
+            **{**lookup._state.cache[(P2, SM90, DEFAULT_TIMING)].__dict__, "expires": 0.0})
         res = fa4.explain(problem=P2)
         assert ("service", "miss") in sources(res)  # reached it this time: nothing measured there
 

@@ -152,3 +152,18 @@ class NoisyReplay(ReplayProvider):
             m.median_ms *= f
             m.tflops /= f
         return m
+
+
+class TimingProbe(ReplayProvider):
+    """Replays $FA4_TEST_RECORDING and says, as each measurement's reason, the timing mode the
+    measuring process was asked to time in (Settings.timing): where the mode travels, it shows."""
+
+    name = "timing-probe"
+
+    def __init__(self):
+        super().__init__(os.environ[ENV])
+
+    def measure(self, problem, config, settings):
+        m = super().measure(problem, config, settings)
+        m.reason = f"timed {settings.timing}"
+        return m
