@@ -84,6 +84,9 @@ def main(argv=None) -> int:
         print(json.dumps(doc, indent=1))
     else:
         print(f"\n{info['name']}, {doc['date']}; TFLOP/s (ratio to {REFERENCE}); '-' = not ok")
+        from fa4.fingerprint import source_fingerprint
+
+        print(f"fa4 source: {source_fingerprint()}")
     return 0
 
 

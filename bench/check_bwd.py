@@ -294,6 +294,10 @@ def main():
                     help='JSON list of knob overrides of the default config, each timed: [{"ds_stages":1},{"deterministic":true,"head_swizzle":8}]')
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    from fa4.fingerprint import source_fingerprint
+
+    # The kernels these numbers are of: the demo and the dashboard label rows with it.
+    print("fa4 source:", source_fingerprint(), flush=True)
     res = {}
     if not a.no_check:
         only = json.loads(a.variants) if a.check_variants_only else None

@@ -200,6 +200,10 @@ def main():
     ap.add_argument("--variants", default="[]", help="JSON list of knob changes timed beside the default")
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    from fa4.fingerprint import source_fingerprint
+
+    # The kernels these numbers are of: the demo and the dashboard label rows with it.
+    print("fa4 source:", source_fingerprint(), flush=True)
     res = {}
     if not a.no_check:
         res["correctness"] = correctness(a.quick, json.loads(a.base), head_dims(a.hds))

@@ -157,6 +157,7 @@ class TuneResult:
     # {"config": knob dict, "from": problem key}; empty when the study was resumed or none fit.
     warm_start: list | None = None
     timing: str = DEFAULT_TIMING  # the mode every trial was timed in (fa4.timing)
+    wall_s: float | None = None  # seconds this run of the study took, verification included
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -423,6 +424,7 @@ class Tuner:
         full (it waits for other workers' running trials and takes over retries of dead
         ones); without, it returns as soon as nothing is left for it to start.
         """
+        started = time.perf_counter()
         if self._runner is None and self.provider.needs_gpu:
             # Start the measuring process now: it loads the provider and makes its CUDA
             # context while the study is opened and the default trial enqueued.
@@ -461,7 +463,9 @@ class Tuner:
             if getattr(self, "_own_runner", False):
                 self._runner.close()
                 self._runner = None
-        return self.result(study, before or 0)
+        res = self.result(study, before or 0)
+        res.wall_s = round(time.perf_counter() - started, 2)
+        return res
 
     def _verify(self, study) -> dict | None:
         """Re-measure the study's best configs beside the default and record which one lookups
