@@ -50,7 +50,9 @@ def main(paths: list[str]) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for path in paths:
         doc = json.load(open(path))
-        for r in doc if isinstance(doc, list) else [doc]:
+        # One shape's report, a list of them, or the multi-shape document {"results": [...]}.
+        reports = doc if isinstance(doc, list) else doc.get("results", [doc])
+        for r in reports:
             print(row(r))
     return 0
 
