@@ -39,7 +39,7 @@ def test_violations_name_the_problem():
     cfg = BwdConfigSm90()
     assert any("backward pass only" in v for v in violations(cfg, Problem.standard(1024, 128)))
     assert any("sm90" in v for v in violations(cfg, bwd(1024, 128), SM100))
-    assert any("head_dim 96" in v for v in violations(cfg, bwd(1024, 96)))
+    assert any("head_dim 80" in v for v in violations(cfg, bwd(1024, 80)))
     # Deterministic is the problem's: the same config serves both modes.
     assert violations(cfg, bwd(1024, 128, det=True)) == violations(cfg, bwd(1024, 128)) == []
     prob = bwd(1024, 128)
