@@ -10,6 +10,9 @@ Timing (backward only; triton do_bench median, peers in the same process, S=8192
 takes deterministic=), cuDNN and FA2 through SDPA.
 
     python bench/check_bwd.py [--quick] [--no-check] [--no-bench] [--out results.json] [--variants JSON]
+    python bench/check_bwd.py --quick --hds 96,192,192:128,256   # head_dim[:head_dim_v]
+
+A head dim ``D`` below is an int (head_dim_v == head_dim) or a pair (head_dim, head_dim_v).
 """
 
 from __future__ import annotations
@@ -53,12 +56,32 @@ def reference_grads(q, k, v, dout, causal, scale, dtype):
     return torch.autograd.grad(o, (qq, kk, vv), dout.to(dtype))
 
 
+def dims(D) -> tuple[int, int]:
+    """(head_dim, head_dim_v) of a head dim spec: 128 or (192, 128)."""
+    return (D, D) if isinstance(D, int) else tuple(D)
+
+
+def parse_hds(text: str) -> list:
+    """'64,192:128' (or bench/check_fwd.py's '192v128') -> [64, (192, 128)]."""
+    out = []
+    for tok in text.split(","):
+        d, _, dv = tok.replace("v", ":").partition(":")
+        out.append(int(d) if not dv or int(dv) == int(d) else (int(d), int(dv)))
+    return out
+
+
+def label(D) -> str:
+    d, dv = dims(D)
+    return str(d) if d == dv else f"{d}/{dv}"
+
+
 def make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed):
+    d, dv = dims(D)
     g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype, generator=g)
-    k = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(B, Sk, Hkv, D, device="cuda", dtype=dtype, generator=g)
-    dout = torch.randn(B, Sq, Hq, D, device="cuda", dtype=dtype, generator=g)
+    q = torch.randn(B, Sq, Hq, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(B, Sk, Hkv, dv, device="cuda", dtype=dtype, generator=g)
+    dout = torch.randn(B, Sq, Hq, dv, device="cuda", dtype=dtype, generator=g)
     out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
     return q, k, v, dout, out, lse
 
@@ -66,7 +89,7 @@ def make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed):
 def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=False):
     seed = int(time.time() * 1e6) % (2**31)
     q, k, v, dout, out, lse = make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed)
-    scale = 1.0 / math.sqrt(D)
+    scale = 1.0 / math.sqrt(dims(D)[0])
     grads = flash_attn_bwd(dout, q, k, v, out, lse, scale, causal, deterministic, config)
     torch.cuda.synchronize()
     ok, info = grads_match_reference(grads, q, k, v, dout, causal, scale)
@@ -99,7 +122,7 @@ def check_deterministic(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, determinis
         same += all(torch.equal(a, b) for a, b in zip(first, again))
     torch.cuda.synchronize()
     # Reproducible and right: a deterministic kernel that is wrong the same way each time fails.
-    right, info = grads_match_reference(first, q, k, v, dout, causal, 1.0 / math.sqrt(D))
+    right, info = grads_match_reference(first, q, k, v, dout, causal, 1.0 / math.sqrt(dims(D)[0]))
     return same == runs - 1 and right, dict(identical_runs=same + 1, runs=runs, **info)
 
 
@@ -125,7 +148,7 @@ def variant_shape(var):
 
 def problem_for(sh, D, causal, det):
     B, Sq, Sk, Hq, Hkv = sh
-    return Problem(B, Sq, Sk, Hq, Hkv, D, D, causal=causal, deterministic=det, pass_="bwd")
+    return Problem(B, Sq, Sk, Hq, Hkv, *dims(D), causal=causal, deterministic=det, pass_="bwd")
 
 
 def default_for(sh, D, causal, det, **change):
@@ -177,20 +200,17 @@ def run_cases(cases):
     # A knob change equal to the shape's default (dkv_store 'direct' under GQA) is the same case twice.
     cases = list(dict.fromkeys(cases))
     for kind, sh, D, causal, det, cfg in cases:
-        B, Sq, Sk, Hq, Hkv = sh
-        q = torch.empty(B, Sq, Hq, D, device="meta", dtype=torch.bfloat16)
-        k = torch.empty(B, Sk, Hkv, D, device="meta", dtype=torch.bfloat16)
-        bad = violations(cfg, problem_of(q, k, k, causal, pass_="bwd", deterministic=det))
+        bad = violations(cfg, problem_for(sh, D, causal, det))
         if bad:
-            print(f"SKIP {kind} {sh} D={D} causal={causal}: infeasible ({'; '.join(bad)[:160]})", flush=True)
+            print(f"SKIP {kind} {sh} D={label(D)} causal={causal}: infeasible ({'; '.join(bad)[:160]})", flush=True)
             continue
         try:
             fn = check_case if kind == "grad" else check_deterministic
-            ok, info = fn(B, Sq, Sk, Hq, Hkv, D, causal, torch.bfloat16, cfg, det)
+            ok, info = fn(*sh, D, causal, torch.bfloat16, cfg, det)
         except Exception as e:  # noqa: BLE001 - report and keep going
             ok, info = False, dict(exception=f"{type(e).__name__}: {e}"[:400])
         n_ok += ok
-        rec = dict(kind=kind, shape=sh, D=D, causal=causal, deterministic=det, config=dataclasses.asdict(cfg),
+        rec = dict(kind=kind, shape=sh, D=label(D), causal=causal, deterministic=det, config=dataclasses.asdict(cfg),
                    ok=ok, **info)
         results.append(rec)
         print(("PASS " if ok else "FAIL ") + json.dumps({k: rec[k] for k in rec if k != "config"}, default=str)
@@ -199,7 +219,7 @@ def run_cases(cases):
     return results
 
 
-def bench(seqlens, hds, variants=()):
+def bench(seqlens, hds, variants=(), ref_det=True):
     import triton.testing as tt
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -210,10 +230,11 @@ def bench(seqlens, hds, variants=()):
 
     rows = []
     for seqlen, D, causal in ((s, d, c) for s in seqlens for d in hds for c in (False, True)):
-        B, H = max(1, 16384 // seqlen), 2048 // D
+        d, dv = dims(D)
+        B, H = max(1, 16384 // seqlen), 2048 // d
         q, k, v, dout, out, lse = make_inputs(B, seqlen, seqlen, H, H, D, causal, torch.bfloat16, 7)
-        flops = Problem(B, seqlen, seqlen, H, H, D, D, causal=causal, pass_="bwd").flops
-        row = dict(S=seqlen, D=D, causal=causal)
+        flops = Problem(B, seqlen, seqlen, H, H, d, dv, causal=causal, pass_="bwd").flops
+        row = dict(S=seqlen, D=label(D), causal=causal)
         runs = {}
         for det in (False, True):
             runs[f"ours{' det' if det else ''}"] = (
@@ -232,7 +253,7 @@ def bench(seqlens, hds, variants=()):
         try:
             from flash_attn.cute import flash_attn_func as ref_fa4
 
-            for det in (False, True):
+            for det in ((False, True) if ref_det else (False,)):
                 qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
                 o = ref_fa4(qr, kr, vr, causal=causal, deterministic=det)
                 o = o[0] if isinstance(o, tuple) else o
@@ -257,7 +278,7 @@ def bench(seqlens, hds, variants=()):
                 row[name] = flops / timed(run) / 1e9
             except Exception as e:  # noqa: BLE001
                 row[name] = None
-                print(f"{name} failed at S={seqlen} D={D} causal={causal}: {e}"[:300])
+                print(f"{name} failed at S={seqlen} D={label(D)} causal={causal}: {e}"[:300])
         rows.append(row)
         ours, det, ref = row.get("ours"), row.get("ours det"), row.get("ref FA4")
         extra = ""
@@ -286,8 +307,9 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--det-only", action="store_true", help="correctness of the deterministic configs only")
     ap.add_argument("--seqlens", default="8192", help="comma list, e.g. 1024,2048,4096,8192,16384 (16k tokens each)")
-    ap.add_argument("--hds", default="64,128")
+    ap.add_argument("--hds", default="64,128", help="comma list of head_dim or head_dim:head_dim_v, e.g. 96,192:128")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-ref-det", action="store_true", help="time the reference FA4 non-deterministic only")
     ap.add_argument("--check-variants-only", action="store_true",
                     help="correctness of the --variants only (on the --hds), instead of the whole grid")
     ap.add_argument("--variants", default="[]",
@@ -301,10 +323,10 @@ def main():
     res = {}
     if not a.no_check:
         only = json.loads(a.variants) if a.check_variants_only else None
-        res["correctness"] = correctness(a.quick, a.det_only, only, tuple(int(h) for h in a.hds.split(",")))
+        res["correctness"] = correctness(a.quick, a.det_only, only, tuple(parse_hds(a.hds)))
     if not a.no_bench:
-        res["bench"] = bench([int(s) for s in a.seqlens.split(",")], [int(s) for s in a.hds.split(",")],
-                             json.loads(a.variants))
+        res["bench"] = bench([int(s) for s in a.seqlens.split(",")], parse_hds(a.hds), json.loads(a.variants),
+                             ref_det=not a.no_ref_det)
     if a.out:
         with open(a.out, "w") as fh:
             json.dump(res, fh, indent=1, default=str)

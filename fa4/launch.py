@@ -90,7 +90,7 @@ def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config):
     """Resolved backward config of a launch, cached like the forward's fast path."""
     check_bwd_args(deterministic, bwd_config)
     check_bwd_head_dims(q, v)
-    key = (q.shape, k.shape, q.dtype, q.device, bool(causal), deterministic,
+    key = (q.shape, k.shape, v.shape[3], q.dtype, q.device, bool(causal), deterministic,
            bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())))
     hit = _bwd_configs.get(key)
     if hit is None:

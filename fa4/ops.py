@@ -100,9 +100,10 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd
     from fa4.tensors import validate
 
     validate(q, k, v, layout=False)
+    o_shape = (*q.shape[:3], v.shape[3])  # head_dim_v wide
     for name, t in (("dout", dout), ("out", out)):
-        if t.shape != q.shape or t.dtype != q.dtype:
-            raise ValueError(f"{name} must match q in shape and dtype: {tuple(t.shape)} {t.dtype}")
+        if tuple(t.shape) != o_shape or t.dtype != q.dtype:
+            raise ValueError(f"{name} must be {o_shape} with q's dtype: {tuple(t.shape)} {t.dtype}")
     if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
         raise ValueError(f"lse must be fp32 of shape {(q.shape[0], q.shape[2], q.shape[1])}")
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -75,12 +75,14 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_d
 def bwd_head_dim_error(q, v) -> str | None:
     """Why the backward kernel cannot take these head dims (it covers fewer than the forward)."""
     from fa4.sm90.bwd_config import HEAD_DIMS as BWD_HEAD_DIMS
+    from fa4.sm90.bwd_config import HEAD_DIMS_V as BWD_HEAD_DIMS_V
 
     d, dv = q.shape[3], v.shape[3]
-    if d in BWD_HEAD_DIMS and dv == d:
+    if d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS_V.get(d, (d,)):
         return None
-    return (f"fa4's backward supports head_dim {BWD_HEAD_DIMS} with head_dim_v == head_dim, not head_dim {d}, "
-            f"head_dim_v {dv} (the forward supports it: run it without gradients, e.g. under torch.no_grad())")
+    return (f"fa4's backward supports head_dim {BWD_HEAD_DIMS} with head_dim_v == head_dim (and 192 with 128), "
+            f"not head_dim {d}, head_dim_v {dv} (the forward supports it: run it without gradients, e.g. under "
+            "torch.no_grad())")
 
 
 def check_bwd_head_dims(q, v) -> None:

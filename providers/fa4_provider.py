@@ -54,9 +54,9 @@ class Fa4Provider(Provider):
 
         e = super().problem_errors(problem)
         if problem.pass_ == "bwd":
-            from fa4.sm90.bwd_config import HEAD_DIMS
+            from fa4.sm90.bwd_config import HEAD_DIMS, HEAD_DIMS_V
 
-            dvs = (problem.head_dim,)
+            dvs = HEAD_DIMS_V.get(problem.head_dim, (problem.head_dim,))
         else:
             from fa4.sm90.fwd_config import HEAD_DIMS
 
@@ -122,7 +122,8 @@ class Fa4Provider(Provider):
         if problem.pass_ == "bwd":
             from fa4.sm90.bwd_compile import compile_key
 
-            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, problem.deterministic, config)
+            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, problem.deterministic, config,
+                               problem.head_dim_v)
         from fa4.sm90.compile import compile_key
 
         return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v)

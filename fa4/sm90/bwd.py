@@ -38,6 +38,8 @@ for dK/dV, which are then fp32 accumulators summed over the query heads of a KV 
 
 from __future__ import annotations
 
+import math
+
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -48,6 +50,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from fa4.common import bwd_schedule, mma, scheduling, semaphore
+from fa4.sm90 import bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
@@ -77,10 +80,16 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
 
 
-class FlashBwdSm90:
-    def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90):
+class FlashBwdSm90(bwd_split.DkvSplitSteps):
+    def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
+                 head_dim_v: int | None = None):
         self.dtype = dtype
-        self.head_dim = head_dim
+        self.head_dim = head_dim  # Q, K, dQ, dK
+        self.head_dim_v = head_dim_v or head_dim  # V, O, dO, dV
+        # dkv_split 'head_dim' (fa4.sm90.bwd_split): both consumers on one 64-row key tile, each
+        # with half the queries of S^T/dP^T and half the columns of dK/dV; P^T and dS^T meet in
+        # shared memory.
+        self.split = config.dkv_split == "head_dim"
         self.causal = causal
         self.gqa = gqa
         self.config = config
@@ -95,7 +104,7 @@ class FlashBwdSm90:
         # global memory with one cp.reduce.async.bulk (and owns the semaphore wait), so the
         # MMA warpgroups never spin on a lock.
         self.dq_bulk = config.dq_accum == "bulk"
-        self.p_smem = config.dv_operand == "smem"
+        self.p_smem = config.dv_operand == "smem" or self.split
         self.ds_stages = config.ds_stages
         self.ds_stmatrix = config.ds_store == "stmatrix"
         self.dkv_tma = config.dkv_store == "tma" and not gqa
@@ -109,13 +118,13 @@ class FlashBwdSm90:
         self,
         mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, d)
         mK: cute.Tensor,  # (batch, seqlen_k, heads_kv, d)
-        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, d)
-        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, d)
+        mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, dv)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dv)
         mLSE2: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: LSE * log2(e), +inf where no key
         mDsum: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: rowsum(dO * O)
         mdQacc: cute.Tensor,  # (batch, heads_q, seqlen_q_pad, d) fp32, zeroed
         mdK: cute.Tensor,  # gqa: (batch, heads_kv, seqlen_k_pad, d) fp32 zeroed; else like mK
-        mdV: cute.Tensor,  # same as mdK
+        mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
@@ -130,40 +139,53 @@ class FlashBwdSm90:
         mK = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
         mV = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
         mdO = cute.make_tensor(mdO.iterator, cute.select(mdO.layout, mode=[1, 3, 2, 0]))
-        d = self.head_dim
+        d, dv = self.head_dim, self.head_dim_v
         kmaj = warpgroup.OperandMajorMode.K
         mnmaj = warpgroup.OperandMajorMode.MN
-        # S^T = K Q^T and dP^T = V dO^T: keys on M, one 64-row atom per consumer warpgroup.
-        sdp_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, kmaj, kmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.tile_m)
-        )
-        # dV += P^T dO and dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous).
-        dkv_mma = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, d),
-            warpgroup.OperandSource.RMEM,
-        )
-        # dV with P^T from shared memory (dv_operand 'smem'): P^T stored query-contiguous (K-major).
-        dv_mma = self.make_dv_mma(dkv_mma)
+        if cutlass.const_expr(self.split):
+            sdp_mma, dkv_mma, dv_mma = bwd_split.make_split_mmas(self.dtype, self.tile_m, d, dv)
+        else:
+            # S^T = K Q^T and dP^T = V dO^T: keys on M, one 64-row atom per consumer warpgroup.
+            sdp_mma = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, kmaj, kmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.tile_m)
+            )
+            # dV += P^T dO and dK += dS^T Q: A from registers, B = dO^T / Q^T (head_dim contiguous).
+            dkv_mma = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, d),
+                warpgroup.OperandSource.RMEM,
+            )
+            # dV with P^T from shared memory (dv_operand 'smem'): P^T stored query-contiguous (K-major).
+            dv_mma = self.make_dv_mma(dkv_mma)
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
         # B = K^T (head_dim contiguous); the two consumers split head_dim or the rows (dq_split).
         dq_mma = make_dq_mma(self.dtype, d, self.config.dq_split)
         row_major = utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
-        sK_layout = sm90_utils.make_smem_layout_a(row_major, sdp_tiler, self.dtype, 1)
-        sV_layout = sm90_utils.make_smem_layout_a(row_major, sdp_tiler, self.dtype, 1)
-        sQ_layout = sm90_utils.make_smem_layout_b(row_major, sdp_tiler, self.dtype, self.q_stages)
-        sdO_layout = sm90_utils.make_smem_layout_b(row_major, sdp_tiler, self.dtype, self.do_stages)
+        dpv_tiler = (self.tile_n, self.tile_m, dv)  # dP^T = V dO^T reduces over head_dim_v
+        # K, Q and dO are also read MN-major in column slices (dQ's, dK's and dV's WGMMA N per
+        # warpgroup): their swizzle atoms must tile those slices (bwd_split.swizzle_width); dK and
+        # dV leave through sK and sV in their own slices (dkv_store 'tma').
+        halves = 2 if self.split else 1
+        dq_n = d if self.config.dq_split == "rows" else d // 2
+        sK_layout = bwd_split.k_major_layout("a", sdp_tiler, self.dtype, 1, math.gcd(dq_n, d // halves))
+        # sV: dV leaves through it in dV's column slices (dkv_store 'tma').
+        sV_layout = bwd_split.k_major_layout("a", dpv_tiler, self.dtype, 1, dv // halves)
+        sQ_layout = bwd_split.k_major_layout("b", sdp_tiler, self.dtype, self.q_stages, d // halves)
+        sdO_layout = bwd_split.k_major_layout("b", dpv_tiler, self.dtype, self.do_stages, dv // halves)
         sdS_layout = sm90_utils.make_smem_layout_a(
             utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.ds_stages
         )
-        sP_layout = sm90_utils.make_smem_layout_a(row_major, (self.tile_n, d, self.tile_m), self.dtype, 1)
+        # P^T (keys x queries, queries contiguous): one buffer per dS buffer under dkv_split 'head_dim'.
+        sP_layout = sm90_utils.make_smem_layout_a(
+            row_major, (self.tile_n, d, self.tile_m), self.dtype, self.ds_stages if self.split else 1
+        )
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, d))
         tma_do, mdO_tma = cpasync.make_tiled_tma_atom(
-            g2s, mdO, cute.slice_(sdO_layout, (None, None, 0)), (self.tile_m, d)
+            g2s, mdO, cute.slice_(sdO_layout, (None, None, 0)), (self.tile_m, dv)
         )
         tma_k, mK_tma = cpasync.make_tiled_tma_atom(g2s, mK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, d))
-        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, d))
+        tma_v, mV_tma = cpasync.make_tiled_tma_atom(g2s, mV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, dv))
         # Row statistics ride with Q (LSE) and dO (D) on the same mbarrier: one fp32 per query row.
         mLSE2 = cute.make_tensor(mLSE2.iterator, cute.select(mLSE2.layout, mode=[2, 1, 0]))
         mDsum = cute.make_tensor(mDsum.iterator, cute.select(mDsum.layout, mode=[2, 1, 0]))
@@ -174,7 +196,9 @@ class FlashBwdSm90:
         stat_bytes = self.tile_m * 4
         self.q_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sQ_layout, (None, None, 0))) + stat_bytes
         self.do_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sdO_layout, (None, None, 0))) + stat_bytes
-        self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0)))
+        self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0))) + cute.size_in_bytes(
+            self.dtype, cute.slice_(sV_layout, (None, None, 0))
+        )
 
         @cute.struct
         class SharedStorage:
@@ -201,7 +225,7 @@ class FlashBwdSm90:
             mdK = cute.make_tensor(mdK.iterator, cute.select(mdK.layout, mode=[1, 3, 2, 0]))
             mdV = cute.make_tensor(mdV.iterator, cute.select(mdV.layout, mode=[1, 3, 2, 0]))
             tma_dk, mdK = cpasync.make_tiled_tma_atom(s2g, mdK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, d))
-            tma_dv, mdV = cpasync.make_tiled_tma_atom(s2g, mdV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, d))
+            tma_dv, mdV = cpasync.make_tiled_tma_atom(s2g, mdV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, dv))
 
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
@@ -215,11 +239,17 @@ class FlashBwdSm90:
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
-        if not self.p_smem:
+        if not self.p_smem and self.head_dim_v == self.head_dim:
             return dkv_mma
+        if not self.p_smem:
+            kmaj, mnmaj = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+            return sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.head_dim_v),
+                warpgroup.OperandSource.RMEM,
+            )
         kmaj, mnmaj = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
         return sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.head_dim)
+            self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.head_dim_v)
         )
 
     @cute.kernel
@@ -367,9 +397,9 @@ class FlashBwdSm90:
             cpasync.prefetch_descriptor(atom)
         one = cute.make_layout(1)
         tKsK, tKgK = seq_tiles(tma_k, mK, sK, (self.tile_n, d), head_kv, batch)
-        tVsV, tVgV = seq_tiles(tma_v, mV, sV, (self.tile_n, d), head_kv, batch)
+        tVsV, tVgV = seq_tiles(tma_v, mV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
         tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (self.tile_m, d), head, batch)
-        tdOsdO, tdOgdO = seq_tiles(tma_do, mdO, sdO, (self.tile_m, d), head, batch)
+        tdOsdO, tdOgdO = seq_tiles(tma_do, mdO, sdO, (self.tile_m, self.head_dim_v), head, batch)
         gLSE = cute.flat_divide(mLSE2, (self.tile_m,))[None, None, head, batch]
         gDsum = cute.flat_divide(mDsum, (self.tile_m,))[None, None, head, batch]
         tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, one, cute.group_modes(sLSE, 0, 1), cute.group_modes(gLSE, 0, 1))
@@ -401,7 +431,7 @@ class FlashBwdSm90:
         n_block, head, batch, num_n,
         m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv,
     ):
-        d = self.head_dim
+        d, dv = self.head_dim, self.head_dim_v
         sdp_thr = sdp_mma.get_slice(ctid)
         dkv_thr = dkv_mma.get_slice(ctid)
         dq_thr = dq_mma.get_slice(ctid)
@@ -417,17 +447,28 @@ class FlashBwdSm90:
 
         acc_S = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
         acc_dP = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
-        acc_dV = dkv_thr.make_fragment_C(dkv_thr.partition_shape_C((self.tile_n, d)))
+        dv_out_thr = self.dv_out_slice(dkv_thr, dv_thr)
+        acc_dV = dv_out_thr.make_fragment_C(dv_out_thr.partition_shape_C((self.tile_n, dv)))
         acc_dK = dkv_thr.make_fragment_C(dkv_thr.partition_shape_C((self.tile_n, d)))
         acc_dQ = dq_thr.make_fragment_C(dq_thr.partition_shape_C((self.tile_m, d)))
-        # The A-operand register order of a 16-bit WGMMA equals the accumulator order of two
-        # adjacent 8-column blocks, so P^T and dS^T are the accumulators converted in place.
-        tdVrP = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
-        tdKrdS = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+        tdKsdSt = sdSt = None  # dkv_split 'head_dim': dK's A operand, dS^T in shared memory
+        if cutlass.const_expr(self.split):
+            # 16-bit copies of the accumulators, for the stores into sP and sdS.
+            tdVrP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+            tdKrdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
+            tdVA = dv_thr.make_fragment_A(dv_thr.partition_A(sP))  # (MMA, 1, m/16, ds_stages)
+            sdSt = transpose_view(sdS)  # (n, m, ds_stages)
+            tdKsdSt = dkv_thr.make_fragment_A(dkv_thr.partition_A(sdSt))
+        else:
+            # The A-operand register order of a 16-bit WGMMA equals the accumulator order of two
+            # adjacent 8-column blocks, so P^T and dS^T are the accumulators converted in place.
+            tdVrP = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
+            tdKrdS = cute.make_rmem_tensor(dkv_thr.partition_shape_A((self.tile_n, self.tile_m)), self.dtype)
         tdVrP_as_S = cute.make_tensor(tdVrP.iterator, acc_S.layout)
-        tdVA = tdVrP  # the dV A operand: P^T registers, or its shared-memory copy
-        if cutlass.const_expr(self.p_smem):
-            tdVA = dv_thr.make_fragment_A(dv_thr.partition_A(sP))[None, None, None, 0]
+        if cutlass.const_expr(not self.split):
+            tdVA = tdVrP  # the dV A operand: P^T registers, or its shared-memory copy
+            if cutlass.const_expr(self.p_smem):
+                tdVA = dv_thr.make_fragment_A(dv_thr.partition_A(sP))[None, None, None, 0]
         tdKrdS_as_S = cute.make_tensor(tdKrdS.iterator, acc_S.layout)
         # Static element offsets of thread 0 (see fa4.common.masking) + this thread's first element.
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
@@ -444,7 +485,7 @@ class FlashBwdSm90:
         key_base = n_block * self.tile_n + row0
         key_limit = seqlen_k - key_base
         diag = seqlen_k - seqlen_q - key_base
-        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP)
+        frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP, tdKsdSt, sdSt)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
         for m in cutlass.range(m_start, m_masked_end, unroll=1):
             self.step(
@@ -466,8 +507,20 @@ class FlashBwdSm90:
         )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, mK.shape[0], scale, sK, sV, tma_dkv,
+            qhead_per_kvhead, mK.shape[0], scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
         )
+
+    def dv_out_mma(self, dkv_mma, dv_mma):
+        """The tiled MMA whose accumulator holds dV: dK's where both have one shape (dkv_split
+        'keys', head_dim_v == head_dim, whichever operand P^T comes from), else dV's own."""
+        if self.split or self.head_dim_v != self.head_dim:
+            return dv_mma
+        return dkv_mma
+
+    def dv_out_slice(self, dkv_thr, dv_thr):
+        if self.split or self.head_dim_v != self.head_dim:
+            return dv_thr
+        return dkv_thr
 
     @cute.jit
     def step(
@@ -475,7 +528,7 @@ class FlashBwdSm90:
         mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
         seqlen_q, seqlen_k, scale_log2, spt, masked: cutlass.Constexpr,
     ):
-        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag
+        tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag[:12]
         acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
         nrow = cute.size(s_mn, mode=[0])
         ncol = cute.size(s_mn, mode=[1])
@@ -522,39 +575,45 @@ class FlashBwdSm90:
         # the fp32 S^T and dP^T (the register budget at head_dim 128).
         tdVrP_as_S.store(acc_S.load().to(self.dtype))
         tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
-        if cutlass.const_expr(self.p_smem):
-            # Only this warpgroup's 64 rows of P^T feed its dV WGMMA: a warpgroup-local barrier.
-            tPsP = sdp_mma.get_slice(opaque(ctid)).partition_C(sP[None, None, 0])
-            cute.autovec_copy(tdVrP_as_S, tPsP)
-            cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=BAR_P + ctid // THREADS_PER_WG, number_of_threads=THREADS_PER_WG)
-        # dV runs while dS^T is stored and the consumers meet at the barrier.
-        mma.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
-        warpgroup.commit_group()
-
-        if cutlass.const_expr(self.ds_stages == 1):
-            # One buffer: both consumers' previous dQ GEMMs must have read it.
-            cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
-        # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
-        if cutlass.const_expr(self.ds_stmatrix):
-            # In an 8x8 block of the S^T accumulator a thread holds two adjacent queries of one key,
-            # the stmatrix (non-transposed) register order, and sdS keeps queries contiguous: each
-            # block row is one 16-byte chunk of the swizzled tile.
-            st = cute.make_tiled_copy_C(
-                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), sdp_mma
+        if cutlass.const_expr(self.split):
+            self.split_exchange_and_gemms(
+                sdp_mma, dkv_mma, dv_mma, dq_mma, frag, accs, state, ds_buf, ctid, BAR_DS_FREE, BAR_DS_FULL,
+                NUM_CONSUMER_THREADS,
             )
-            st_thr = st.get_slice(opaque(ctid))
-            cute.copy(st, st_thr.retile(tdKrdS_as_S), st_thr.partition_D(transpose_view(sdS)[None, None, ds_buf]))
         else:
-            tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
-            cute.autovec_copy(tdKrdS_as_S, tdSsdS)
-        # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)
-        mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt[None, None, None, 0], zero_init=True)
-        warpgroup.commit_group()
-        mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
-        warpgroup.commit_group()
+            if cutlass.const_expr(self.p_smem):
+                # Only this warpgroup's 64 rows of P^T feed its dV WGMMA: a warpgroup-local barrier.
+                tPsP = sdp_mma.get_slice(opaque(ctid)).partition_C(sP[None, None, 0])
+                cute.autovec_copy(tdVrP_as_S, tPsP)
+                cute.arch.fence_proxy("async.shared", space="cta")
+                cute.arch.barrier(barrier_id=BAR_P + ctid // THREADS_PER_WG, number_of_threads=THREADS_PER_WG)
+            # dV runs while dS^T is stored and the consumers meet at the barrier.
+            mma.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
+            warpgroup.commit_group()
+
+            if cutlass.const_expr(self.ds_stages == 1):
+                # One buffer: both consumers' previous dQ GEMMs must have read it.
+                cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
+            # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
+            if cutlass.const_expr(self.ds_stmatrix):
+                # In an 8x8 block of the S^T accumulator a thread holds two adjacent queries of one key,
+                # the stmatrix (non-transposed) register order, and sdS keeps queries contiguous: each
+                # block row is one 16-byte chunk of the swizzled tile.
+                st = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), sdp_mma
+                )
+                st_thr = st.get_slice(opaque(ctid))
+                cute.copy(st, st_thr.retile(tdKrdS_as_S), st_thr.partition_D(transpose_view(sdS)[None, None, ds_buf]))
+            else:
+                tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
+                cute.autovec_copy(tdKrdS_as_S, tdSsdS)
+            # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)
+            mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt[None, None, None, 0], zero_init=True)
+            warpgroup.commit_group()
+            mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
+            warpgroup.commit_group()
         # dV and dQ done, dK may still run: dO is free, and dQ leaves while dK computes.
         warpgroup.wait_group(1)
         pipe_do.consumer_release(state)
@@ -693,45 +752,59 @@ class FlashBwdSm90:
     @cute.jit
     def epilogue(
         self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-        qhead_per_kvhead, seqlen_k, scale, sK, sV, tma_dkv,
+        qhead_per_kvhead, seqlen_k, scale, sK, sV, tma_dkv, dv_out,
     ):
-        d = self.head_dim
+        d, dv = self.head_dim, self.head_dim_v
+        dv_mma, dv_thr = dv_out  # dV's accumulator partition (dK's own where the shapes agree)
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
         if cutlass.const_expr(self.gqa):
             # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
             gdK = cute.local_tile(mdK[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(mdV[batch, head_kv, None, None], (self.tile_n, dv), (n_block, 0))
             if cutlass.const_expr(self.deterministic):
                 sem = mSemKV[batch, head_kv, None].iterator + n_block
                 semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
-            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dkv_thr.partition_C(gdV)), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
             if cutlass.const_expr(self.deterministic):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
                 semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
         elif cutlass.const_expr(self.dkv_tma):
-            self.store_dkv_tma(dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch)
+            self.store_dkv_tma(
+                dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
+            )
         else:
             # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped.
             gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, dv), (n_block, 0))
             cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
             tcD = dkv_thr.partition_C(cD)
             tdKg = dkv_thr.partition_C(gdK)
-            tdVg = dkv_thr.partition_C(gdV)
+            tdVg = dv_thr.partition_C(gdV)
             rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
             rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
             rdK.store(acc_dK.load().to(self.dtype))
             rdV.store(acc_dV.load().to(self.dtype))
-            for i in cutlass.range_constexpr(cute.size(rdK)):
-                if tcD[i][0] < seqlen_k:
-                    tdKg[i] = rdK[i]
-                    tdVg[i] = rdV[i]
+            if cutlass.const_expr(dv == d):
+                for i in cutlass.range_constexpr(cute.size(rdK)):
+                    if tcD[i][0] < seqlen_k:
+                        tdKg[i] = rdK[i]
+                        tdVg[i] = rdV[i]
+            else:
+                tcDv = dv_thr.partition_C(
+                    cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
+                )
+                for i in cutlass.range_constexpr(cute.size(rdK)):
+                    if tcD[i][0] < seqlen_k:
+                        tdKg[i] = rdK[i]
+                for i in cutlass.range_constexpr(cute.size(rdV)):
+                    if tcDv[i][0] < seqlen_k:
+                        tdVg[i] = rdV[i]
 
     @cute.jit
-    def store_dkv_tma(self, dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch):
+    def store_dkv_tma(self, dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma):
         """dK/dV through the K/V shared tiles and one TMA store each (dkv_store 'tma')."""
         tma_dk, tma_dv = tma_dkv
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
@@ -748,13 +821,18 @@ class FlashBwdSm90:
         )
         st_thr = st.get_slice(ctid)
         cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
+        if cutlass.const_expr(dv_mma is not dkv_mma):
+            st = cute.make_tiled_copy_C(
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dv_mma
+            )
+            st_thr = st.get_slice(ctid)
         cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
         # Generic-proxy stores, read by the TMA engine (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
         if ctid == 0:
             tKs, tKg = seq_tiles(tma_dk, mdK, sK, (self.tile_n, self.head_dim), head_kv, batch)
-            tVs, tVg = seq_tiles(tma_dv, mdV, sV, (self.tile_n, self.head_dim), head_kv, batch)
+            tVs, tVg = seq_tiles(tma_dv, mdV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
             cute.copy(tma_dk, tKs[None, 0], tKg[None, n_block])
             cute.copy(tma_dv, tVs[None, 0], tVg[None, n_block])
             cute.arch.cp_async_bulk_commit_group()

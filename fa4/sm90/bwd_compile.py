@@ -1,7 +1,7 @@
 """Compiling the Hopper backward kernels: one compiled object per (problem class, config).
 
-Three kernels: preprocess and postprocess depend only on (dtype, head_dim); the main kernel
-on dtype, head_dim, causal, whether K/V heads are shared (GQA: dK/dV become fp32
+Three kernels: preprocess and postprocess depend only on (dtype, head dims); the main kernel
+on dtype, head_dim and head_dim_v, causal, whether K/V heads are shared (GQA: dK/dV become fp32
 accumulators) and the compile-time knobs. Shapes stay dynamic. Compiles without a GPU
 (CUTE_DSL_ARCH=sm_90a, fake tensors), like fa4.sm90.compile.
 """
@@ -27,12 +27,19 @@ class BwdKernelKey:
     gqa: bool
     deterministic: bool  # the problem's: semaphore-ordered dQ (and GQA dK/dV) adds
     config: BwdConfigSm90  # runtime knobs normalised away
+    head_dim_v: int = 0  # 0: head_dim (set by compile_key)
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
 
 
 def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, deterministic: bool,
-                config: BwdConfigSm90) -> BwdKernelKey:
+                config: BwdConfigSm90, head_dim_v: int | None = None) -> BwdKernelKey:
     base = compile_time_config(config)
-    return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base)
+    # One key per kernel: head_dim_v == head_dim is stored as 0 (the keys of before it existed).
+    hdv = 0 if head_dim_v in (None, head_dim) else head_dim_v
+    return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base, hdv)
 
 
 def padded(seqlen: int) -> int:
@@ -75,34 +82,35 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     from fa4.sm90.bwd import FlashBwdSm90
 
     dt = getattr(cutlass, DTYPES[key.dtype])
-    d = key.head_dim
+    d, dv = key.head_dim, key.dv
     f32 = cutlass.Float32
     q = _fake(dt, (None, None, None, d))
     k = _fake(dt, (None, None, None, d))
-    v = _fake(dt, (None, None, None, d))
-    do = _fake(dt, (None, None, None, d))
+    v = _fake(dt, (None, None, None, dv))
+    do = _fake(dt, (None, None, None, dv))
     lse2 = _fake(f32, (None, None, None), row_major_static=True)
     dsum = _fake(f32, (None, None, None), row_major_static=True)
     dqacc = _fake(f32, (None, None, None, d), row_major_static=True)
     if key.gqa:
         dk = _fake(f32, (None, None, None, d), row_major_static=True)
-        dv = _fake(f32, (None, None, None, d), row_major_static=True)
+        dv_ = _fake(f32, (None, None, None, dv), row_major_static=True)
     else:
         dk = _fake(dt, (None, None, None, d))
-        dv = _fake(dt, (None, None, None, d))
+        dv_ = _fake(dt, (None, None, None, dv))
     det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
     sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and key.gqa else None
-    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config)
+    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config, head_dim_v=dv)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(
-        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv, sem_q, sem_kv,
+        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv_, sem_q, sem_kv,
         f32(1.0), f32(1.0), cutlass.Int32(1), cutlass.Int32(1), stream,
         options=_opts(options),
     )
 
 
-def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):
+def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None):
+    """D from O and dO (head_dim_v wide), the zeroed dQ accumulator (head_dim wide)."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -111,14 +119,15 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
 
     dt = getattr(cutlass, DTYPES[dtype])
     f32 = cutlass.Float32
-    o = _fake(dt, (None, None, None, head_dim))
-    do = _fake(dt, (None, None, None, head_dim))
+    dv = head_dim_v or head_dim
+    o = _fake(dt, (None, None, None, dv))
+    do = _fake(dt, (None, None, None, dv))
     lse = _fake(f32, (None, None, None), tma=False)
     lse2 = _fake(f32, (None, None, None), row_major_static=True)
     dsum = _fake(f32, (None, None, None), row_major_static=True)
     dqacc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(BwdPreprocess(dt, head_dim), o, do, lse, lse2, dsum, dqacc, stream, options=_opts(options))
+    return cute.compile(BwdPreprocess(dt, head_dim, dv), o, do, lse, lse2, dsum, dqacc, stream, options=_opts(options))
 
 
 def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):

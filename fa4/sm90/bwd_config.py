@@ -1,10 +1,12 @@
 """The knobs of our Hopper backward kernel: one declaration, one feasibility function.
 
 Layout of the main kernel (fa4.sm90.bwd): one CTA per (key tile, head, batch), a producer
-warpgroup and two consumer warpgroups; each consumer owns 64 key rows of the tile and loops
-over the query tiles. S^T and dP^T are computed with the keys on the WGMMA M axis, so P^T
-and dS^T come out of the accumulators already in the register layout the dV and dK WGMMAs
-take as their A operand (no shared-memory round trip for those two).
+warpgroup and two consumer warpgroups looping over the query tiles. S^T and dP^T are computed
+with the keys on the WGMMA M axis. With dkv_split 'keys' each consumer owns 64 key rows of a
+128-row tile, and P^T and dS^T come out of the accumulators already in the register layout the
+dV and dK WGMMAs take as their A operand (no shared-memory round trip for those two). With
+dkv_split 'head_dim' (fa4.sm90.bwd_split; head_dim 192 and 256, where a thread cannot hold dK
+and dV over all of head_dim) the two consumers share a 64-row key tile and split the columns.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ from fa4.arch import SM90, Arch
 from fa4.knobs import RuntimeKnobNames, Violation, knob
 from fa4.problem import Problem
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
+# head_dim_v != head_dim: as the forward (fa4.sm90.fwd_config.HEAD_DIMS_V), 192 with 128.
+HEAD_DIMS_V = {192: (192, 128)}
 ROWS_PER_WG = 64
 THREADS_PER_WG = 128
 CONSUMER_WGS = 2
 TILE_N = CONSUMER_WGS * ROWS_PER_WG
+# dkv_split 'head_dim' is built for the head dims where 'keys' cannot hold dK and dV: at 64-128
+# it would trade the register operands of dV and dK for shared-memory ones at half the WGMMA N.
+SPLIT_HEAD_DIMS = (192, 256)
 # Register budget of a consumer thread: setmaxnreg gives the consumers 240 (the producer
 # warpgroup keeps 32). Measured with ptxas 13.0 on this kernel, the register allocation of the
 # consumer branch does use up to that many (SASS of the hd128 kernel reaches R237 while the
@@ -33,6 +40,8 @@ TILE_N = CONSUMER_WGS * ROWS_PER_WG
 # (fa4.common.regs.opaque): hoisted, they held 16 registers and hd128 spilled.
 CONSUMER_REG_BUDGET = 240
 PATH_OVERHEAD = {"bulk": 24, "red_v2": 56, "red": 56}
+# The pieces of the smem model (struct order of fa4.sm90.bwd): mbarriers round up to the first
+# 1024-byte aligned tile; the row statistics are 128-byte aligned.
 # setmaxnreg (consumer, producer): the CTA owns 168 x 384 = 64,512 registers from its launch,
 # and setmaxnreg.inc can only hand out what the producer's .dec gave back into that pool:
 # 2 x 240 + 24 = 504 per lane-slot x 128 = 64,512. The first version kept 32 for the producer
@@ -87,6 +96,14 @@ class BwdConfigSm90:
         "from the WGMMA fragment (2-byte stores spread over 8 rows per warp), 'tma' through the K and V "
         "shared tiles (stmatrix, free once both consumers' last GEMMs are done) and one TMA store each.",
     )
+    dkv_split: str = knob(
+        ("keys", "head_dim"), "keys",
+        "How the two consumer warpgroups share the dK and dV GEMMs: 'keys' each owns 64 rows of a 128-key "
+        "tile and computes dK/dV over all of head_dim with P^T and dS^T from its registers; 'head_dim' both "
+        "work on one 64-key tile, each computes S^T/dP^T for half the query tile and dK/dV for half the "
+        "columns, with P^T and dS^T exchanged through shared memory (fa4.sm90.bwd_split): half the dK/dV "
+        "registers, for head_dim 192 and 256 (needs dv_operand 'smem').",
+    )
     dv_operand: str = knob(
         ("rmem", "smem"), "rmem",
         "Where the dV WGMMA reads P^T: 'rmem' straight from the registers it was computed in, 'smem' "
@@ -112,14 +129,15 @@ class BwdConfigSm90:
     RETIRED_KNOBS: ClassVar[dict[str, str]] = {
         "deterministic": "restated the problem: the problem's deterministic flag decides",
         "sdp_swap_ab": "single-valued (True): S^T and dP^T are always computed with the keys on M",
-        "tile_n": f"single-valued ({TILE_N}): two consumer warpgroups of 64 key rows",
+        "tile_n": f"single-valued ({TILE_N}), now derived: 128 with dkv_split 'keys', 64 with 'head_dim'",
         "cluster_exchange": "never built (False only)",
     }
 
     @property
     def tile_n(self) -> int:
-        """Key rows per CTA: 64 per consumer warpgroup (the WGMMA M of S^T, dV and dK); two consumers."""
-        return TILE_N
+        """Key rows per CTA: 64 per consumer warpgroup (the WGMMA M of S^T, dV and dK) with
+        dkv_split 'keys', one shared 64-row tile with 'head_dim'."""
+        return TILE_N if self.dkv_split == "keys" else ROWS_PER_WG
 
 
 def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
@@ -131,7 +149,9 @@ def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
     kv = config.tile_n * (d + problem.head_dim_v) * elt
     ds = config.ds_stages * config.tile_m * config.tile_n * elt
     dq = config.tile_m * d * 4 if config.dq_accum == "bulk" else 0
-    p = config.tile_m * config.tile_n * elt if config.dv_operand == "smem" else 0
+    # P^T: one buffer per dS buffer under dkv_split 'head_dim' (both consumers read all of it).
+    p_bufs = config.ds_stages if config.dkv_split == "head_dim" else 1
+    p = p_bufs * config.tile_m * config.tile_n * elt if config.dv_operand == "smem" else 0
     return q + do + kv + ds + dq + p + stats + SMEM_RESERVED
 
 
@@ -146,7 +166,14 @@ def consumer_registers(config: BwdConfigSm90, problem: Problem) -> int:
     lock) in the consumers, 'bulk' hands both to the writer warps.
     """
     per_thread = ROWS_PER_WG / THREADS_PER_WG
-    dkv = 2 * per_thread * problem.head_dim
+    if config.dkv_split == "head_dim":
+        # Each consumer: dK and dV over half the columns, S^T and dP^T over half the queries. The
+        # dQ accumulator (tile_m x d over 256 threads) beside dK/dV can then be the larger peak.
+        dkv = per_thread * (problem.head_dim + problem.head_dim_v) / 2
+        sdp = per_thread * config.tile_m
+        dq = config.tile_m * problem.head_dim / (2 * THREADS_PER_WG)
+        return int(math.ceil(dkv + max(sdp, dq))) + PATH_OVERHEAD[config.dq_accum]
+    dkv = per_thread * (problem.head_dim + problem.head_dim_v)
     sdp = 2 * per_thread * config.tile_m
     return int(math.ceil(dkv + sdp)) + PATH_OVERHEAD[config.dq_accum]
 
@@ -160,8 +187,19 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("problem", "BwdConfigSm90 tunes the backward pass only"))
     if problem.head_dim not in HEAD_DIMS:
         out.append(Violation("problem", f"head_dim {problem.head_dim} not supported (supported: {HEAD_DIMS})"))
-    if problem.head_dim_v != problem.head_dim:
-        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} must equal head_dim {problem.head_dim}"))
+    dvs = HEAD_DIMS_V.get(problem.head_dim, (problem.head_dim,))
+    if problem.head_dim_v not in dvs:
+        out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} not supported with head_dim "
+                             f"{problem.head_dim} (supported: {dvs})"))
+    if config.dkv_split == "head_dim":
+        if problem.head_dim not in SPLIT_HEAD_DIMS:
+            out.append(Violation("knob combination",
+                                 f"dkv_split 'head_dim' is built for head_dim {SPLIT_HEAD_DIMS}, not {problem.head_dim} "
+                                 "('keys' holds dK/dV there with P^T and dS^T as register operands)"))
+        if config.dv_operand != "smem":
+            out.append(Violation("knob combination",
+                                 "dkv_split 'head_dim' reads P^T from shared memory (both consumers need all of it): "
+                                 "dv_operand 'smem'"))
     if config.tile_m % ROWS_PER_WG:
         out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))
     need = smem_bytes(config, problem)
@@ -247,6 +285,8 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     swizzle = 1
     if problem.deterministic and not problem.causal:
         swizzle = 4 if problem.head_dim == 64 else 8
+    if problem.head_dim in SPLIT_HEAD_DIMS:
+        return _default_split(problem, arch, swizzle)
     for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
         for st in (2, 1):
             for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
@@ -257,3 +297,23 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
                     if not violations(cand, problem, arch):
                         return cand
     return BwdConfigSm90(head_swizzle=swizzle)
+
+
+def _default_split(problem: Problem, arch: Arch, swizzle: int) -> BwdConfigSm90:
+    """head_dim 192/256: dkv_split 'head_dim' at tile_m 64 (the registers allow no more), the
+    deepest Q/dO ring and dS/P^T double buffer the shared memory allows with bulk dQ adds, then
+    with per-thread ones: at 192 (and 192/128) that is the full 2/2/bulk kernel; at 256 a
+    two-deep ring leaves no room for the 64 KB dQ staging tile, and a two-deep ring with 'red_v2'
+    is taken over a one-deep one with 'bulk' (at 64/128 a one-deep ring lost 12-25%, 'red_v2'
+    8-22%; not yet measured here)."""
+    for st, ds, acc in ((2, 2, "bulk"), (2, 1, "bulk"), (2, 2, "red_v2"), (2, 1, "red_v2"),
+                        (1, 2, "bulk"), (1, 1, "bulk")):
+        for dkv in ("tma", "direct"):
+            cand = BwdConfigSm90(
+                tile_m=64, stages=st, ds_stages=ds, dq_accum=acc, dkv_split="head_dim", dv_operand="smem",
+                dkv_store=dkv, head_swizzle=swizzle,
+            )
+            if not violations(cand, problem, arch):
+                return cand
+    return BwdConfigSm90(tile_m=64, stages=1, ds_stages=1, dkv_split="head_dim", dv_operand="smem",
+                         head_swizzle=swizzle)

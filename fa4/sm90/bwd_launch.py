@@ -56,14 +56,16 @@ def flash_attn_bwd(
 ):
     """Gradients (dq, dk, dv) of softmax(q k^T * scale) v given the forward's out and lse.
 
-    Shapes as fa4.flash_attn_func: q/out/dout (B, Sq, Hq, D), k/v (B, Sk, Hkv, D), lse
-    (B, Hq, Sq) fp32 natural log. Causal is bottom-right aligned.
+    Shapes as fa4.flash_attn_func: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv),
+    out/dout (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32 natural log. Causal is bottom-right aligned.
     """
     validate(q, k, v)
     check_bwd_head_dims(q, v)
+    o_shape = (*q.shape[:3], v.shape[3])
     for name, t in (("dout", dout), ("out", out)):
-        if t.shape != q.shape or t.dtype != q.dtype or t.device != q.device:
-            raise ValueError(f"{name} must match q in shape, dtype and device")
+        if tuple(t.shape) != o_shape or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"{name} must be {o_shape} (q's batch, seqlen, heads; v's head_dim) with q's dtype "
+                             "and device")
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension")
     if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
@@ -80,12 +82,16 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     autograd resolved them at the forward call; flash_attn_bwd above checks them itself)."""
     dtype = DTYPES[q.dtype]
     b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
+    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     gqa = hq != hkv
-    key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config)
+    key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv)
     main = compiled(key, lambda: compile_bwd_main(key))
-    pre = compiled(("bwd_pre", dtype, d), lambda: compile_bwd_pre(dtype, d))
+    if dv == d:
+        pre = compiled(("bwd_pre", dtype, d), lambda: compile_bwd_pre(dtype, d))
+    else:
+        pre = compiled(("bwd_pre", dtype, d, dv), lambda: compile_bwd_pre(dtype, d, head_dim_v=dv))
     post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
+    post_v = post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
     post_dq = compiled(
         ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
         lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
@@ -100,7 +106,7 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     dq = torch.empty_like(q)
     if gqa:
         dk_out = torch.zeros(b, hkv, sk_pad, d, device=dev, dtype=f32)
-        dv_out = torch.zeros(b, hkv, sk_pad, d, device=dev, dtype=f32)
+        dv_out = torch.zeros(b, hkv, sk_pad, dv, device=dev, dtype=f32)
     else:
         dk_out = torch.empty_like(k)
         dv_out = torch.empty_like(v)
@@ -121,9 +127,9 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         post_dq(dq_acc, dq, softmax_scale)
         if gqa:
             dk = torch.empty_like(k)
-            dv = torch.empty_like(v)
+            dv_ = torch.empty_like(v)
             # dK was scaled in the main kernel; dV needs none.
             post(dk_out, dk, 1.0)
-            post(dv_out, dv, 1.0)
-            return dq, dk, dv
+            post_v(dv_out, dv_, 1.0)
+            return dq, dk, dv_
     return dq, dk_out, dv_out

@@ -33,6 +33,17 @@ DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of the 
 DQ_THREADS = 128 * DQ_WGS
 
 
+def row_lanes(vectors: int) -> int:
+    """Threads sharing one row of ``vectors`` 16-byte pieces: the largest power of two that divides
+    it (at most a warp), so the rows of a pass tile the CTA exactly and a row's sum is finished with
+    butterfly shuffles. Each thread then takes vectors // lanes pieces, lanes pieces apart (96:
+    12 pieces, 4 lanes x 3, every warp access still whole 64-byte runs of 8 rows)."""
+    lanes = 1
+    while vectors % (2 * lanes) == 0 and 2 * lanes <= 32:
+        lanes *= 2
+    return lanes
+
+
 # ---------------------------------------------------------------- the dQ accumulator format
 # The main kernel adds each (tile_m x d) dQ tile into the fp32 accumulator in the order of its
 # WGMMA register fragments, not row-major: thread t of warpgroup w keeps F = tile_m * d / 256
@@ -76,21 +87,23 @@ class BwdPreprocess:
 
     Memory-bound (it reads O and dO once, writes the fp32 accumulator once), so the access
     pattern is the kernel: d/8 consecutive threads share a row and each loads 16 bytes of O and
-    dO, so a warp's loads cover whole rows (a thread per row put 32 rows, H*d*2 bytes apart,
+    dO (row_lanes: fewer threads, several pieces each, where d/8 is no power of two), so a
+    warp's loads cover whole rows (a thread per row put 32 rows, H*d*2 bytes apart,
     under every load instruction: 4x the reference's time on the H200 in Nsight Compute). The
     row's dot product is finished with shuffles within those d/8 lanes. Loads are clamped to
     the last row instead of branched around, so the unrolled passes issue all their loads first.
     """
 
-    def __init__(self, dtype, head_dim: int):
+    def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None):
         self.dtype = dtype
-        self.head_dim = head_dim
+        self.head_dim = head_dim  # the dQ accumulator's width
+        self.head_dim_v = head_dim_v or head_dim  # O's and dO's
 
     @cute.jit
     def __call__(
         self,
-        mO: cute.Tensor,  # (batch, seqlen_q, heads, d)
-        mdO: cute.Tensor,  # (batch, seqlen_q, heads, d)
+        mO: cute.Tensor,  # (batch, seqlen_q, heads, dv)
+        mdO: cute.Tensor,  # (batch, seqlen_q, heads, dv)
         mLSE: cute.Tensor,  # (batch, heads, seqlen_q) fp32, natural log
         mLSE2: cute.Tensor,  # (batch, heads, seqlen_pad) fp32 out
         mDsum: cute.Tensor,  # (batch, heads, seqlen_pad) fp32 out
@@ -108,17 +121,21 @@ class BwdPreprocess:
         bx, head, batch = cute.arch.block_idx()
         d = self.head_dim
         seqlen = mO.shape[1]
-        lanes = d // VEC16  # threads per row
+        lanes = row_lanes(self.head_dim_v // VEC16)  # threads per row
+        per_thread = self.head_dim_v // VEC16 // lanes
         rows_per_pass = ROWS_PER_CTA // lanes
         chunk = tidx % lanes
         for p in cutlass.range_constexpr(lanes):
             row = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
             src = cutlass.min(row, seqlen - 1)
-            o = cute.make_rmem_tensor((VEC16,), self.dtype)
-            do = cute.make_rmem_tensor((VEC16,), self.dtype)
-            cute.autovec_copy(cute.local_tile(mO[batch, src, head, None], (VEC16,), (chunk,)), o)
-            cute.autovec_copy(cute.local_tile(mdO[batch, src, head, None], (VEC16,), (chunk,)), do)
-            part = (o.load().to(Float32) * do.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            part = Float32(0.0)
+            for j in cutlass.range_constexpr(per_thread):
+                o = cute.make_rmem_tensor((VEC16,), self.dtype)
+                do = cute.make_rmem_tensor((VEC16,), self.dtype)
+                cute.autovec_copy(cute.local_tile(mO[batch, src, head, None], (VEC16,), (j * lanes + chunk,)), o)
+                cute.autovec_copy(cute.local_tile(mdO[batch, src, head, None], (VEC16,), (j * lanes + chunk,)), do)
+                dot = (o.load().to(Float32) * do.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                part = dot if j == 0 else part + dot
             dsum = cute.arch.warp_reduction(part, operator.add, threads_in_group=lanes)
             if chunk == 0:
                 val = Float32(0.0)  # padded rows: D = 0
@@ -144,7 +161,7 @@ class BwdPreprocess:
 
 class BwdPostprocess:
     """out = acc * scale for the row-major GQA dK/dV accumulators: d/4 consecutive threads per
-    row, 16-byte loads of the fp32 row (coalesced across the warp), 8-byte stores."""
+    row (fewer where d/4 is no power of two or over a warp: fa4.sm90.bwd_prepost.row_lanes), 16-byte loads of the fp32 row (coalesced across the warp), 8-byte stores."""
 
     def __init__(self, dtype, head_dim: int):
         self.dtype = dtype
@@ -165,17 +182,19 @@ class BwdPostprocess:
     def kernel(self, mAcc, mOut, scale: Float32):
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
-        lanes = self.head_dim // VEC32
+        lanes = row_lanes(self.head_dim // VEC32)
+        per_thread = self.head_dim // VEC32 // lanes
         rows_per_pass = ROWS_PER_CTA // lanes
         chunk = tidx % lanes
         for p in cutlass.range_constexpr(lanes):
             row = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
             if row < mOut.shape[1]:
-                acc = cute.make_rmem_tensor((VEC32,), Float32)
-                cute.autovec_copy(cute.local_tile(mAcc[batch, head, row, None], (VEC32,), (chunk,)), acc)
-                out = cute.make_rmem_tensor((VEC32,), self.dtype)
-                out.store((acc.load() * scale).to(self.dtype))
-                cute.autovec_copy(out, cute.local_tile(mOut[batch, row, head, None], (VEC32,), (chunk,)))
+                for j in cutlass.range_constexpr(per_thread):
+                    acc = cute.make_rmem_tensor((VEC32,), Float32)
+                    cute.autovec_copy(cute.local_tile(mAcc[batch, head, row, None], (VEC32,), (j * lanes + chunk,)), acc)
+                    out = cute.make_rmem_tensor((VEC32,), self.dtype)
+                    out.store((acc.load() * scale).to(self.dtype))
+                    cute.autovec_copy(out, cute.local_tile(mOut[batch, row, head, None], (VEC32,), (j * lanes + chunk,)))
 
 
 class BwdPostprocessDq:
@@ -230,14 +249,16 @@ class BwdPostprocessDq:
         out.store((acc.load() * scale).to(self.dtype))
         cute.autovec_copy(out, thr.partition_C(sOut))
         cute.arch.sync_threads()
-        lanes = d // VEC16
+        lanes = row_lanes(d // VEC16)
+        per_thread = d // VEC16 // lanes
         rows_per_pass = DQ_THREADS // lanes
         chunk = tidx % lanes
         for p in cutlass.range_constexpr(self.tile_m // rows_per_pass):
             r = p * rows_per_pass + tidx // lanes
             row = m * self.tile_m + r
             if row < mOut.shape[1]:
-                cute.autovec_copy(
-                    cute.local_tile(sOut[r, None], (VEC16,), (chunk,)),
-                    cute.local_tile(mOut[batch, row, head, None], (VEC16,), (chunk,)),
-                )
+                for j in cutlass.range_constexpr(per_thread):
+                    cute.autovec_copy(
+                        cute.local_tile(sOut[r, None], (VEC16,), (j * lanes + chunk,)),
+                        cute.local_tile(mOut[batch, row, head, None], (VEC16,), (j * lanes + chunk,)),
+                    )

@@ -1,13 +1,14 @@
 """Compile-only checks of our Hopper backward (no GPU: CUTE_DSL_ARCH=sm_90a, fake tensors).
 
 For a pairwise-covering subset of the feasible compile-time space (head_dim, causal, GQA and
-every compile-time knob; every feasible pair of values appears together), the main kernel
+every compile-time knob; every feasible pair of values appears together; head dims 64 and 128
+as one space, each later head dim pair (96, 192, 192/128, 256) as its own), the main kernel
 must contain WGMMA, must not touch local memory (no spills, zero stack frame), must not have
 its WGMMAs serialized by ptxas (C7512), must evaluate exactly one MUFU.EX2 per element of
 S^T per code path, and must carry the dQ accumulation and lock pattern its knobs ask for:
 deterministic kernels acquire (ld.acquire.gpu) and release (fence.acq_rel.gpu +
 red.release.gpu) a semaphore, the others contain neither.
-FA4_COMPILE_ALL=1 compiles every distinct kernel instead (~100; ~40 min on two cores).
+FA4_COMPILE_ALL=1 compiles every distinct kernel instead (several hundred).
 """
 
 from __future__ import annotations
@@ -33,28 +34,38 @@ from fa4.sm90.compile import ensure_target
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(BwdConfigSm90) if s.name not in BwdConfigSm90.RUNTIME_KNOBS]
-DIMS = ["hd", "causal", "gqa", "det"] + COMPILE_KNOBS
+DIMS = ["hd", "hdv", "causal", "gqa", "det"] + COMPILE_KNOBS
+# The spaces covered pairwise: hd64/128 together (as before the later head dims), then each of those.
+SPACES = [((64, 64), (128, 128)), ((96, 96),), ((192, 192),), ((192, 128),), ((256, 256),)]
 
 
-def problem(hd: int, causal: bool, gqa: bool, det: bool) -> Problem:
-    return Problem.standard(4096, hd, causal=causal, deterministic=det, pass_="bwd",
-                            heads_kv=(2048 // hd) // 4 if gqa else None)
+def problem(hd: int, causal: bool, gqa: bool, det: bool, hdv: int | None = None) -> Problem:
+    heads = 2048 // hd // 4 * 4 if gqa else None  # GQA: 4 query heads per K/V head (hd96: 20 of 21)
+    return Problem.standard(4096, hd, head_dim_v=hdv, causal=causal, deterministic=det, pass_="bwd",
+                            heads_q=heads, heads_kv=heads // 4 if gqa else None)
 
 
-def feasible_kernels() -> list[tuple]:
-    """(hd, causal, gqa, det, config) for every distinct feasible main kernel."""
+def key_of(case: tuple):
+    hd, hdv, causal, gqa, det, c = case
+    return compile_key("bf16", hd, causal, gqa, det, c, hdv)
+
+
+def feasible_kernels(pairs=SPACES[0]) -> list[tuple]:
+    """(hd, hdv, causal, gqa, det, config) for every distinct feasible main kernel at these head dims."""
     seen = {}
-    for hd, causal, gqa, det in itertools.product((64, 128), (False, True), (False, True), (False, True)):
+    for (hd, hdv), causal, gqa, det in itertools.product(pairs, (False, True), (False, True), (False, True)):
         for c in iter_configs(BwdConfigSm90):
-            if violations(c, problem(hd, causal, gqa, det)):
+            if violations(c, problem(hd, causal, gqa, det, hdv)):
                 continue
-            seen.setdefault(compile_key("bf16", hd, causal, gqa, det, c), (hd, causal, gqa, det, c))
+            case = (hd, hdv, causal, gqa, det, c)
+            seen.setdefault(key_of(case), case)
     return list(seen.values())
 
 
 def values(case: tuple) -> dict:
-    hd, causal, gqa, det, c = case
-    return {"hd": hd, "causal": causal, "gqa": gqa, "det": det, **{n: getattr(c, n) for n in COMPILE_KNOBS}}
+    hd, hdv, causal, gqa, det, c = case
+    return {"hd": hd, "hdv": hdv, "causal": causal, "gqa": gqa, "det": det,
+            **{n: getattr(c, n) for n in COMPILE_KNOBS}}
 
 
 def pairwise_subset(cases: list[tuple]) -> list[tuple]:
@@ -71,27 +82,33 @@ def pairwise_subset(cases: list[tuple]) -> list[tuple]:
     return chosen
 
 
-def default_kernels() -> list[tuple]:
-    """The default config of each issue shape (hd 64/128, causal or not, deterministic or not)."""
+def default_kernels(pairs=SPACES[0]) -> list[tuple]:
+    """The default config of each issue shape (these head dims, causal or not, deterministic or
+    not; GQA too at the later head dims, whose default changes under it: no TMA dK/dV store)."""
     from fa4.sm90.bwd_config import default_config
 
     out = []
-    for hd, causal, det in itertools.product((64, 128), (False, True), (False, True)):
-        out.append((hd, causal, False, det, default_config(problem(hd, causal, False, det))))
+    gqas = (False,) if pairs == SPACES[0] else (False, True)
+    for (hd, hdv), causal, gqa, det in itertools.product(pairs, (False, True), gqas, (False, True)):
+        out.append((hd, hdv, causal, gqa, det, default_config(problem(hd, causal, gqa, det, hdv))))
     return out
 
 
 def cases():
-    ks = feasible_kernels()
-    if os.environ.get("FA4_COMPILE_ALL") != "1":
-        ks = pairwise_subset(ks)
-        keys = {compile_key("bf16", *k) for k in ks}
-        ks += [k for k in default_kernels() if compile_key("bf16", *k) not in keys]
-    return [pytest.param(*k, id="-".join(f"{n}={v}" for n, v in values(k).items())) for k in ks]
+    out = []
+    for pairs in SPACES:
+        ks = feasible_kernels(pairs)
+        if os.environ.get("FA4_COMPILE_ALL") != "1":
+            ks = pairwise_subset(ks)
+            keys = {key_of(k) for k in ks}
+            ks += [k for k in default_kernels(pairs) if key_of(k) not in keys]
+        out += ks
+    return [pytest.param(*k, id="-".join(f"{n}={v}" for n, v in values(k).items())) for k in out]
 
 
-def test_subset_covers_every_feasible_value_and_pair():
-    ks = feasible_kernels()
+@pytest.mark.parametrize("pairs", SPACES, ids=lambda p: "+".join(f"hd{d}v{v}" for d, v in p))
+def test_subset_covers_every_feasible_value_and_pair(pairs):
+    ks = feasible_kernels(pairs)
     sub = pairwise_subset(ks)
     for dim in DIMS:
         assert {values(c)[dim] for c in sub} == {values(c)[dim] for c in ks}, dim
@@ -101,28 +118,35 @@ def test_subset_covers_every_feasible_value_and_pair():
     assert len(sub) < len(ks)
 
 
-@pytest.mark.parametrize("hd,causal,gqa,det,config", cases())
-def test_main_kernel_codegen(hd, causal, gqa, det, config):
+@pytest.mark.parametrize("hd,hdv,causal,gqa,det,config", cases())
+def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     ensure_target()
     from fa4.common import codegen_check as cc
 
-    key = compile_key("bf16", hd, causal, gqa, det, config)
+    key = compile_key("bf16", hd, causal, gqa, det, config, hdv)
     ptx, cubin, ops = compile_and_read(
-        compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4", "UTMASTG.4D", "STG.E.U16"]
+        compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4", "UTMASTG.4D", "STG.E.U16", "STG.E"]
     )
     assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
-    # S^T of a consumer thread: 64 key rows x tile_m / 128 threads; masked and unmasked loops.
-    assert ops["MUFU.EX2"] == 2 * 64 * config.tile_m // 128
+    # dkv_split 'head_dim': each consumer computes S^T for half the queries and dK/dV for half the columns.
+    halves = 2 if config.dkv_split == "head_dim" else 1
+    # S^T of a consumer thread: 64 key rows x tile_m / 128 threads (/ halves); masked and unmasked loops.
+    assert ops["MUFU.EX2"] == 2 * 64 * config.tile_m // 128 // halves
     # dS^T of a consumer thread (64 keys x tile_m bf16) with ds_store 'stmatrix': one stmatrix.x4 per
-    # 16 of its bytes (masked and unmasked loops), and none otherwise. dkv_store 'tma' adds the dK and
-    # dV tiles (64 keys x hd bf16 each per thread's warpgroup: hd bytes per thread and tile).
-    ds_bytes = 64 * config.tile_m * 2 // 128
+    # 16 of its bytes (masked and unmasked loops), and none otherwise; under dkv_split 'head_dim'
+    # P^T goes the same way (half the queries each). dkv_store 'tma' adds the dK and dV tiles
+    # (64 keys x (hd + hdv) / halves bf16 per warpgroup).
+    ds_bytes = 64 * config.tile_m * 2 // 128 // halves
     tma = config.dkv_store == "tma"
-    stsm = (2 * ds_bytes // 16 if config.ds_store == "stmatrix" else 0) + (2 * hd // 16 if tma else 0)
+    stsm = (2 * halves * ds_bytes // 16 if config.ds_store == "stmatrix" else 0) + (
+        (hd + hdv) // halves // 16 if tma else 0)
     assert ops["STSM.16.M88.4"] == stsm, ops
     # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA) the element stores.
     assert (ops["UTMASTG.4D"] > 0) == tma, ops
-    assert (ops["STG.E.U16"] > 0) == (not tma and not gqa), ops
+    # (Element stores: 2-byte, or 4-byte where ptxas pairs two columns of a row, as it does with dK
+    # and dV in separate loops at head_dim_v != head_dim.)
+    assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma and not gqa), ops
+    assert ops["STG.E.U16"] == 0 or not tma, ops
 
     pops = cc.count_ops(
         cc.ptx_opcodes(ptx),
@@ -142,34 +166,54 @@ def test_main_kernel_codegen(hd, causal, gqa, det, config):
     assert (pops["red.relaxed.gpu.global.add.f32"] > 0) == (config.dq_accum == "red"), pops
 
 
-@pytest.mark.parametrize("hd", [64, 128])
-def test_pre_and_postprocess_codegen(hd):
+def test_row_lanes():
+    """Threads per row of the pre/post kernels: d/8 (or d/4) where that is a power of two up to a
+    warp, else the largest power of two that divides it (each thread then takes several pieces)."""
+    from fa4.sm90.bwd_prepost import row_lanes
+
+    assert [row_lanes(hd // 8) for hd in (64, 96, 128, 192, 256)] == [8, 4, 16, 8, 32]
+    assert [row_lanes(hd // 4) for hd in (64, 96, 128, 192, 256)] == [16, 8, 32, 16, 32]
+    for n in range(1, 65):
+        lanes = row_lanes(n)
+        assert n % lanes == 0 and lanes & (lanes - 1) == 0 and lanes <= 32 and 128 % lanes == 0
+
+
+@pytest.mark.parametrize("hd,hdv", [(64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)])
+def test_pre_and_postprocess_codegen(hd, hdv):
     """Rows are shared by consecutive threads in 16-byte pieces (whole rows per warp access); nothing spills."""
     ensure_target()
     from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_prepost import row_lanes
 
     for build in (compile_bwd_pre, compile_bwd_post):
         with tempfile.TemporaryDirectory() as d:
-            compiled = build("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}")
+            opts = f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}"
+            if build is compile_bwd_pre:
+                compiled = build("bf16", hd, options=opts, head_dim_v=hdv)
+            else:
+                compiled = build("bf16", hdv, options=opts)  # dV's accumulator (dK's is hd wide)
             ptx = compiled.__ptx__
         ops = cc.count_ops(
             cc.ptx_opcodes(ptx), ["ld.global.v4", "st.global.v4", "st.global.v2", "shfl.sync.bfly", "ld.local", "st.local"]
         )
         assert ops["ld.local"] == 0 and ops["st.local"] == 0, (build.__name__, ops)
-        lanes_pre, lanes_post = hd // 8, hd // 4  # threads sharing one row: 16-byte pieces of it
+        # Threads sharing one row: 16-byte pieces of it (several per thread where d/8 is no power of two).
+        lanes_pre, lanes_post = row_lanes(hdv // 8), row_lanes(hdv // 4)
         if build is compile_bwd_pre:
-            # 128 rows x (O, dO) in 16-byte pieces over 128 threads, the row sums finished with
-            # log2(lanes) shuffles per pass; the 128 x hd fp32 accumulator zeroed in 16-byte stores.
-            assert ops["ld.global.v4"] == 2 * lanes_pre, ops
+            # 128 rows x (O, dO) (hdv wide) in 16-byte pieces over 128 threads, the row sums finished
+            # with log2(lanes) shuffles per pass; the 128 x hd fp32 accumulator zeroed in 16-byte stores.
+            assert ops["ld.global.v4"] == 2 * hdv // 8, ops
             assert ops["shfl.sync.bfly"] == lanes_pre * (lanes_pre.bit_length() - 1), ops
             assert ops["st.global.v4"] == hd // 4, ops
         else:
-            # fp32 rows read as 16-byte pieces, written as 8-byte bf16 pieces, lanes_post per row.
-            assert ops["ld.global.v4"] == lanes_post and ops["st.global.v2"] == lanes_post, ops
+            # fp32 rows read as 16-byte pieces, written as 8-byte bf16 pieces, hdv/4 per row.
+            assert ops["ld.global.v4"] == hdv // 4 and ops["st.global.v2"] == hdv // 4, ops
+            assert lanes_post * (hdv // 4 // lanes_post) == hdv // 4
 
 
 @pytest.mark.parametrize("hd,tile_m,dq_split", [(64, 64, "head_dim"), (64, 128, "head_dim"), (64, 128, "rows"),
-                                               (128, 64, "head_dim")])
+                                               (128, 64, "head_dim"), (96, 64, "head_dim"), (192, 64, "head_dim"),
+                                               (256, 64, "head_dim")])
 def test_dq_postprocess_codegen(hd, tile_m, dq_split):
     """The fragment-ordered dQ accumulator is read with 16-byte loads; nothing spills."""
     ensure_target()
@@ -194,7 +238,7 @@ def test_dq_fragment_order_is_a_permutation_of_the_tile():
     and leave another at zero), and a thread's 4-value groups are 16 contiguous bytes."""
     from fa4.sm90.bwd_prepost import dq_frag_shape_stride
 
-    for tile_m, hd in ((64, 64), (64, 128), (128, 64)):
+    for tile_m, hd in ((64, 64), (64, 128), (128, 64), (64, 96), (64, 192), (64, 256)):
         ((four, groups), (threads, wgs)), ((s_a, s_b), (s_t, s_w)) = dq_frag_shape_stride(tile_m, hd)
         assert four == 4 and s_a == 1 and threads * wgs == 256 and 4 * groups * 256 == tile_m * hd
         offs = [a * s_a + b * s_b + t * s_t + w * s_w
@@ -202,6 +246,21 @@ def test_dq_fragment_order_is_a_permutation_of_the_tile():
         assert sorted(offs) == list(range(tile_m * hd))
         # Consecutive threads of a warp store consecutive 16-byte groups (conflict-free STS.128).
         assert s_t == 4
+
+
+def test_swizzle_width_tiles_every_slice():
+    """The K-major tiles' swizzle atoms: the helpers' own choice wherever a warpgroup's column slice
+    is whole atoms (every hd64/128 tile), narrower only where it is not (hd96 K under dQ's 48-column
+    slices, hd192 K/Q/dO under the 96-column slices of dkv_split 'head_dim')."""
+    from fa4.sm90.bwd_split import swizzle_width
+
+    assert swizzle_width(64, 32) == 64 and swizzle_width(64, 64) == 64 and swizzle_width(128, 64) == 64
+    assert swizzle_width(128, 128) == 64 and swizzle_width(256, 128) == 64 and swizzle_width(192, 64) == 64
+    assert swizzle_width(96, 96) == 32 and swizzle_width(96, 48) == 16 and swizzle_width(192, 96) == 32
+    for width in (64, 96, 128, 192, 256):
+        for n in (width, width // 2):
+            w = swizzle_width(width, n)
+            assert width % w == 0 and (n % w == 0 or (width == w and w % n == 0)), (width, n, w)
 
 
 def test_runtime_knobs_share_a_kernel():

@@ -39,7 +39,7 @@ def test_violations_name_the_problem():
     cfg = BwdConfigSm90()
     assert any("backward pass only" in v for v in violations(cfg, Problem.standard(1024, 128)))
     assert any("sm90" in v for v in violations(cfg, bwd(1024, 128), SM100))
-    assert any("head_dim 96" in v for v in violations(cfg, bwd(1024, 96)))
+    assert any("head_dim 80" in v for v in violations(cfg, bwd(1024, 80)))
     # Deterministic is the problem's: the same config serves both modes.
     assert violations(cfg, bwd(1024, 128, det=True)) == violations(cfg, bwd(1024, 128)) == []
     prob = bwd(1024, 128)
@@ -185,3 +185,59 @@ def test_register_splits_fit_the_launch_allocation():
     # The split the first backward used: 2 x 240 + 32 over 128 lanes = 65,536 > 168 x 384.
     assert "wait forever" in reg_split_violation(2, 240, 32)
     assert "multiple of 8" in reg_split_violation(2, 236, 24)
+
+
+# -- the later head dims: 96 through dkv_split 'keys', 192, 192/128 and 256 through 'head_dim' --
+
+NEW_DIMS = [(96, 96), (192, 192), (192, 128), (256, 256)]
+
+
+@pytest.mark.parametrize("hd,hdv", NEW_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("gqa", [False, True])
+def test_default_config_of_the_later_head_dims(hd, hdv, causal, det, gqa):
+    prob = bwd(8192, hd, causal, det, head_dim_v=hdv, heads_q=16, heads_kv=4 if gqa else 16)
+    cfg = default_config(prob)
+    assert violations(cfg, prob) == []
+    assert cfg.dkv_split == ("keys" if hd == 96 else "head_dim")
+    assert cfg.tile_m == 64 and cfg.tile_n == (128 if hd == 96 else 64)
+    assert cfg.dkv_store == ("direct" if gqa else "tma")
+
+
+def test_dkv_split_register_and_smem_budgets():
+    """'keys' cannot hold dK and dV over head_dim 192/256 (nor 192/128) in a consumer's 240
+    registers; 'head_dim' halves them, and is offered only there; the dQ staging tile of hd256
+    leaves no room for a two-deep Q/dO ring."""
+    from fa4.sm90.bwd_config import CONSUMER_REG_BUDGET, consumer_registers
+
+    keys = BwdConfigSm90(tile_m=64, stages=1, ds_stages=1, dv_operand="smem")
+    split = BwdConfigSm90(tile_m=64, dkv_split="head_dim", dv_operand="smem")
+    for hd, hdv in ((192, 192), (192, 128), (256, 256)):
+        prob = bwd(1024, hd, head_dim_v=hdv)
+        assert consumer_registers(keys, prob) > CONSUMER_REG_BUDGET
+        assert any("registers" in v for v in violations(keys, prob))
+        assert consumer_registers(split, prob) <= CONSUMER_REG_BUDGET
+    # hd256: dK/dV 128 registers, the dQ accumulator (64 x 256 over 256 threads) 64 more at its peak.
+    assert consumer_registers(split, bwd(1024, 256)) == 128 + 64 + 24
+    assert consumer_registers(split, bwd(1024, 192, head_dim_v=128)) == 80 + 48 + 24
+    # tile_m 128 at hd256: the dQ accumulator alone would be 128 registers beside dK/dV.
+    assert any("registers" in v for v in violations(
+        BwdConfigSm90(tile_m=128, stages=1, ds_stages=1, dkv_split="head_dim", dv_operand="smem"), bwd(1024, 256)))
+    assert any("shared memory" in v for v in violations(split, bwd(1024, 256)))  # stages 2 + the dQ tile
+    assert not violations(BwdConfigSm90(tile_m=64, stages=1, dkv_split="head_dim", dv_operand="smem"),
+                          bwd(1024, 256))
+    for hd in (64, 96, 128):
+        assert any("dkv_split 'head_dim' is built for" in v for v in violations(split, bwd(1024, hd)))
+    assert any("dv_operand 'smem'" in v for v in violations(
+        BwdConfigSm90(dkv_split="head_dim", dv_operand="rmem"), bwd(1024, 192)))
+    assert split.tile_n == 64 and keys.tile_n == 128
+
+
+def test_head_dim_v_pairs():
+    assert not violations(default_config(bwd(1024, 192, head_dim_v=128)), bwd(1024, 192, head_dim_v=128))
+    bad = bwd(1024, 256, head_dim_v=128)
+    assert any("head_dim_v 128 not supported with head_dim 256" in v for v in violations(default_config(bad), bad))
+    # smem counts dO and V at head_dim_v: 192/128 fits what 192/192 only just fits.
+    cfg = default_config(bwd(1024, 192))
+    assert smem_bytes(cfg, bwd(1024, 192, head_dim_v=128)) < smem_bytes(cfg, bwd(1024, 192)) <= SM90.smem_per_cta

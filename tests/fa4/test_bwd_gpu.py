@@ -87,20 +87,112 @@ def test_deterministic_bitwise(check_bwd, hd, causal, change, shape):
     assert ok, info
 
 
+# -- the later head dims: 96 (dkv_split 'keys'), 192, 192/128 and 256 (dkv_split 'head_dim') --
+
+NEW_HDS = [96, 192, (192, 128), 256]
+_ID = {96: "hd96", 192: "hd192", (192, 128): "hd192v128", 256: "hd256"}
+
+
+@pytest.mark.parametrize("hd", NEW_HDS, ids=_ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1),
+                                   (1, 129, 4097, 2, 2)])
+def test_later_head_dims_grads_match_reference(check_bwd, hd, causal, det, shape):
+    """Odd seqlens, Sq != Sk both ways under the causal mask (query rows that see no key), GQA and
+    MQA, a key count one past a tile: bf16, the default config of each problem."""
+    import torch
+
+    cfg = check_bwd.default_for(shape, hd, causal, det)
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg, det)
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd", NEW_HDS, ids=_ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2)])
+def test_later_head_dims_fp16(check_bwd, hd, causal, shape):
+    import torch
+
+    cfg = check_bwd.default_for(shape, hd, causal, False)
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.float16, cfg)
+    assert ok, info
+
+
+# Knobs moved off each later head dim's default, alone (or with what they need), where feasible.
+LATER_CHANGES = [(96, c) for c in (
+    dict(stages=1), dict(ds_stages=1), dict(dv_operand="smem"), dict(ds_store="sts"), dict(dq_accum="red_v2"),
+    dict(dkv_store="direct"), dict(spt_order=False),
+)] + [(hd, c) for hd in (192, (192, 128)) for c in (
+    dict(ds_stages=1), dict(stages=1), dict(ds_store="sts"), dict(dq_accum="red_v2"), dict(dq_accum="red"),
+    dict(dkv_store="direct"),
+)] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=False))]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hd,change", LATER_CHANGES, ids=lambda x: _ID.get(x) if not isinstance(x, dict) else None)
+def test_later_head_dims_each_knob_alone(check_bwd, hd, causal, change):
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    shape = check_bwd.variant_shape(change)
+    cfg = check_bwd.default_for(shape, hd, causal, False, **change)
+    assert cfg != check_bwd.default_for(shape, hd, causal, False), f"{change} is the default at {hd}"
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd", NEW_HDS, ids=_ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("change", [{}, dict(spt_order=False), dict(ds_store="sts")])
+@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2)])
+def test_later_head_dims_deterministic_bitwise(check_bwd, hd, causal, change, shape):
+    """Ten backwards on the same inputs are bitwise identical, and right."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    cfg = check_bwd.default_for(shape, hd, causal, True, **change)
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, True))
+    ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd", NEW_HDS, ids=_ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+def test_later_head_dims_through_flash_attn_func(check_bwd, hd, causal):
+    import math
+
+    import fa4
+
+    d, dv = check_bwd.dims(hd)
+    q, k, v, dout = _qkv(2, 700, 900, 8, 2, d, seed=13, dv=dv)
+    qg, kg, vg = _leaves(q, k, v)
+    out = fa4.flash_attn_func(qg, kg, vg, causal=causal, deterministic=True)
+    out.backward(dout)
+    grads = (qg.grad, kg.grad, vg.grad)
+    assert grads[2].shape == v.shape
+    ok, info = check_bwd.grads_match_reference(grads, q, k, v, dout, causal, 1.0 / math.sqrt(d))
+    assert ok, info
+
+
 # -- through fa4.flash_attn_func: autograd, deterministic mode, torch.compile, the custom ops ----
 
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1)]
 
 
-def _qkv(b, sq, sk, hq, hkv, hd, seed):
+def _qkv(b, sq, sk, hq, hkv, hd, seed, dv=None):
     import torch
 
+    dv = dv or hd
     g = torch.Generator(device="cuda").manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
 
-    return randn(b, sq, hq, hd), randn(b, sk, hkv, hd), randn(b, sk, hkv, hd), randn(b, sq, hq, hd)
+    return randn(b, sq, hq, hd), randn(b, sk, hkv, hd), randn(b, sk, hkv, dv), randn(b, sq, hq, dv)
 
 
 def _leaves(*ts):

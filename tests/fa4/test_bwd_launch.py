@@ -47,13 +47,18 @@ def test_inputs_are_checked_before_any_launch(monkeypatch):
 
     monkeypatch.setattr(bwd_launch, "validate", lambda q, k, v: validate(q, k, v, require_cuda=False))
     monkeypatch.setattr(bwd_launch, "compiled", lambda *a: pytest.fail("compiled or launched after bad inputs"))
-    q96, k96, v96 = tensors(d=96)
-    # The forward takes head_dim 96; the backward does not have it yet and says so.
-    with pytest.raises(NotImplementedError, match=r"fa4's backward supports head_dim \(64, 128\) .* not head_dim 96"):
-        flash_attn_bwd(q96, q96, k96, v96, q96, lse)
+    # Every head dim pair the forward takes, the backward takes too; others it names.
+    from fa4.sm90.fwd_config import HEAD_DIMS, head_dims_v
+    from fa4.tensors import bwd_head_dim_error
+
+    for d in HEAD_DIMS:
+        for dv in head_dims_v(d):
+            assert bwd_head_dim_error(torch.empty(1, 1, 1, d), torch.empty(1, 1, 1, dv)) is None, (d, dv)
+    assert "not head_dim 80" in bwd_head_dim_error(torch.empty(1, 1, 1, 80), torch.empty(1, 1, 1, 80))
+    assert "head_dim_v 64" in bwd_head_dim_error(torch.empty(1, 1, 1, 192), torch.empty(1, 1, 1, 64))
     cases = [
-        ((q[:, :50], q, k, v, out, lse), "dout must match q in shape"),
-        ((q, q, k, v, out.half(), lse), "out must match q in shape, dtype"),
+        ((q[:, :50], q, k, v, out, lse), r"dout must be \(1, 100, 4, 64\)"),
+        ((q, q, k, v, out.half(), lse), r"out must be \(1, 100, 4, 64\) .* dtype"),
         ((q, q, k, v, out, lse[:, :, :50]), r"lse must be fp32 of shape \(1, 4, 100\)"),
         ((q, q, k, v, out, lse.double()), "lse must be fp32"),
         ((q, q, k, v, out, lse), "infeasible config"),

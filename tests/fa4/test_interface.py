@@ -74,7 +74,6 @@ from fa4.problem import Problem  # noqa: E402
 from fa4.sm90.bwd_config import BwdConfigSm90  # noqa: E402
 from fa4.sm90.bwd_config import default_config as bwd_default  # noqa: E402
 from fa4.sm90.fwd_config import FwdConfigSm90  # noqa: E402
-from fa4.sm90.fwd_config import default_config as fwd_default  # noqa: E402
 from tests.fa4 import cpu_kernels  # noqa: E402
 from tests.fa4.cpu_kernels import check_bwd, forward_math, inputs  # noqa: E402
 
@@ -149,22 +148,20 @@ def test_autograd_runs_our_backward_with_the_looked_up_config(calls, causal, det
 
 
 @pytest.mark.parametrize("d,dv", [(96, 96), (192, 192), (192, 128), (256, 256)])
-def test_forward_only_head_dims_fail_at_backward(calls, d, dv):
-    """The forward takes head dims the backward lacks: the forward runs (gradients requested or
-    not), and the backward raises instead of launching."""
+def test_later_head_dims_run_our_backward(calls, d, dv):
+    """The head dims the backward gained (96, 192, 192/128, 256): autograd resolves their default
+    config at the forward call and the backward runs with it, head_dim_v wide where it differs."""
     q, k, v, dout = inputs(1, 40, 56, 4, 2, d=d, dv=dv)
-    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
-    want, want_lse = forward_math(q, k, v, 1 / math.sqrt(d), True)
-    assert out.shape == (1, 40, 4, dv) and out.grad_fn is not None and torch.equal(out, want)
-    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
-    with pytest.raises(NotImplementedError, match=rf"backward supports head_dim \(64, 128\) .* head_dim {d}, head_dim_v {dv}"):
-        out.backward(dout)
-    assert calls.bwd == []
-    with pytest.raises(NotImplementedError, match=f"head_dim {d}, head_dim_v {dv}"):
-        torch.ops.fa4.bwd(dout, q.detach(), k.detach(), v.detach(), out.detach(), lse, None, True, False, None)
-    assert calls.bwd == []
-    res = fa4.explain(q, k, v, False)
-    assert res.config == fwd_default(Problem(1, 40, 56, 4, 2, d, dv)) and res.provenance == "default"
+    out = fa4.flash_attn_func(q, k, v, causal=True)
+    assert out.shape == (1, 40, 4, dv) and out.grad_fn is not None
+    out.backward(dout)
+    assert v.grad.shape == v.shape and k.grad.shape == k.shape
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, True)
+    (call,) = calls.bwd
+    want = bwd_default(Problem(1, 40, 56, 4, 2, d, dv, causal=True, pass_="bwd"))
+    assert call["config"] == want and want.dkv_split == ("keys" if d == 96 else "head_dim")
+    res = fa4.explain(q, k, v, True, pass_="bwd")
+    assert res.config == want and res.provenance == "default"
 
 
 def test_lse_is_returned_without_gradient(calls):
@@ -255,7 +252,7 @@ def test_fake_outputs_follow_the_kernels_allocation():
         (dict(d=80), "head_dim 80"),
         (dict(dtype=torch.float32), "dtype"),
         (dict(hq=3), "multiple of heads_kv"),
-        (dict(dout_s=7), "dout must match q"),
+        (dict(dout_s=7), "dout must be"),
         (dict(lse_dtype=torch.float16), "lse must be fp32"),
     ],
 )
