@@ -2,20 +2,25 @@
 
     python3 -m service.demo sqlite:////tmp/demo.db     # or: fa4-serve --demo
 
-Five recorded sources, all from the H200 runs of 2026-11-30, nothing synthesised:
+Five recorded sources, nothing synthesised. Ours and the peers' bench numbers were measured on
+the H200 on 2026-12-01 with the kernels of source fingerprint ``MEASURED_SOURCE`` (session 8,
+bench/RESULTS.md); the reference's knob sweep is of 2026-11-30:
 
-- ``seed/h200-2026-11-30.sqlite``: the results DB of the ``fa4`` tuning runs (S=8192, hd 64/128),
-  copied row by row (devices, problems, configs, measurements with their study and trial numbers);
+- ``seed/h200-2026-12-01.sqlite``: the results DB of the ``fa4`` tuning runs (``fa4-tune --seqlen
+  8192 --hdim 64,128 --trials 14``), copied row by row (devices, problems, configs, measurements with
+  their study and trial numbers and source fingerprints);
 - ``providers/data/ref_fa4_h200.json``: the reference FA4 (``flash-attn-4``) knob sweep at S=8192, stored
   as one study per shape (trial number = position in the sweep, the provider default flagged);
-- ``seed/bench-fwd-h200-2026-11-30.log``: a copy of ``bench/logs/bench.log``, the side-by-side
-  forward table of fa4, flash-attn-4, cudnn and fa2 over S=1024..16384, each at its default config
-  of that day (the one the tuning runs and the sweep recorded as default);
-- ``seed/bench-fwd-s2-h200-2026-11-30.log``: a copy of ``bench/logs/check_fwd_s2_final.log`` (session 2,
-  ``bench/check_fwd.py``), the same four providers at S=8192 after the packed P conversion;
-- ``seed/bench-bwd-h200-2026-11-30.log``: a copy of ``bench/logs/check_bwd5.log`` (session 2,
-  ``bench/check_bwd.py --no-check``), the backward at S=8192 of fa4 and flash-attn-4 in both modes,
-  cudnn and fa2 (non-deterministic only: they have no deterministic mode).
+- ``seed/bench-fwd-h200-2026-12-01.log``: ``python3 bench/bench_fwd.py --seqlens 1024,4096,8192,16384``,
+  the side-by-side forward table of fa4, flash-attn-4, cudnn and fa2, each at its default config;
+- ``seed/check-fwd-h200-2026-12-01.log``: ``python3 bench/check_fwd.py --no-check --seqlens 8192``,
+  the same four providers at S=8192, minutes later;
+- ``seed/check-bwd-h200-2026-12-01.log``: ``python3 bench/check_bwd.py --no-check``, the backward at
+  S=8192 of fa4 and flash-attn-4 in both modes, cudnn and fa2 (non-deterministic only: they have no
+  deterministic mode).
+
+Each log names the fa4 source fingerprint it measured (its "fa4 source:" line); fa4's rows carry
+it, so the dashboard can say when the running kernels are newer than the demo's numbers.
 
 The logs keep TFLOP/s only; ``median_ms`` is recovered as ``problem.flops / TFLOP/s`` (the harness's
 own definition, and the benches'), no IQR or samples are made up, and the rows carry
@@ -39,10 +44,12 @@ from fa4.knobs import config_from_dict, config_to_dict
 from fa4.problem import Problem
 
 SEED_DIR = Path(__file__).resolve().parent / "seed"
-SEED_DB = SEED_DIR / "h200-2026-11-30.sqlite"
-BENCH_LOG = SEED_DIR / "bench-fwd-h200-2026-11-30.log"
-FWD_LOG = SEED_DIR / "bench-fwd-s2-h200-2026-11-30.log"
-BWD_LOG = SEED_DIR / "bench-bwd-h200-2026-11-30.log"
+SEED_DB = SEED_DIR / "h200-2026-12-01.sqlite"
+BENCH_LOG = SEED_DIR / "bench-fwd-h200-2026-12-01.log"
+FWD_LOG = SEED_DIR / "check-fwd-h200-2026-12-01.log"
+BWD_LOG = SEED_DIR / "check-bwd-h200-2026-12-01.log"
+# The kernel source (fa4.fingerprint) every fa4 number of the demo was measured with.
+MEASURED_SOURCE = "34cc3189ebcafa60"
 REF_SWEEP = Path(__file__).resolve().parents[1] / "providers" / "data" / "ref_fa4_h200.json"
 
 _BENCH_HEADER = re.compile(r"^\s*S\s+hd\s+causal\s+(?P<providers>.+?)\s*$")
@@ -51,6 +58,7 @@ _BENCH_ROW = re.compile(r"^\s*(?P<s>\d+)\s+(?P<hd>\d+)\s+(?P<causal>yes|no)\s+(?
 _BENCH_CELL = re.compile(r"-\s+(?P<status>\w+)|(?P<tflops>\d+(?:\.\d+)?)(?:\s+\(\d+(?:\.\d+)?\))?")
 _BENCH_FOOTER = re.compile(r"^(?P<device>[^,]+), (?P<date>\S+); TFLOP/s")
 _CHECK_DEVICE = re.compile(r"^device: (?P<name>.+?) torch (?P<torch>\S+)\s*$")
+_SOURCE = re.compile(r"^fa4 source: (?P<fp>[0-9a-f]+)\s*$")
 
 # The column names bench/check_fwd.py and bench/check_bwd.py print for people, as (provider,
 # deterministic). Both scripts call every provider without a config: ours and the reference pick
@@ -59,17 +67,12 @@ FWD_COLUMNS = {"fa4 (ours)": ("fa4", False), "ref FA4": ("flash-attn-4", False),
                "FA2": ("fa2", False)}
 BWD_COLUMNS = {"ours": ("fa4", False), "ours det": ("fa4", True), "ref FA4": ("flash-attn-4", False),
                "ref FA4 det": ("flash-attn-4", True), "cuDNN": ("cudnn", False), "FA2": ("fa2", False)}
-# check_*.py logs carry no date: these are the times the H200 runs' outputs came back (session 2),
-# minutes before commit b787737 added the logs to bench/logs/.
-MEASURED_AT = {BWD_LOG.name: "2026-11-30T05:26:33+00:00", FWD_LOG.name: "2026-11-30T05:27:36+00:00"}
+# check_*.py logs carry no date: these are the times the H200 run's files were written (session 8).
+MEASURED_AT = {FWD_LOG.name: "2026-12-01T11:48:47+00:00", BWD_LOG.name: "2026-12-01T11:50:14+00:00"}
 # The knobs a log's provider ran with where they differ from today's default (the logs name no
-# config: they ran the default of their day). Our backward's default moved after session 2 (query
-# tile 128 at hd64, stmatrix dS stores, the dQ GEMM split by rows, the deterministic head swizzle);
-# check_bwd5.log measured the session-2 kernel, which these knobs rebuild on today's default.
-MEASURED_WITH = {
-    BWD_LOG.name: {"fa4": {"tile_m": 64, "stages": 2, "ds_store": "sts", "dq_split": "head_dim",
-                           "dkv_store": "direct", "head_swizzle": 1}},
-}
+# config: they ran the default of their day). Empty: these logs ran today's defaults; a later
+# default change pins the knobs of the day here, so the rows name the kernel that was timed.
+MEASURED_WITH: dict[str, dict[str, dict]] = {}
 
 
 def _knob_cls(provider: str, problem: Problem):
@@ -81,8 +84,12 @@ def _knob_cls(provider: str, problem: Problem):
 def parse_bench_log(text: str) -> dict:
     """``{"device": name, "date": iso, "rows": [{"seqlen", "head_dim", "causal", "provider", "status", "tflops"}]}``."""
     providers: list[str] | None = None
-    rows, device, date = [], None, None
+    rows, device, date, source = [], None, None, None
     for line in text.splitlines():
+        src = _SOURCE.match(line)
+        if src:
+            source = src.group("fp")
+            continue
         if providers is None:
             h = _BENCH_HEADER.match(line)
             if h:
@@ -107,7 +114,7 @@ def parse_bench_log(text: str) -> dict:
             })
     if providers is None or device is None:
         raise ValueError("not a bench_fwd.py table: header or footer line missing")
-    return {"device": device, "date": date, "rows": rows}
+    return {"device": device, "date": date, "rows": rows, "source": source}
 
 
 def parse_check_log(text: str) -> dict:
@@ -116,18 +123,21 @@ def parse_check_log(text: str) -> dict:
     Each ``BENCH {json}`` line is one shape: S, D, causal and TFLOP/s per column (null when that
     provider failed); what follows the object on the line are ratios derived from it.
     """
-    device = torch = None
+    device = torch = source = None
     rows = []
     decoder = json.JSONDecoder()
     for line in text.splitlines():
         d = _CHECK_DEVICE.match(line)
-        if d:
+        src = _SOURCE.match(line)
+        if src:
+            source = src.group("fp")
+        elif d:
             device, torch = d.group("name"), d.group("torch")
         elif line.startswith("BENCH "):
             rows.append(decoder.raw_decode(line, len("BENCH "))[0])
     if device is None or not rows:
         raise ValueError("not a check_fwd.py / check_bwd.py log: 'device:' line or BENCH lines missing")
-    return {"device": device, "torch": torch, "rows": rows}
+    return {"device": device, "torch": torch, "rows": rows, "source": source}
 
 
 _DEVICE_KEYS = ("name", "compute_capability", "sm_count", "l2_bytes", "memory_bytes", "driver", "cuda", "torch",
@@ -223,7 +233,8 @@ def _table_log_rows(path: Path, device: dict, defaults: dict[tuple[str, int], di
             if config is None:
                 raise ValueError(f"no recorded default config of {r['provider']} at head_dim {r['head_dim']}")
         out.append({"problem": problem, "provider": r["provider"], "config": config, "tflops": r["tflops"],
-                    "created_at": created, "source": path.name})
+                    "created_at": created, "source": path.name,
+                    "fingerprint": table["source"] if r["provider"] == "fa4" else None})
     return out
 
 
@@ -268,7 +279,8 @@ def _check_log_rows(path: Path, device: dict, pass_: str, columns: dict[str, tup
             pinned = MEASURED_WITH.get(path.name, {}).get(provider)
             out.append({"problem": problem, "provider": provider,
                         "config": _provider_default(provider, problem, pinned),
-                        "tflops": float(row[column]), "created_at": created, "source": path.name})
+                        "tflops": float(row[column]), "created_at": created, "source": path.name,
+                        "fingerprint": log["source"] if provider == "fa4" else None})
     return out
 
 
@@ -291,7 +303,7 @@ def _load_bench_rows(store, device: dict, rows: list[dict]) -> dict[str, int]:
         median_ms = problem.flops / (r["tflops"] * 1e12) * 1e3
         store.add_measurement(dev, store.upsert_problem(problem), cid, status="ok", median_ms=median_ms,
                               tflops=r["tflops"], is_default=True, versions={"seed_source": r["source"]},
-                              created_at=r["created_at"])
+                              source_fingerprint=r.get("fingerprint") or "", created_at=r["created_at"])
         kept[r["source"]] += 1
     return kept
 

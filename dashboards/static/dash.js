@@ -686,6 +686,34 @@ function writeHash() {
   history.replaceState(null, "", `#${q}`);
 }
 
+// -- which kernels the numbers are of ----------------------------------------------------------
+
+// Our kernels' rows carry the source fingerprint they were measured with; /v1/providers names the
+// running one. When the newest fa4 rows are of other kernels (a shipped demo after a kernel change),
+// the page says so: those numbers may not be what today's kernels do.
+async function showProvenance() {
+  const line = document.getElementById("provenance");
+  if (!line) return;
+  const providers = await getJSON(`${API}/providers`).catch(() => []);
+  const ours = providers.find((p) => p.name === "fa4");
+  const running = ours && ours.source_fingerprint;
+  const newest = await getJSON(`${API}/results?${query({ provider: "fa4", limit: 1, sort: "-created_at" })}`)
+    .catch(() => null);
+  if (!running || !newest || !newest.total) return;
+  const current = await getJSON(`${API}/results?${query({ provider: "fa4", limit: 1, source_fingerprint: running })}`)
+    .catch(() => null);
+  const last = newest.items[0];
+  const when = String(last.created_at || "").slice(0, 10);
+  const older = newest.total - (current ? current.total : 0);
+  line.dataset.state = older ? "stale" : "current";
+  line.textContent = older
+    ? `${older} of ${newest.total} fa4 measurements are of older kernels than the ones running here ` +
+      `(newest measured ${when} with source ${last.source_fingerprint || "unknown"}; running ${running}): ` +
+      "their numbers may not be today's. Re-tune to refresh them."
+    : `All ${newest.total} fa4 measurements are of the running kernels (source ${running}; newest ${when}).`;
+  line.hidden = false;
+}
+
 // -- start ------------------------------------------------------------------------------------
 
 async function start() {
@@ -705,6 +733,7 @@ async function start() {
   const names = [...new Set(order.map((d) => d.name))];
   // Without the modes (an older service) the views show every row, as before modes existed.
   TIMINGS = await getJSON(`${API}/timings`).catch(() => []);
+  showProvenance();
   for (const v of views) {
     v.devices = names;
     v.device = names[0] || null;

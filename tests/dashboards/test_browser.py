@@ -777,3 +777,25 @@ def test_the_page_fits_a_420px_viewport(browser, demo_server):
         assert page.problems == []
     finally:
         page.close()
+
+
+def test_the_demo_says_whether_its_numbers_are_of_the_running_kernels(demo_page, demo_server):
+    """The shipped demo was measured with the kernels of ``service.demo.MEASURED_SOURCE``: when the
+    running kernels are other ones (any later kernel change), the page must say so, naming both;
+    when they are the same, it says the numbers are current. Either way the line is on the page."""
+    from fa4.fingerprint import source_fingerprint
+    from service import demo
+
+    running = next(p for p in demo_server.get("/v1/providers") if p["name"] == "fa4")["source_fingerprint"]
+    assert running == source_fingerprint()
+    rows = demo_server.results(provider="fa4")
+    assert rows and {r["source_fingerprint"] for r in rows} == {demo.MEASURED_SOURCE}
+    line = demo_page.page.locator("#provenance")
+    line.wait_for(state="visible")
+    text = line.inner_text()
+    if demo.MEASURED_SOURCE != running:
+        assert line.get_attribute("data-state") == "stale"
+        assert f"{len(rows)} of {len(rows)} fa4 measurements are of older kernels" in text
+        assert demo.MEASURED_SOURCE in text and running in text
+    else:
+        assert line.get_attribute("data-state") == "current" and running in text
