@@ -636,6 +636,23 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         )
         return await state.listing(listing.results_page, limit, offset, sort, filters)
 
+    @app.get(f"/{API_VERSION}/verdicts", response_model=list[sch.VerdictListed], tags=["results"])
+    async def get_verdicts(
+        device: Optional[str] = Query(None, description="GPU name (default: any)", **_TEXT),
+        provider: Optional[str] = Query(None, max_length=64, pattern=r"^[^\x00]*$", description="default: any"),
+        timing: Optional[sch.TimingName] = Query(None, description="only verdicts of this mode (default: any). "
+                                                 + sch.TIMING_DOC),
+        study_name: Optional[str] = Query(None, description="only verdicts of this study", **_TEXT),
+    ):
+        """The confidence behind served configs: for each (device, problem, provider, timing mode), its
+        newest verdict (a study's top configs re-measured against the default, interleaved over rounds).
+
+        A significant verdict serves its challenger (gain over the default beyond the spread of the
+        rounds); otherwise the default stays, whatever the study's best trial measured.
+        """
+        filters = dict(device=device, provider=provider, timing=timing, study_name=study_name)
+        return await state.listing(listing.verdicts, filters)
+
     @app.get(f"/{API_VERSION}/studies/{{study_name:path}}", response_model=sch.Study, tags=["results"],
              responses={404: {"model": sch.Error}})
     async def get_study(study_name: str = Path(..., max_length=255, pattern=r"^[^\x00]*$")):

@@ -55,6 +55,20 @@ def study(store: ResultsStore, study_name: str) -> dict | None:
     }
 
 
+def verdicts(store: ResultsStore, filters: dict) -> list[dict]:
+    """The GET /v1/verdicts answer: the newest verdict of each (device, problem, provider, timing mode)."""
+    out = []
+    for v in store.verdicts(**filters):
+        rounds = v["rounds"] if isinstance(v["rounds"], dict) else {}
+        out.append({
+            "id": v["id"], "study_name": v["study_name"], "device": v["device"], "provider": v["provider"],
+            "problem": v["problem"], "timing": v["timing"], "significant": v["significant"], "gain": v["gain"],
+            "spread": v["spread"], "rounds": len(rounds.get("tflops") or []), "created_at": v["created_at"],
+            "measurement_id": v["measurement_id"], "source_fingerprint": v["source_fingerprint"],
+        })
+    return out
+
+
 def devices(store: ResultsStore) -> list[dict]:
     counts = store.device_counts()
     return [{**d, "n_results": counts.get(d["id"], 0)} for d in store.devices()]

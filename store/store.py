@@ -585,6 +585,44 @@ class ResultsStore:
             return _verdict_dict(row) | {"measurement": _measurement_dict(
                 s.execute(_measurement_query().where(m.Measurement.id == row.measurement_id)).one())}
 
+    def verdicts(self, *, device: str | None = None, provider: str | None = None, timing: str | None = None,
+                 study_name: str | None = None) -> list[dict]:
+        """The newest verdict of each (device name, problem, provider, timing mode) matching the filters
+        (None: any), ordered by device, provider, problem and mode.
+
+        Each is the verdict's fields (``rounds`` as stored) plus ``device``, ``provider``, ``problem`` (a
+        Problem dict) and ``measurement_id``: the row a lookup serves for that problem.
+        """
+        q = (
+            select(m.Verdict, m.Device.name, *(getattr(m.Problem, name) for name in _PROBLEM_FIELDS))
+            .join(m.Device, m.Device.id == m.Verdict.device_id)
+            .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
+        )
+        if device is not None:
+            q = q.where(m.Device.name == device)
+        if provider is not None:
+            q = q.where(m.Verdict.provider == provider)
+        if timing is not None:
+            q = q.where(m.Verdict.timing == canonical_timing(timing))
+        if study_name is not None:
+            q = q.where(m.Verdict.study_name == study_name)
+        q = q.order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
+        newest: dict[tuple, dict] = {}
+        with self._read() as s:
+            for v, device_name, *fields in s.execute(q):
+                problem = {key: value for (_, key), value in zip(_PROBLEM_KEYS, fields)}
+                # Oldest first: a later verdict of the same key replaces an earlier one.
+                newest[(device_name, v.problem_id, v.provider, v.timing)] = _verdict_dict(v) | {
+                    "device": device_name, "provider": v.provider, "problem": problem,
+                    "measurement_id": v.measurement_id}
+
+        def order(v: dict) -> tuple:
+            p = v["problem"]
+            return (v["device"], v["provider"], p["pass"], p["dtype"], p["head_dim"], p["causal"], p["deterministic"],
+                    p["seqlen_q"], p["seqlen_k"], p["batch"], p["heads_q"], p["heads_kv"], p["head_dim_v"], v["timing"])
+
+        return sorted(newest.values(), key=order)
+
     def default_result(self, device_name: str, provider: str, problem: Problem | dict, *,
                        timing: str = DEFAULT_TIMING) -> dict | None:
         """The newest 'ok' measurement of the provider's default (heuristic) config in the ``timing`` mode."""

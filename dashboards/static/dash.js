@@ -333,8 +333,12 @@ class Gain extends View {
     const params = { ...base, ...this.pick(fields) };
     this.raw(resultsURL(params));
     const rows = all.length ? await allResults(params) : [];
+    // The verdicts of this device and mode: what a lookup serves, with its confidence. A service
+    // without the route (older) leaves every cell "not re-measured".
+    const verdicts = rows.length ? await getJSON(`${API}/verdicts?${query({ device: this.device,
+      timing: this.filters.timing })}`).catch(() => []) : [];
     if (stale()) return;
-    const cells = gainCells(rows);
+    const cells = gainCells(rows, verdicts);
     if (!cells.length) {
       return this.empty("empty", `No tuning study on ${this.device} with a measured default config for ` +
         "these filters. Run for example:", fill);
@@ -348,7 +352,8 @@ class Gain extends View {
       grid: { left: 140, right: 30, top: 20, bottom: 110 },
       tooltip: {
         formatter: (p) => `${esc(p.data.provider)} hd${esc(p.data.head_dim)}, seqlen ${esc(p.data.seqlen)}<br>` +
-          `tuned ${fmt(p.data.best)} / default ${fmt(p.data.default)} TFLOP/s = <b>${fmt(p.value[2], 3)}x</b>` +
+          `study: tuned ${fmt(p.data.best)} / default ${fmt(p.data.default)} TFLOP/s = ` +
+          `${fmt(p.data.study_gain, 3)}x<br>served <b>${fmt(p.value[2], 3)}x</b>: ${esc(p.data.confidence)}` +
           `<br>${esc(p.data.study)}`,
       },
       xAxis: { type: "category", data: seqlens.map(String), name: "seqlen", nameLocation: "middle", nameGap: 28 },
@@ -356,12 +361,14 @@ class Gain extends View {
       visualMap: { min: lo, max: hi, calculable: true, orient: "horizontal", left: "center", bottom: 0,
         precision: 3, inRange: { color: ["#f7fbff", "#6baed6", "#08306b"] } },
       series: [{
-        type: "heatmap", name: "tuned / default",
-        label: { show: true, formatter: (p) => `${fmt(p.value[2], 3)}x` },
+        type: "heatmap", name: "served / default",
+        label: { show: true, lineHeight: 15, formatter: (p) => p.data.label },
         data: cells.map((c) => ({
           value: [seqlens.indexOf(c.seqlen), ys.indexOf(`${c.provider} hd${c.head_dim}`), c.gain],
           provider: c.provider, head_dim: c.head_dim, seqlen: c.seqlen, study: c.study,
-          best: c.best, default: c.default,
+          best: c.best, default: c.default, study_gain: c.study_gain, confidence: c.confidence, label: c.label,
+          verdict: c.verdict ? { significant: c.verdict.significant, gain: c.verdict.gain,
+            spread: c.verdict.spread, rounds: c.verdict.rounds } : null,
         })),
       }],
     });
@@ -369,11 +376,17 @@ class Gain extends View {
   }
 }
 
-// Per study: best / default TFLOP/s, both from that study's own run. A cell (provider, head_dim,
-// seqlen) shows its latest study (the one with the newest measurement).
-const newer = (a, b) => a.created_at > b.created_at || (a.created_at === b.created_at && a.id > b.id);
+// A signed percentage of a ratio minus 1 (U+2212 for minus), and a spread as a percentage.
+const signedPct = (x) => `${x < 0 ? "\u2212" : "+"}${Math.abs(x * 100).toFixed(1)}%`;
+const pct = (x) => `${(Number(x) * 100).toFixed(1)}%`;
 
-function gainCells(rows) {
+// Per study: best / default TFLOP/s, both from that study's own run. A cell (provider, head_dim,
+// seqlen) shows its latest study (the one with the newest measurement). Where that study's top
+// configs were re-measured against the default (a verdict of GET /v1/verdicts), the cell shows what
+// a lookup serves instead: 1 + gain when the challenger won beyond the spread, else 1 (the default
+// stays), with the confidence next to it; a study's best alone may be a noise winner.
+const newer = (a, b) => a.created_at > b.created_at || (a.created_at === b.created_at && a.id > b.id);
+function gainCells(rows, verdicts = []) {
   const studies = new Map();
   for (const r of rows) {
     if (!r.study_name || r.tflops === null) continue;
@@ -386,14 +399,39 @@ function gainCells(rows) {
     if (r.is_default) s.default = Math.max(s.default ?? r.tflops, r.tflops);
     if (newer(r, s.last)) s.last = r;
   }
+  // The newest verdict of each study (the API lists the newest one per problem and mode).
+  const judged = new Map();
+  for (const v of verdicts) {
+    if (!v.study_name) continue;
+    const key = `${v.provider}|${v.study_name}`;
+    const cur = judged.get(key);
+    if (!cur || v.created_at > cur.created_at || (v.created_at === cur.created_at && v.id > cur.id)) judged.set(key, v);
+  }
   const cells = new Map();
   for (const s of studies.values()) {
     if (s.default === null) continue;
     const key = `${s.provider}|${s.head_dim}|${s.seqlen}`;
     const cur = cells.get(key);
-    if (!cur || newer(s.last, cur.last)) cells.set(key, { ...s, gain: s.best / s.default });
+    if (!cur || newer(s.last, cur.last)) cells.set(key, servedCell(s, judged.get(`${s.provider}|${s.study}`)));
   }
   return [...cells.values()];
+}
+
+function servedCell(s, v) {
+  const studyGain = s.best / s.default;
+  if (!v) {
+    return { ...s, study_gain: studyGain, gain: studyGain, verdict: null,
+      label: `${fmt(studyGain, 3)}x\nnot re-measured`,
+      confidence: `study best ${fmt(studyGain, 2)}x; not re-measured against the default` };
+  }
+  const conf = `${signedPct(v.gain)} \u00b1 ${pct(v.spread)} (${v.rounds} rounds)`;
+  if (v.significant) {
+    const gain = 1 + v.gain;
+    return { ...s, study_gain: studyGain, gain, verdict: v, label: `${fmt(gain, 3)}x\n\u00b1${pct(v.spread)}`,
+      confidence: `${conf}: challenger kept` };
+  }
+  return { ...s, study_gain: studyGain, gain: 1, verdict: v, label: `${fmt(1, 3)}x\ndefault kept`,
+    confidence: `study best ${fmt(studyGain, 2)}x; re-measured ${conf}: default kept` };
 }
 
 // -- deterministic vs non-deterministic backward ----------------------------------------------

@@ -346,6 +346,90 @@ def test_gain_heatmap_shows_tuned_over_default_per_study(demo_page, demo_server)
     assert all(_close(got[k], want[k]) for k in want)
 
 
+# -- verdicts: the gain heatmap shows what a lookup serves, with its confidence --------------------
+
+V_SIG, V_KEPT = "fa4 hd128", "fa4 hd64"  # the demo's two fa4 studies (fwd bf16, seqlen 8192)
+
+
+@pytest.fixture(scope="module")
+def verdict_server(tmp_path_factory):
+    """The demo DB plus verdicts on its two fa4 studies: hd128's challenger kept (+6.1% +- 0.1%, 5 rounds),
+    hd64's default kept (-6.8% +- 15%, 7 rounds, re-measured twice: the newest counts); the
+    flash-attn-4 studies stay without one."""
+    from service.demo import build_demo_db
+    from store import ResultsStore
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('verdicts') / 'v.db'}"
+    build_demo_db(url)
+    with ResultsStore.open(url) as store:
+        studies = {}
+        for r in store.measurements(provider="fa4", status="ok"):
+            if r["study_name"]:
+                studies.setdefault(r["problem"]["head_dim"], []).append(r)
+        for hd, significant, gain, spread, n in ((128, True, 0.061, 0.001, 5), (64, False, 0.02, 0.4, 3),
+                                                 (64, False, -0.068, 0.15, 7)):
+            rows = studies[hd]
+            served = max(rows, key=lambda r: r["tflops"]) if significant else next(r for r in rows if r["is_default"])
+            store.add_verdict(served["device_id"], served["problem_id"], "fa4", measurement_id=served["id"],
+                              significant=significant, gain=gain, spread=spread,
+                              rounds={"configs": [], "tflops": [[1.0, 1.0]] * n, "order": [[0, 1]] * n},
+                              study_name=served["study_name"], source_fingerprint=served["source_fingerprint"])
+    s = Server("--db", url)
+    yield s
+    s.stop()
+
+
+def test_gain_heatmap_shows_the_served_gain_with_its_confidence(browser, verdict_server):
+    page = Page(browser, verdict_server.url + "/")
+    try:
+        assert page.state("gain") == "ready"
+        params = _query(page.raw("gain"))
+        rows = verdict_server.results(**params)
+        verdicts = {v["study_name"]: v for v in verdict_server.get("/v1/verdicts", device=params["device"],
+                                                                   timing=params["timing"])}
+        assert len(verdicts) == 2 and sorted(v["significant"] for v in verdicts.values()) == [False, True]
+        study_gain = expected_gain(rows)
+        xs = page.option("chart-gain", "xAxis")[0]["data"]
+        ys = page.option("chart-gain", "yAxis")[0]["data"]
+        cells = page.page.evaluate("""() => window.fa4dash.charts['chart-gain'].getOption().series[0].data
+            .map(d => ({ value: d.value, label: d.label, confidence: d.confidence, study: d.study }))""")
+        got = {(ys[c["value"][1]], int(xs[c["value"][0]])): c for c in cells}
+        assert sorted(got) == sorted(study_gain)
+        sig, kept = got[(V_SIG, 8192)], got[(V_KEPT, 8192)]
+        # Significant: the served value is 1 + gain, the confidence beside it.
+        assert _close(sig["value"][2], 1 + verdicts[sig["study"]]["gain"])
+        assert sig["confidence"] == "+6.1% \u00b1 0.1% (5 rounds): challenger kept"
+        assert sig["label"] == f"{1.061:.3f}x\n\u00b10.1%"
+        # Not significant: the default stays (1.000), whatever the study's best measured.
+        assert study_gain[(V_KEPT, 8192)] > 1.0 and kept["value"][2] == 1
+        assert kept["confidence"] == (f"study best {study_gain[(V_KEPT, 8192)]:.2f}x; "
+                                      "re-measured \u22126.8% \u00b1 15.0% (7 rounds): default kept")
+        assert kept["label"] == "1.000x\ndefault kept"
+        # Without a verdict: the study's best over its default, marked as not re-measured.
+        for key, c in got.items():
+            if key not in ((V_SIG, 8192), (V_KEPT, 8192)):
+                assert _close(c["value"][2], study_gain[key]) and "not re-measured" in c["label"]
+                assert "not re-measured" in c["confidence"]
+        # The tooltips say it too, next to the served speedup.
+        tips = page.page.evaluate("""async () => {
+            const c = window.fa4dash.charts['chart-gain'];
+            const out = [];
+            for (let i = 0; i < c.getOption().series[0].data.length; i++) {
+              c.dispatchAction({ type: "showTip", seriesIndex: 0, dataIndex: i });
+              await new Promise((r) => setTimeout(r, 30));
+              out.push(document.getElementById('chart-gain').innerText);
+            }
+            return out;
+          }""")
+        assert any("served 1.061x: +6.1% \u00b1 0.1% (5 rounds): challenger kept" in t for t in tips), tips
+        assert any("served 1.000x: study best" in t and "default kept" in t for t in tips), tips
+        assert any("not re-measured" in t for t in tips), tips
+        page.screenshot("gain-verdicts")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
 def test_determinism_chart_shows_the_measured_backward_of_each_provider(demo_page, demo_server):
     device = demo_page.filter_value("determinism", "device")
     bwd = demo_server.results(device=device, status="ok", **{"pass": "bwd"})
