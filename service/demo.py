@@ -49,7 +49,7 @@ BENCH_LOG = SEED_DIR / "bench-fwd-h200-2026-12-01.log"
 FWD_LOG = SEED_DIR / "check-fwd-h200-2026-12-01.log"
 BWD_LOG = SEED_DIR / "check-bwd-h200-2026-12-01.log"
 # The kernel source (fa4.fingerprint) every fa4 number of the demo was measured with.
-MEASURED_SOURCE = "34cc3189ebcafa60"
+MEASURED_SOURCE = "15f1b0a3fd233111"
 REF_SWEEP = Path(__file__).resolve().parents[1] / "providers" / "data" / "ref_fa4_h200.json"
 
 _BENCH_HEADER = re.compile(r"^\s*S\s+hd\s+causal\s+(?P<providers>.+?)\s*$")
@@ -68,7 +68,7 @@ FWD_COLUMNS = {"fa4 (ours)": ("fa4", False), "ref FA4": ("flash-attn-4", False),
 BWD_COLUMNS = {"ours": ("fa4", False), "ours det": ("fa4", True), "ref FA4": ("flash-attn-4", False),
                "ref FA4 det": ("flash-attn-4", True), "cuDNN": ("cudnn", False), "FA2": ("fa2", False)}
 # check_*.py logs carry no date: these are the times the H200 run's files were written (session 8).
-MEASURED_AT = {FWD_LOG.name: "2026-12-01T11:48:47+00:00", BWD_LOG.name: "2026-12-01T11:50:14+00:00"}
+MEASURED_AT = {FWD_LOG.name: "2026-12-01T12:02:06+00:00", BWD_LOG.name: "2026-12-01T12:03:21+00:00"}
 # The knobs a log's provider ran with where they differ from today's default (the logs name no
 # config: they ran the default of their day). Empty: these logs ran today's defaults; a later
 # default change pins the knobs of the day here, so the rows name the kernel that was timed.
@@ -134,7 +134,13 @@ def parse_check_log(text: str) -> dict:
         elif d:
             device, torch = d.group("name"), d.group("torch")
         elif line.startswith("BENCH "):
-            rows.append(decoder.raw_decode(line, len("BENCH "))[0])
+            row = decoder.raw_decode(line, len("BENCH "))[0]
+            # check_bwd.py names head dims as text ("96", "192/128"), check_fwd.py as a number.
+            d, _, dv = str(row["D"]).replace("v", "/").partition("/")
+            row["D"] = int(d)
+            if dv and int(dv) != row["D"]:
+                row["Dv"] = int(dv)
+            rows.append(row)
     if device is None or not rows:
         raise ValueError("not a check_fwd.py / check_bwd.py log: 'device:' line or BENCH lines missing")
     return {"device": device, "torch": torch, "rows": rows, "source": source}
@@ -266,7 +272,7 @@ def _check_log_rows(path: Path, device: dict, pass_: str, columns: dict[str, tup
     created = datetime.fromisoformat(MEASURED_AT[path.name])
     out = []
     for row in log["rows"]:
-        shape = {k: row[k] for k in ("S", "D", "causal")}
+        shape = {k: row[k] for k in ("S", "D", "Dv", "causal") if k in row}
         unknown = sorted(set(row) - set(shape) - set(columns))
         if unknown:
             # A --variants run times non-default configs under ad-hoc names: not a default measurement.
@@ -274,7 +280,8 @@ def _check_log_rows(path: Path, device: dict, pass_: str, columns: dict[str, tup
         for column, (provider, deterministic) in columns.items():
             if row.get(column) is None:
                 continue  # missing or null: that provider did not run this shape
-            problem = Problem.standard(row["S"], row["D"], causal=bool(row["causal"]), deterministic=deterministic,
+            problem = Problem.standard(row["S"], row["D"], head_dim_v=row.get("Dv"), causal=bool(row["causal"]),
+                                       deterministic=deterministic,
                                        pass_=pass_)
             pinned = MEASURED_WITH.get(path.name, {}).get(provider)
             out.append({"problem": problem, "provider": provider,
