@@ -515,7 +515,10 @@ class Tuner:
             return
         alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
                  optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-        if not any(t.params == self.default_dict for t in study.get_trials(deepcopy=False, states=alive)):
+        # A WAITING enqueued trial has no params yet: its config is in the fixed_params system
+        # attribute (missed, a fleet worker's second pass enqueued the default twice).
+        if not any((t.params or t.system_attrs.get("fixed_params")) == self.default_dict
+                   for t in study.get_trials(deepcopy=False, states=alive)):
             study.enqueue_trial(self.default_dict, user_attrs={"enqueued_default": True})
 
     def _enqueue_warm_start(self, study) -> None:
@@ -524,14 +527,22 @@ class Tuner:
         dtype, causal, deterministic), where feasible here and not the default."""
         if self.knob_cls is None or self.warm_neighbours <= 0:
             return
+        import optuna
+
         from store.best import neighbour_configs
 
         feasible = {_key(c) for c in self.feasible()}
+        # Another worker of a fleet may have opened this new study a moment before and enqueued
+        # the same configs: a second copy would be a duplicate trial, one measured config fewer.
+        alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                 optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
+        present = {_key(t.params or t.system_attrs.get("fixed_params") or {})
+                   for t in study.get_trials(deepcopy=False, states=alive)}
         for hit in neighbour_configs(self.store, self.provider, self.device_info["name"], self.problem,
                                      running_fp=self.fingerprint, arch=self.arch, limit=self.warm_neighbours,
                                      timing=self.timing):
             cfg = hit["config"]
-            if cfg == self.default_dict or _key(cfg) not in feasible:
+            if cfg == self.default_dict or _key(cfg) not in feasible or _key(cfg) in present:
                 continue
             if any(w["config"] == cfg for w in self.warm_start):
                 continue

@@ -37,13 +37,14 @@ def test_knob_class_follows_the_pass():
     # A forward config offered for a backward problem (or the reverse) is refused by name.
     assert p.violations(FwdConfigSm90(), BWD, SM90) == ["a bwd config of fa4 is a BwdConfigSm90, got FwdConfigSm90"]
     assert "FwdConfigSm90" in p.violations(BwdConfigSm90(), FWD, SM90)[0]
-    assert p.problem_errors(Problem.standard(4096, 96, pass_="bwd")) == [
-        "head_dim 96 not supported by fa4's bwd (supported: (64, 128))"]
-    # The forward takes the wider head dims (and 192 with head_dim_v 128); the backward does not.
+    assert p.problem_errors(Problem.standard(4096, 80, pass_="bwd")) == [
+        "head_dim 80 not supported by fa4's bwd (supported: (64, 96, 128, 192, 256))"]
+    # Both passes take the wider head dims (and 192 with head_dim_v 128), and only those pairs.
     for hd, hdv in ((96, 96), (192, 192), (192, 128), (256, 256)):
-        assert p.problem_errors(Problem.standard(4096, hd, head_dim_v=hdv)) == []
-    assert p.problem_errors(Problem.standard(4096, 192, head_dim_v=128, pass_="bwd")) == [
-        "head_dim 192 not supported by fa4's bwd (supported: (64, 128))"]
+        for pass_ in ("fwd", "bwd"):
+            assert p.problem_errors(Problem.standard(4096, hd, head_dim_v=hdv, pass_=pass_)) == []
+    assert p.problem_errors(Problem.standard(4096, 256, head_dim_v=128, pass_="bwd")) == [
+        "fa4's bwd needs head_dim_v in (256,) at head_dim 256"]
     assert p.problem_errors(Problem.standard(4096, 256, head_dim_v=128)) == [
         "fa4's fwd needs head_dim_v in (256,) at head_dim 256"]
     assert p.problem_errors(Problem.standard(4096, 80)) == [

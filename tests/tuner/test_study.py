@@ -291,3 +291,15 @@ def test_a_new_study_starts_from_its_nearest_measured_neighbours(env, tmp_path):
     assert all(tr.user_attrs.get("warm_start_from") for tr in trials[1:1 + len(want)])
     again = tuner(PROBLEM, trials=8).run()
     assert again.warm_start == [] and again.resumed_with == 6
+
+
+def test_the_default_is_enqueued_once_while_it_waits(env):
+    """A fleet worker's second pass over a study whose enqueued default has not started yet (a
+    WAITING trial has no params, only fixed_params) must not enqueue it again: the copy would be a
+    duplicate trial, one measured config fewer (seen as 9 of 10 rows in the two-GPU fleet test)."""
+    t = _tuner(env, trials=3)
+    study = t.open_study()
+    t._enqueue_default(study)
+    t._enqueue_default(study)
+    waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
+    assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == config_to_dict(fwd_default(PROBLEM))
