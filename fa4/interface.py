@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fa4 import launch
+from fa4.tensors import is_empty
 
 # Bound once: the two checks flash_attn_func makes on every call (~0.2 us together).
 _is_compiling = torch.compiler.is_compiling
@@ -36,6 +37,8 @@ def flash_attn_func(
     otherwise comes from the same lookup chain as the forward's (``fa4.explain(...,
     pass_="bwd")``). Both are checked at the forward call and unused without grad.
     Under ``torch.compile`` the call goes through the custom ops ``fa4::fwd``/``fa4::bwd``.
+    An empty batch, no query rows or no keys launch no kernel: the output is zeros, the LSE
+    -inf and the gradients zeros (as the reference FA4 returns).
     """
     if _is_compiling():
         # Imported here, not at module load: fa4.ops pulls in torch._dynamo (~1 s), which
@@ -43,6 +46,12 @@ def flash_attn_func(
         from fa4.ops import traced_flash_attn
 
         return traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config)
-    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if is_empty(q, k):
+        from fa4 import empty
+
+        launch.check_bwd_args(deterministic, bwd_config)
+        return empty.attention(q, k, v, return_lse, out, grad)
+    if grad:
         return launch._with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config)
     return launch._forward(q, k, v, softmax_scale, causal, return_lse, config, out)

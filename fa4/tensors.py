@@ -23,11 +23,12 @@ def arch_of(device: torch.device) -> Arch:
 
 
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=HEAD_DIMS,
-             require_cuda: bool = True, layout: bool = True) -> None:
+             require_cuda: bool = True, layout: bool = True, allow_empty: bool = False) -> None:
     """Reject inputs the kernel cannot take, with a message naming the problem (never a launch).
 
     ``layout=False`` checks shapes and dtypes only (no device, strides or addresses): what
     the custom ops' fake implementations can know while torch.compile traces.
+    ``allow_empty`` accepts zero-length sequences (fa4.empty answers those without a kernel).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -68,8 +69,13 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_d
     if v.shape[3] not in head_dims_v(q.shape[3]):
         raise ValueError(f"head_dim_v {v.shape[3]} is not supported with head_dim {q.shape[3]} (supported: "
                          f"{head_dims_v(q.shape[3])}; head_dim_v != head_dim only as 192/128)")
-    if min(q.shape[1], k.shape[1]) < 1:
+    if min(q.shape[1], k.shape[1]) < 1 and not allow_empty:
         raise ValueError("sequence lengths must be >= 1")
+
+
+def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """No query row or no key: nothing for a kernel to do (an empty batch, a zero-length sequence)."""
+    return q.dim() == 4 and k.dim() == 4 and (q.shape[0] == 0 or q.shape[1] == 0 or k.shape[1] == 0)
 
 
 def bwd_head_dim_error(q, v) -> str | None:
