@@ -199,7 +199,8 @@ def config_from_dict(cls, data: dict):
     specs = {s.name: s for s in knob_specs(cls)}
     # Names an older declaration had (cls.RETIRED_KNOBS: name -> why) are dropped, not refused:
     # rows stored and clients built before the change keep working.
-    data = {k: v for k, v in data.items() if k not in retired_knobs(cls)}
+    retired = retired_knobs(cls)
+    data = {k: v for k, v in data.items() if k not in retired}
     unknown = sorted(set(data) - set(specs))
     if unknown:
         raise ValueError(f"unknown knob(s) for {cls.__name__}: {', '.join(unknown)}")

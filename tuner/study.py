@@ -508,17 +508,22 @@ class Tuner:
         verdict["study_name"] = self.name
         return verdict
 
-    def _enqueue_default(self, study) -> None:
+    @staticmethod
+    def _queued_or_tried(study) -> set[str]:
+        """The configs (as _key) of the study's trials that are answered, running or waiting to run.
+
+        A WAITING enqueued trial has no params yet: its config is in the fixed_params system
+        attribute (missed, a fleet worker's second pass enqueued the default twice). Another
+        worker may have enqueued a config a moment before: a second copy would be a duplicate
+        trial, one measured config fewer."""
         import optuna
 
-        if self.default_dict is None:
-            return
-        alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
-                 optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-        # A WAITING enqueued trial has no params yet: its config is in the fixed_params system
-        # attribute (missed, a fleet worker's second pass enqueued the default twice).
-        if not any((t.params or t.system_attrs.get("fixed_params")) == self.default_dict
-                   for t in study.get_trials(deepcopy=False, states=alive)):
+        S = optuna.trial.TrialState
+        return {_key(t.params or t.system_attrs.get("fixed_params") or {})
+                for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING, S.WAITING))}
+
+    def _enqueue_default(self, study) -> None:
+        if self.default_dict is not None and _key(self.default_dict) not in self._queued_or_tried(study):
             study.enqueue_trial(self.default_dict, user_attrs={"enqueued_default": True})
 
     def _enqueue_warm_start(self, study) -> None:
@@ -527,27 +532,19 @@ class Tuner:
         dtype, causal, deterministic), where feasible here and not the default."""
         if self.knob_cls is None or self.warm_neighbours <= 0:
             return
-        import optuna
-
         from store.best import neighbour_configs
 
         feasible = {_key(c) for c in self.feasible()}
-        # Another worker of a fleet may have opened this new study a moment before and enqueued
-        # the same configs: a second copy would be a duplicate trial, one measured config fewer.
-        alive = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
-                 optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)
-        present = {_key(t.params or t.system_attrs.get("fixed_params") or {})
-                   for t in study.get_trials(deepcopy=False, states=alive)}
+        present = self._queued_or_tried(study)  # the default among them, enqueued just before
         for hit in neighbour_configs(self.store, self.provider, self.device_info["name"], self.problem,
                                      running_fp=self.fingerprint, arch=self.arch, limit=self.warm_neighbours,
                                      timing=self.timing):
-            cfg = hit["config"]
-            if cfg == self.default_dict or _key(cfg) not in feasible or _key(cfg) in present:
+            key = _key(hit["config"])
+            if key not in feasible or key in present:
                 continue
-            if any(w["config"] == cfg for w in self.warm_start):
-                continue
-            study.enqueue_trial(cfg, user_attrs={"warm_start_from": hit["from"]})
-            self.warm_start.append({"config": cfg, "from": hit["from"]})
+            present.add(key)
+            study.enqueue_trial(hit["config"], user_attrs={"warm_start_from": hit["from"]})
+            self.warm_start.append({"config": hit["config"], "from": hit["from"]})
 
     def result(self, study, before: int = 0) -> TuneResult:
         import optuna
@@ -556,18 +553,23 @@ class Tuner:
         # What each trial measured, from the results DB (the one store of results).
         by_id = {r["id"]: r for r in self.store.measurements(study_name=self.name)}
 
-        def row(t) -> dict | None:
+        def fetch(t) -> dict | None:
             mid = t.user_attrs.get("measurement_id")
             return None if mid is None else by_id.get(mid) or self.store.get_measurement(mid)
 
         own = [t for t in trials if "duplicate_of" not in t.user_attrs]
+        rows = {t.number: fetch(t) for t in own}
+
+        def row(t) -> dict | None:
+            return rows.get(t.number)
+
         # A trial whose worker died (marked FAIL by the heartbeat, retried elsewhere) never
         # stored a row of its own.
         statuses = collections.Counter(
             (row(t) or {}).get("status") or ("worker_died" if t.state == optuna.trial.TrialState.FAIL else "unknown")
             for t in own
         )
-        measured = sum(1 for t in own if row(t) is not None and row(t)["status"] != INFEASIBLE)
+        measured = sum(1 for r in rows.values() if r is not None and r["status"] != INFEASIBLE)
         default = None
         for t in own:
             if t.params == (self.default_dict or {}):
