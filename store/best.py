@@ -162,6 +162,22 @@ def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
     return by_problem
 
 
+def rows_of_mode(by_problem: dict[Problem, list[dict]], timing: str) -> tuple[dict[Problem, list[dict]], dict[str, int]]:
+    """The rows timed in ``timing`` (by problem; problems without any left out), and how many
+    rows each other mode has. Rows stored before timing modes existed carry no "timing" key only
+    in callers' own caches: they are the default mode's."""
+    mine: dict[Problem, list[dict]] = {}
+    other_modes: dict[str, int] = {}
+    for p, rs in by_problem.items():
+        for r in rs:
+            t = r.get("timing", DEFAULT_TIMING)
+            if t == timing:
+                mine.setdefault(p, []).append(r)
+            else:
+                other_modes[t] = other_modes.get(t, 0) + 1
+    return mine, other_modes
+
+
 def neighbour_configs(store: ResultsStore, provider, device: str, problem: Problem, *,
                       running_fp: str | None, arch: Arch | None = None, limit: int = 3,
                       timing: str = DEFAULT_TIMING) -> list[dict]:
@@ -172,9 +188,8 @@ def neighbour_configs(store: ResultsStore, provider, device: str, problem: Probl
     problem key, "distance": float}."""
     notes: list[str] = []
     arch = arch_for(store.device_by_name(device), device, arch, notes)
-    timing = canonical_timing(timing)
-    by_problem = index_rows([r for r in store.family_rows(device, provider.name, problem)
-                             if r.get("timing", DEFAULT_TIMING) == timing])
+    by_problem, _ = rows_of_mode(index_rows(store.family_rows(device, provider.name, problem)),
+                                 canonical_timing(timing))
     out: list[dict] = []
     for fp in ((running_fp, None) if running_fp is not None else (None,)):
         for cand in rank_nearest(problem, list(by_problem)):
@@ -215,19 +230,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
         device_row = store.device_by_name(device)
     arch = arch_for(device_row, device, arch, notes)
     family_rows = rows if rows is not None else index_rows(store.family_rows(device, name, problem))
-    # Rows stored before timing modes existed carry no "timing" key only in callers' own caches.
-    by_problem: dict[Problem, list[dict]] = {}
-    other_modes: dict[str, int] = {}
-    for p, rs in family_rows.items():
-        mine = []
-        for r in rs:
-            t = r.get("timing", DEFAULT_TIMING)
-            if t == timing:
-                mine.append(r)
-            else:
-                other_modes[t] = other_modes.get(t, 0) + 1
-        if mine:
-            by_problem[p] = mine
+    by_problem, other_modes = rows_of_mode(family_rows, timing)
 
     def try_rows(candidates, fp) -> tuple[dict, dict | None, Problem] | None:
         for cand in candidates:
