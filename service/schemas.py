@@ -216,17 +216,22 @@ class ResultsPage(BaseModel):
     items: list[Measurement]
 
 
-class Verdict(BaseModel):
+class VerdictOutcome(BaseModel):
+    """What the interleaved re-measurement of a study's top configs against the default decided."""
+
     significant: bool = Field(description="True: the served challenger beat the default beyond the spread; "
                               "False: no significant gain, the default is served")
     gain: float = Field(description="Median over rounds of challenger/default TFLOP/s, minus 1 (the winner's, "
                         "or the closest challenger's when the default stays)")
     spread: float = Field(description="Half the range of those per-round ratios")
     rounds: int = Field(description="Interleaved rounds measured")
+
+
+class Verdict(VerdictOutcome):
     judged_at: str
 
 
-class VerdictListed(BaseModel):
+class VerdictListed(VerdictOutcome):
     """The newest verdict of one (device, problem, provider, timing mode), as GET /v1/verdicts lists them."""
 
     id: int
@@ -235,12 +240,6 @@ class VerdictListed(BaseModel):
     provider: str
     problem: dict[str, Any] = Field(description="The problem re-measured (fa4.problem.Problem fields)")
     timing: TimingName = Field(description="The timing mode of the re-measurement and of the row it serves")
-    significant: bool = Field(description="True: the challenger beat the default beyond the spread and is served; "
-                              "False: no significant gain, the default is served")
-    gain: float = Field(description="Median over rounds of challenger/default TFLOP/s, minus 1 (the winner's, "
-                        "or the closest challenger's when the default stays)")
-    spread: float = Field(description="Half the range of those per-round ratios")
-    rounds: int = Field(description="Interleaved rounds measured")
     created_at: Optional[str] = Field(description="When the verdict was recorded (ISO-8601 UTC)")
     measurement_id: int = Field(description="The measurement a lookup serves for the problem (GET /v1/configs/best)")
     source_fingerprint: str = Field(description="Kernel source the re-measurement ran")
