@@ -4,8 +4,8 @@
 
 Random weights (no download): a Llama-3-style decoder (GQA 32/8 query/key-value heads, head_dim
 128, RoPE) with few layers, so one step fits in seconds. fa4 is registered as a transformers
-attention implementation; every layer's attention runs fa4.flash_attn_func (forward and, through
-autograd, our backward), and ``fa4.record_shapes`` writes each distinct problem with its call
+attention implementation (fa4.integrations.transformers); every layer's attention runs
+fa4.flash_attn_func (forward and, through autograd, our backward), and ``fa4.record_shapes`` writes each distinct problem with its call
 count and GPU time share. The first step warms up (kernel compiles) outside the recording.
 """
 
@@ -14,18 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-
-
-def fa4_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' attention interface: (B, H, S, D) in, (B, S, H, D) out, no weights."""
-    import fa4
-
-    if dropout:
-        raise ValueError("fa4 has no attention dropout")
-    # No padding in this step: the mask transformers builds is the causal one fa4 applies itself.
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    out = fa4.flash_attn_func(q, k, v, softmax_scale=scaling, causal=bool(getattr(module, "is_causal", True)))
-    return out, None
 
 
 def main() -> int:
@@ -38,11 +26,12 @@ def main() -> int:
     a = ap.parse_args()
 
     import torch
-    from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     import fa4
+    from fa4.integrations import transformers as fa4_hf
 
-    AttentionInterface.register("fa4", fa4_attention)
+    fa4_hf.register()
     cfg = LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=a.layers,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128,
                       max_position_embeddings=max(8192, a.seqlen), rope_theta=500000.0)
