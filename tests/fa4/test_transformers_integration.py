@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-import fa4  # noqa: E402
-from fa4.integrations import transformers as fa4_hf  # noqa: E402
+import fa4
+from fa4.integrations import transformers as fa4_hf
 
 
 def reference(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0,
