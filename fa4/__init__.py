@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "explain", "flash_attn_func", "record_shapes"]
+__all__ = ["__version__", "explain", "explain_auto", "flash_attn_func", "record_shapes"]
 
 if TYPE_CHECKING:  # what IDEs and type checkers read; at run time __getattr__ loads it on first use
     from fa4.interface import flash_attn_func
@@ -27,7 +27,7 @@ def __getattr__(name: str):
 
 
 def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None,
-            pass_: str = "fwd", deterministic: bool = False, timing=None):
+            pass_: str = "fwd", deterministic: bool = False, timing=None, provider: str = "fa4"):
     """Which config ``flash_attn_func(q, k, v, causal=...)`` would use, and why.
 
     ``pass_="bwd"`` (with ``deterministic``) asks about the backward's config instead.
@@ -38,9 +38,13 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
     ``arch`` defaults to the tensors' GPU (else sm90), ``device`` names the GPU to look
     results up for. ``timing`` names the timing mode to explain (fa4.timing, e.g. "graph-cold");
     default: the one a launch made here now asks for ($FA4_TUNING_TIMING, graph under capture).
+    ``provider="auto"`` explains the per-shape dispatch instead (see :func:`explain_auto`).
     """
     from fa4 import lookup
 
+    if provider == "auto":
+        return explain_auto(q, k, v, causal, problem=problem, arch=arch, device=device, deterministic=deterministic,
+                            timing=timing)
     if problem is None:
         if q is None or k is None or v is None:
             raise TypeError("explain() needs q, k and v, or problem=")
@@ -50,3 +54,28 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
         if arch is None and q.device.type == "cuda":
             arch = arch_of(q.device)
     return lookup.explain_problem(problem, arch, device=device, config=config, timing=timing)
+
+
+def explain_auto(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None,
+                 deterministic: bool = False, return_lse: bool = False, timing=None):
+    """Which implementation ``flash_attn_func(q, k, v, causal=..., provider="auto")`` runs, and why.
+
+    Returns a :class:`fa4.auto.Choice`: ``.fwd`` (a call without grad), ``.train`` (with grad),
+    the measured milliseconds of each provider and a note per source asked; ``print()`` it.
+    ``problem=`` works without a GPU (its ``deterministic`` flag selects the backward rows);
+    ``device`` names the GPU whose measurements count.
+    """
+    from fa4 import auto
+    from fa4.arch import SM90
+    from fa4.timing import Timing
+
+    if problem is None:
+        if q is None or k is None or v is None:
+            raise TypeError("explain_auto() needs q, k and v, or problem=")
+        from fa4.tensors import arch_of, problem_of
+
+        problem = problem_of(q, k, v, causal, deterministic=deterministic)
+        if arch is None and q.device.type == "cuda":
+            arch = arch_of(q.device)
+    return auto.choose(problem, arch or SM90, return_lse=return_lse, device=device,
+                       timing=None if timing is None else Timing.parse(timing).name, remember=device is None)

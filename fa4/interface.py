@@ -23,6 +23,7 @@ def flash_attn_func(
     out: torch.Tensor | None = None,
     deterministic: bool = False,
     bwd_config=None,
+    provider: str = "fa4",
 ):
     """Exact attention softmax(q k^T * scale) v; q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D).
 
@@ -39,6 +40,11 @@ def flash_attn_func(
     Under ``torch.compile`` the call goes through the custom ops ``fa4::fwd``/``fa4::bwd``.
     An empty batch, no query rows or no keys launch no kernel: the output is zeros, the LSE
     -inf and the gradients zeros (as the reference FA4 returns).
+
+    ``provider="auto"`` runs, per shape, the fastest implementation measured on this device (ours,
+    the reference FA4, cuDNN or FlashAttention-2 through SDPA; see fa4.auto and
+    ``fa4.explain_auto``); with ``config=``, ``bwd_config=`` or ``out=`` it runs ours. A peer's name
+    runs that peer's plain call.
     """
     if _is_compiling():
         # Imported here, not at module load: fa4.ops pulls in torch._dynamo (~1 s), which
@@ -47,6 +53,13 @@ def flash_attn_func(
 
         return traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config)
     grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if provider != "fa4":
+        chosen = _provider_for(provider, q, k, v, causal, return_lse, deterministic, grad,
+                               config is not None or bwd_config is not None or out is not None)
+        if chosen != "fa4":
+            from fa4.auto import run_peer
+
+            return run_peer(chosen, q, k, v, softmax_scale, bool(causal), return_lse, deterministic)
     if is_empty(q, k):
         from fa4 import empty
 
@@ -55,3 +68,45 @@ def flash_attn_func(
     if grad:
         return launch._with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config)
     return launch._forward(q, k, v, softmax_scale, causal, return_lse, config, out)
+
+
+_chosen: dict = {}
+
+
+def _provider_for(provider, q, k, v, causal, return_lse, deterministic, grad, ours_only) -> str:
+    """The implementation a call with ``provider`` runs: cached per shape like the launch fast path."""
+    from fa4.lookup import launch_timing
+
+    # The timing mode is part of the key: a call under CUDA-graph capture asks graph-mode numbers.
+    timing = launch_timing()
+    key = (provider, q.shape, k.shape, v.shape, q.dtype, q.device, bool(causal), bool(return_lse),
+           bool(deterministic), grad, ours_only, timing)
+    hit = _chosen.get(key)
+    if hit is not None:
+        return hit
+    from fa4 import auto
+    from fa4.tensors import arch_of, problem_of, validate
+
+    if provider == "auto":
+        if ours_only or is_empty(q, k):
+            chosen = "fa4"
+        else:
+            validate(q, k, v)
+            choice = auto.choose(problem_of(q, k, v, causal, deterministic=deterministic), arch_of(q.device),
+                                 return_lse=return_lse, timing=timing)
+            chosen = choice.train if grad else choice.fwd
+    elif provider in auto.PEERS:
+        if ours_only:
+            raise ValueError(f"config=, bwd_config= and out= apply to fa4's kernels, not to provider {provider!r}")
+        validate(q, k, v)
+        problem = problem_of(q, k, v, causal, pass_="bwd" if grad else "fwd", deterministic=deterministic)
+        bad = auto.problem_errors(provider, problem, return_lse)
+        if bad:
+            raise ValueError(f"provider {provider!r} cannot run this call: " + "; ".join(bad))
+        chosen = provider
+    else:
+        raise ValueError(f"provider must be 'fa4', 'auto' or one of {', '.join(auto.PEERS)}; got {provider!r}")
+    if len(_chosen) > 4096:
+        _chosen.clear()
+    _chosen[key] = chosen
+    return chosen

@@ -300,3 +300,38 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
         notes.append(f"the provider has no default config here: {type(e).__name__}: {e}")
         config = None
     return _answer("default", False, notes, device, name, problem, running_fp, None, config, timing=timing)
+
+
+def provider_speeds(store: ResultsStore, device: str, problem: Problem, providers, *, running_fp: str | None,
+                    timing: str = DEFAULT_TIMING) -> dict[str, dict]:
+    """What a plain call of each provider in ``providers`` runs on this exact problem, as measured
+    on ``device`` in ``timing``'s mode (rows that passed the correctness gate only): the answer of
+    fa4's per-shape dispatch (``provider="auto"``).
+
+    fa4: the config the launch-time lookup serves when it is this shape's own current measurement,
+    else fa4's default config measured on this shape from the running source. A peer: its default
+    configuration (what its public API runs; a tuned reference config is not reachable from it).
+    Each value: {"tflops", "median_ms", "iqr_ms", "measurement_id", "what"}; providers without
+    such a row are left out.
+    """
+    from fa4.rules import Fa4Rules
+
+    timing = canonical_timing(timing)
+    out: dict[str, dict] = {}
+    for name in providers:
+        by_problem, _ = rows_of_mode(index_rows(store.family_rows(device, name, problem)), timing)
+        rows = by_problem.get(problem, [])
+        row, what = None, "default configuration"
+        if name == "fa4":
+            ans = best_config(store, Fa4Rules(), device, problem, running_fp=running_fp, timing=timing)
+            if ans["provenance"] == "exact" and not ans["stale"]:
+                row = next((r for r in rows if r["id"] == ans["measurement_id"]), None)
+                what = "the served config"
+            if row is None:
+                row = _fastest([r for r in rows if r["is_default"]], running_fp)
+        else:
+            row = _fastest([r for r in rows if r["is_default"]], None)
+        if row is not None:
+            out[name] = {"tflops": row["tflops"], "median_ms": row["median_ms"], "iqr_ms": row["iqr_ms"],
+                         "measurement_id": row["id"], "what": what}
+    return out

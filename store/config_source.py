@@ -15,7 +15,7 @@ from fa4.lookup import SourceAnswer
 from fa4.problem import Problem
 from fa4.rules import Fa4Rules
 from fa4.timing import DEFAULT_TIMING
-from store.best import best_config
+from store.best import best_config, provider_speeds
 
 PROVIDER = "fa4"
 
@@ -70,6 +70,13 @@ class LocalResultsDB:
                             + (f"; {notes}" if notes else ""),
                             config=ans["config"], ref=ref, tflops=ans["tflops"],
                             measured_problem=ans["measured_problem"])
+
+    def speeds(self, problem: Problem, device: str, fingerprint: str, timing: str, providers) -> dict:
+        """Measured speed of each provider's plain call on this exact problem (fa4's provider="auto")."""
+        store, why = self._open()
+        if store is None:
+            raise LookupError(why or "no local results DB")
+        return provider_speeds(store, device, problem, providers, running_fp=fingerprint, timing=timing)
 
     def close(self) -> None:
         if self._store is not None:

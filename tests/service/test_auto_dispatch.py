@@ -1,0 +1,159 @@
+"""provider="auto": the per-shape dispatch rule, its numbers from the results DB, and the call path
+(on CPU: the kernels and the peers faked, the device named by $FA4_DEVICE_NAME)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import fa4
+from fa4 import auto, interface, lookup
+from fa4.arch import SM90
+from fa4.knobs import config_to_dict
+from fa4.problem import Problem
+from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.bwd_config import default_config as bwd_default
+from fa4.sm90.fwd_config import FwdConfigSm90
+from fa4.sm90.fwd_config import default_config as fwd_default
+from providers import get_provider
+from store import ResultsStore
+from store.best import provider_speeds
+
+DEVICE = "NVIDIA H200"
+DEVICE_INFO = {"name": DEVICE, "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,
+               "memory_bytes": 150_754_820_096}
+P = Problem(batch=16, seqlen_q=1024, seqlen_k=1024, heads_q=12, heads_kv=12, head_dim=64, head_dim_v=64, causal=True)
+
+
+@pytest.fixture
+def fp() -> str:
+    return get_provider("fa4").source_fingerprint()
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'r.sqlite'}"
+    monkeypatch.setenv("FA4_DEVICE_NAME", DEVICE)
+    monkeypatch.setenv("FA4_DB", url)
+    monkeypatch.delenv("FA4_TUNING_URL", raising=False)
+    monkeypatch.delenv("FA4_LOOKUP_LOCAL_DB", raising=False)
+    lookup.reset()
+    auto.reset()
+    interface._chosen.clear()
+    store = ResultsStore.open(url)
+    yield store
+    store.close()
+    lookup.reset()
+    auto.reset()
+    interface._chosen.clear()
+
+
+def add(store, provider, problem, ms, *, fp="", default=True, status="ok"):
+    """One measurement of ``provider``'s plain call (its default config) taking ``ms``."""
+    dev = store.upsert_device(DEVICE_INFO)
+    if provider == "fa4":
+        cls, cfg = ((FwdConfigSm90, fwd_default(problem, SM90)) if problem.pass_ == "fwd"
+                    else (BwdConfigSm90, bwd_default(problem, SM90)))
+        cid = store.upsert_config("fa4", config_to_dict(cfg), cls)
+    else:
+        cid = store.upsert_config(provider, None)
+    return store.add_measurement(dev, store.upsert_problem(problem), cid, status=status, samples_ms=[ms],
+                                 median_ms=ms, iqr_ms=0.01, tflops=problem.flops / ms / 1e9,
+                                 source_fingerprint=fp, is_default=default)
+
+
+def bwd(p: Problem, det=False) -> Problem:
+    return replace(p, pass_="bwd", deterministic=det)
+
+
+def test_rule_is_the_least_measured_time_per_call_kind():
+    both = ["fa4", "flash-attn-4", "cudnn"]
+    c = auto.decide({"fa4": 1.0, "flash-attn-4": 1.1, "cudnn": 0.8}, {"fa4": 2.0, "flash-attn-4": 1.8, "cudnn": 2.5},
+                    both, both)
+    # cuDNN has the fastest forward; with grad the reference's 1.1 + 1.8 beats fa4's 3.0 and cuDNN's 3.3.
+    assert (c.fwd, c.train) == ("cudnn", "flash-attn-4")
+    # A provider that cannot run the call does not count, however fast; a tie goes to fa4.
+    c = auto.decide({"fa4": 1.0, "cudnn": 0.5}, {"fa4": 1.0, "cudnn": 0.5}, ["fa4"], ["fa4"])
+    assert (c.fwd, c.train) == ("fa4", "fa4")
+    assert auto.decide({"fa4": 1.0, "fa2": 1.0}, {}, ["fa4", "fa2"], ["fa4", "fa2"]).fwd == "fa4"
+    # A backward number without its forward's cannot price a training call.
+    c = auto.decide({"fa4": 1.0}, {"fa4": 2.0, "cudnn": 0.1}, ["fa4", "cudnn"], ["fa4", "cudnn"])
+    assert c.train == "fa4"
+    nothing = auto.decide({}, {}, auto.PROVIDERS, auto.PROVIDERS)
+    assert (nothing.fwd, nothing.train) == ("fa4", "fa4") and any("fa4 runs" in n for n in nothing.notes)
+
+
+def test_sdpa_peers_are_no_candidates_where_they_compute_something_else():
+    sq_ne_sk = replace(P, seqlen_q=128)
+    assert auto.problem_errors("cudnn", sq_ne_sk) and not auto.problem_errors("cudnn", replace(sq_ne_sk, causal=False))
+    assert auto.problem_errors("fa2", P, return_lse=True) and not auto.problem_errors("flash-attn-4", P, True)
+    assert auto.problem_errors("cudnn", bwd(P, det=True)) and not auto.problem_errors("flash-attn-4", bwd(P, True))
+    assert auto.problem_errors("xformers", P)
+
+
+def test_speeds_are_each_providers_plain_call_on_the_exact_shape(db, fp):
+    add(db, "fa4", P, 1.0, fp=fp)
+    add(db, "fa4", P, 0.5, fp="an older kernel source")  # stale: not what runs now
+    add(db, "cudnn", P, 0.8)
+    add(db, "cudnn", P, 0.1, default=False)  # a non-default config is not what its plain call runs
+    add(db, "flash-attn-4", P, 0.7, status="incorrect")  # failed the correctness gate
+    add(db, "flash-attn-4", replace(P, batch=8), 0.2)  # another shape
+    s = provider_speeds(db, DEVICE, P, auto.PROVIDERS, running_fp=fp)
+    assert {p: r["median_ms"] for p, r in s.items()} == {"fa4": 1.0, "cudnn": 0.8}
+    assert s["fa4"]["what"] == "the served config"
+
+
+def test_choice_from_the_db_and_the_call_runs_it(db, fp, monkeypatch):
+    add(db, "fa4", P, 0.9, fp=fp)
+    add(db, "cudnn", P, 0.7)
+    add(db, "flash-attn-4", P, 0.85)
+    add(db, "fa4", bwd(P), 1.6, fp=fp)
+    add(db, "cudnn", bwd(P), 2.1)
+    add(db, "flash-attn-4", bwd(P), 1.8)
+    add(db, "fa4", bwd(P, True), 1.7, fp=fp)
+    add(db, "flash-attn-4", bwd(P, True), 2.4)
+    c = fa4.explain_auto(problem=P)
+    assert (c.fwd, c.train) == ("cudnn", "fa4")
+    assert c.fwd_ms == {"fa4": 0.9, "cudnn": 0.7, "flash-attn-4": 0.85} and c.bwd_ms["cudnn"] == 2.1
+    assert "cudnn" in str(c) and "0.700 ms" in str(c)
+    assert fa4.explain(problem=P, provider="auto") == c
+    det = fa4.explain_auto(problem=replace(P, deterministic=True))
+    assert det.train == "fa4" and "cudnn" not in det.bwd_ms
+    # LSE asked: SDPA returns none, so the reference's forward (0.85) beats ours (0.9).
+    assert fa4.explain_auto(problem=P, return_lse=True).fwd == "flash-attn-4"
+
+    ran = []
+    monkeypatch.setattr(auto, "run_peer", lambda prov, q, k, v, *a: ran.append(prov) or q.new_zeros(q.shape))
+    monkeypatch.setattr(interface.launch, "_forward", lambda q, *a: ran.append("fa4") or q.new_zeros(q.shape))
+    # The GPU faked: validation of device and layout, and the arch of a CUDA tensor.
+    import fa4.tensors as tensors
+
+    monkeypatch.setattr(tensors, "validate", lambda *a, **kw: None)
+    monkeypatch.setattr(tensors, "arch_of", lambda device: SM90)
+    q = torch.zeros(16, 1024, 12, 64, dtype=torch.bfloat16)
+    calls = []
+    real_choose = auto.choose
+    monkeypatch.setattr(auto, "choose", lambda *a, **kw: calls.append(1) or real_choose(*a, **kw))
+    for _ in range(3):
+        fa4.flash_attn_func(q, q, q, causal=True, provider="auto")
+    assert ran == ["cudnn"] * 3 and len(calls) == 1  # chosen once per shape, then a dict hit
+    fa4.flash_attn_func(q, q, q, causal=True, provider="auto", out=torch.empty_like(q))
+    assert ran[-1] == "fa4"  # out= is ours only
+    fa4.flash_attn_func(q, q, q, causal=True)
+    assert ran[-1] == "fa4"  # the default provider is fa4 itself
+
+
+def test_named_peers_are_checked_and_unknown_names_refused(db, monkeypatch):
+    import fa4.tensors as tensors
+
+    monkeypatch.setattr(tensors, "validate", lambda *a, **kw: None)
+    q = torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 128, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="top-left"):
+        fa4.flash_attn_func(q, k, k, causal=True, provider="cudnn")
+    with pytest.raises(ValueError, match="provider must be"):
+        fa4.flash_attn_func(q, k, k, provider="triton")
+    with pytest.raises(ValueError, match="apply to fa4's kernels"):
+        fa4.flash_attn_func(q, k, k, provider="fa2", config={})
