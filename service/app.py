@@ -41,7 +41,7 @@ from service.cache import Invalidations, SingleFlight, TaggedLRU
 from service.listing import Listings
 from store.best import best_config, index_rows
 from store import ResultsStore, canonical_json
-from store.store import FAMILY_FIELDS, SORT_KEYS
+from store.store import FAMILY_FIELDS, SORT_KEYS, problem_fields
 from service.settings import Settings
 
 API_VERSION = "v1"
@@ -551,6 +551,12 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
     async def get_timings():
         """The timing modes a measurement can be taken in (fa4.timing), the default first."""
         return [t.to_dict() for t in ALL_TIMINGS]
+
+    @app.get(f"/{API_VERSION}/problem-fields", response_model=list[sch.ProblemField], tags=["catalogue"])
+    async def get_problem_fields():
+        """The problem fields a study family is made of (the results store's), with their defaults:
+        the dashboard's problem filters."""
+        return problem_fields()
 
     @app.get(f"/{API_VERSION}/devices", response_model=list[sch.Device], tags=["catalogue"])
     async def get_devices():

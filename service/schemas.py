@@ -363,6 +363,13 @@ class TimingMode(BaseModel):
     default: bool = Field(description="The mode of requests that name none (and of rows from before modes)")
 
 
+class ProblemField(BaseModel):
+    """A problem field that tells measurement families apart, as GET /v1/problem-fields lists them."""
+
+    name: str = Field(description="The field's spelling in problems, filters and the results query")
+    default: Any = Field(None, description="Its value in a problem that does not set it (null: always set)")
+
+
 class Health(BaseModel):
     status: str
     database: str

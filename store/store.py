@@ -160,6 +160,14 @@ FAMILY_FIELDS = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "determin
 _SERVED = (m.Measurement.status == "ok", m.Measurement.tflops.is_not(None))
 
 
+def problem_fields() -> list[dict]:
+    """FAMILY_FIELDS as the REST API spells them, each with the value a Problem takes when the field
+    is not set (None: it has no default), for clients that filter on them (the dashboard)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Problem)}
+    return [{"name": "pass" if f == "pass_" else f,
+             "default": None if defaults[f] is dataclasses.MISSING else defaults[f]} for f in FAMILY_FIELDS]
+
+
 # Problem.to_dict's spelling of each field (a row of the database is a valid Problem already:
 # building one per row, and asdict() of it, was most of the cost of reading a page).
 _PROBLEM_KEYS = tuple((f"problem.{name}", "pass" if name == "pass_" else name) for name in _PROBLEM_FIELDS)

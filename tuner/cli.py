@@ -28,7 +28,7 @@ distributed tuning:
   --devices 0,1 (or all)   one worker process per GPU (CUDA_VISIBLE_DEVICES pinned), all on the
                            same Optuna studies; a lock file per GPU keeps a second fa4-tune off it.
   --seqlen 1024,2048 --hdim 64,128, or --shapes FILE (JSON list / CSV with a header of
-                           seqlen,hdim[,batch,heads,heads_kv,seqlen_k,causal,dtype,pass]):
+                           seqlen,hdim[,hdim_v,batch,heads,heads_kv,seqlen_k,causal,dtype,pass]):
                            several shapes; workers start on different shapes and share trials.
   storage: one host -> leave --storage out (a journal file beside the DB; safe for many
            processes). Several hosts -> --storage postgresql://user:pass@host/db on each host
@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--seqlen", help="query sequence length (a comma-separated list makes a grid with --hdim)")
-    p.add_argument("--hdim", help="head dimension of q, k and v (a comma-separated list makes a grid)")
+    p.add_argument("--hdim", help="head dimension of q and k, and of v unless --hdim-v (a comma-separated list makes a grid)")
+    p.add_argument("--hdim-v", type=int, help="head dimension of v and the output (default: --hdim; 128 with --hdim 192 "
+                                              "is the DeepSeek-style split)")
     p.add_argument("--shapes", metavar="FILE", help="tune every shape listed in a JSON or CSV file")
     p.add_argument("--batch", type=int, help="batch size (default: 16384 tokens / seqlen)")
     p.add_argument("--heads", type=int, help="query heads (default: 2048 / hdim)")
@@ -109,12 +111,14 @@ def problems_from_args(a) -> list[Problem]:
     if a.verify_rounds is not None and a.verify_rounds < 0:
         _die(f"--verify-rounds must be 0 (off) or a positive integer, got {a.verify_rounds}")
     for flag, v in (("--batch", a.batch), ("--heads", a.heads), ("--heads-kv", a.heads_kv),
-                    ("--seqlen-k", a.seqlen_k), ("--trials", a.trials), ("--heartbeat", a.heartbeat)):
+                    ("--seqlen-k", a.seqlen_k), ("--hdim-v", a.hdim_v), ("--trials", a.trials),
+                    ("--heartbeat", a.heartbeat)):
         if v is not None and v <= 0:
             _die(f"{flag} must be a positive integer, got {v}")
     if a.deterministic and a.pass_ != "bwd":
         _die("--deterministic applies to the backward: add --pass bwd")
     defaults = {"batch": a.batch, "heads_q": a.heads, "heads_kv": a.heads_kv, "seqlen_k": a.seqlen_k,
+                "head_dim_v": a.hdim_v,
                 "dtype": a.dtype, "causal": a.causal, "deterministic": a.deterministic, "pass_": a.pass_}
     try:
         if a.shapes:
@@ -238,7 +242,8 @@ def _shape_label(p: Problem) -> str:
     kv = f"/{p.heads_kv}" if p.heads_kv != p.heads_q else ""
     sk = f"x{p.seqlen_k}" if p.seqlen_k != p.seqlen_q else ""
     flags = "".join(f" {f}" for f, on in (("causal", p.causal), ("det", p.deterministic)) if on)
-    return f"b{p.batch} s{p.seqlen_q}{sk} h{p.heads_q}{kv} d{p.head_dim} {p.dtype} {p.pass_}{flags}"
+    dv = f"/{p.head_dim_v}" if p.head_dim_v != p.head_dim else ""
+    return f"b{p.batch} s{p.seqlen_q}{sk} h{p.heads_q}{kv} d{p.head_dim}{dv} {p.dtype} {p.pass_}{flags}"
 
 
 def print_summary(results: list[dict], console) -> None:

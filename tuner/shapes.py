@@ -1,7 +1,7 @@
 """Lists of problems to tune: a grid from the command line, or a JSON/CSV file.
 
 A file entry is either a full problem (the results DB's spelling: seqlen_q, head_dim, ...,
-as ``Problem.to_dict`` writes it) or the command line's short spelling (seqlen, hdim, batch,
+as ``Problem.to_dict`` writes it) or the command line's short spelling (seqlen, hdim, hdim_v, batch,
 heads, heads_kv, seqlen_k, causal, dtype, pass, deterministic) where omitted sizes follow
 the standard benchmark convention and omitted flags come from the command line.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 from fa4.problem import Problem
 
 # The command line's short names -> Problem.standard's keyword arguments.
-SHORT = {"batch": "batch", "heads": "heads_q", "heads_kv": "heads_kv", "seqlen_k": "seqlen_k",
+SHORT = {"hdim_v": "head_dim_v", "batch": "batch", "heads": "heads_q", "heads_kv": "heads_kv", "seqlen_k": "seqlen_k",
          "causal": "causal", "dtype": "dtype", "pass": "pass_", "deterministic": "deterministic"}
 _BOOLS = ("causal", "deterministic")
-_INTS = ("seqlen", "hdim", "batch", "heads", "heads_kv", "seqlen_k", "seqlen_q", "head_dim", "head_dim_v",
+_INTS = ("seqlen", "hdim", "hdim_v", "batch", "heads", "heads_kv", "seqlen_k", "seqlen_q", "head_dim", "head_dim_v",
          "heads_q")
 
 

@@ -5,9 +5,13 @@
 // Relative to the page, so the dashboard also works behind a proxy that serves it under a prefix.
 const API = new URL("v1", document.baseURI).pathname;
 const PAGE = 1000; // the largest page /v1/results serves
-// Problem fields offered as filters; knob filters come from /v1/providers/{name}/knobs instead.
-const PROBLEM_FILTERS = ["pass", "dtype", "head_dim", "causal", "deterministic"];
-const PREFERRED = { pass: "fwd", dtype: "bf16", causal: "false", deterministic: "false" };
+// Problem fields offered as filters, with the value preferred when the data has it (a problem's
+// default): as GET /v1/problem-fields declares them (the study families of the results store),
+// never listed here. Knob filters come from /v1/providers/{name}/knobs instead.
+let PROBLEM_FILTERS = [];
+let PREFERRED = {};
+// Fields that are an axis of a view rather than its filter: the head dims label its rows.
+const HEAD_DIMS = ["head_dim", "head_dim_v"];
 // The timing modes (eager or CUDA-graph launches, cold or warm L2), as GET /v1/timings declares
 // them (fa4/timing.py): never listed here. Filled at start; the default mode comes first.
 let TIMINGS = [];
@@ -164,8 +168,15 @@ class View {
   problemControls(rows, fields) {
     const out = [];
     for (const f of fields) {
+      // Each field offers the values of the rows the fields before it select (a value head dim
+      // of the chosen head dim, say), so no choice of one control empties the view by itself.
+      if (this.filters[fields[fields.indexOf(f) - 1]] !== undefined) {
+        const prev = fields[fields.indexOf(f) - 1];
+        const kept = rows.filter((r) => String(r.problem[prev]) === this.filters[prev]);
+        if (kept.length) rows = kept;
+      }
       const values = uniqSorted(rows.map((r) => r.problem[f])).map(String);
-      if (f === "head_dim") values.sort((a, b) => Number(a) - Number(b));
+      if (HEAD_DIMS.includes(f)) values.sort((a, b) => Number(a) - Number(b));
       if (!values.length) {
         delete this.filters[f];
         continue;
@@ -328,7 +339,7 @@ class Gain extends View {
     const base = { device: this.device, status: "ok", timing: this.filters.timing };
     const all = await allResults(base);
     if (stale()) return;
-    const fields = PROBLEM_FILTERS.filter((f) => f !== "head_dim");
+    const fields = PROBLEM_FILTERS.filter((f) => !HEAD_DIMS.includes(f));
     this.setControls(...timing, ...this.problemControls(all.filter((r) => r.study_name), fields));
     const params = { ...base, ...this.pick(fields) };
     this.raw(resultsURL(params));
@@ -385,6 +396,8 @@ const pct = (x) => `${(Number(x) * 100).toFixed(1)}%`;
 // configs were re-measured against the default (a verdict of GET /v1/verdicts), the cell shows what
 // a lookup serves instead: 1 + gain when the challenger won beyond the spread, else 1 (the default
 // stays), with the confidence next to it; a study's best alone may be a noise winner.
+// A problem's head dims as one label: "192/128" where the value head dim differs.
+const hdLabel = (p) => (p.head_dim_v && p.head_dim_v !== p.head_dim ? `${p.head_dim}/${p.head_dim_v}` : `${p.head_dim}`);
 const newer = (a, b) => a.created_at > b.created_at || (a.created_at === b.created_at && a.id > b.id);
 function gainCells(rows, verdicts = []) {
   const studies = new Map();
@@ -392,7 +405,7 @@ function gainCells(rows, verdicts = []) {
     if (!r.study_name || r.tflops === null) continue;
     if (!studies.has(r.study_name)) {
       studies.set(r.study_name, { study: r.study_name, provider: r.provider, seqlen: r.problem.seqlen_q,
-        head_dim: r.problem.head_dim, best: null, default: null, last: r });
+        head_dim: hdLabel(r.problem), best: null, default: null, last: r });
     }
     const s = studies.get(r.study_name);
     s.best = Math.max(s.best ?? r.tflops, r.tflops);
@@ -504,10 +517,10 @@ function detShapes(rows) {
   for (const r of rows) {
     if (r.tflops === null) continue;
     const p = r.problem;
-    const key = `${p.head_dim}|${p.causal}|${p.seqlen_q}`;
+    const key = `${hdLabel(p)}|${p.causal}|${p.seqlen_q}`;
     if (!shapes.has(key)) {
-      shapes.set(key, { order: [p.head_dim, p.causal ? 1 : 0, p.seqlen_q],
-        label: `S${p.seqlen_q} hd${p.head_dim}${p.causal ? " causal" : ""}`, nondet: null, det: null });
+      shapes.set(key, { order: [p.head_dim, p.head_dim_v || p.head_dim, p.causal ? 1 : 0, p.seqlen_q],
+        label: `S${p.seqlen_q} hd${hdLabel(p)}${p.causal ? " causal" : ""}`, nondet: null, det: null });
     }
     const s = shapes.get(key);
     const mode = p.deterministic ? "det" : "nondet";
@@ -771,6 +784,9 @@ async function start() {
   const names = [...new Set(order.map((d) => d.name))];
   // Without the modes (an older service) the views show every row, as before modes existed.
   TIMINGS = await getJSON(`${API}/timings`).catch(() => []);
+  const fields = await getJSON(`${API}/problem-fields`).catch(() => []);
+  PROBLEM_FILTERS = fields.map((f) => f.name);
+  PREFERRED = Object.fromEntries(fields.filter((f) => f.default !== null).map((f) => [f.name, String(f.default)]));
   showProvenance();
   for (const v of views) {
     v.devices = names;

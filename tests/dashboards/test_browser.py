@@ -306,7 +306,8 @@ def test_throughput_chart_shows_the_api_numbers_and_follows_filters(demo_page, d
     demo_page.choose("throughput", "head_dim", other)
     demo_page.settle("throughput", raw_has=f"head_dim={other}")
     params2 = _query(demo_page.raw("throughput"))
-    assert params2 == {**params, "head_dim": other}
+    # The value head dim follows (the demo's shapes have head_dim_v == head_dim).
+    assert params2 == {**params, "head_dim": other, "head_dim_v": other}
     after = _by_name(demo_page.series("chart-throughput"))
     _assert_points(after, expected_throughput(demo_server.results(**params2)))
     assert after != before
@@ -885,3 +886,36 @@ def test_the_demo_says_whether_its_numbers_are_of_the_running_kernels(demo_page,
         assert demo.MEASURED_SOURCE in text and running in text
     else:
         assert line.get_attribute("data-state") == "current" and running in text
+
+
+def test_value_head_dim_is_a_filter_offered_per_head_dim(browser, bwd_server):
+    """The problem filters come from GET /v1/problem-fields; head_dim_v offers the value head dims
+    of the chosen head dim only, and a 192/128 shape is its own series, not merged with 192/192."""
+    assert [f["name"] for f in bwd_server.get("/v1/problem-fields")] == [
+        "pass", "dtype", "head_dim", "head_dim_v", "causal", "deterministic"]
+    device = _device_payload(bwd_server)
+    for dv, tflops in ((192, 610.0), (128, 655.0)):
+        body = {"device": device, "provider": "fa4", "config": {}, "status": "ok", "median_ms": 1.0, "tflops": tflops,
+                "problem": {"batch": 2, "seqlen_q": 8192, "seqlen_k": 8192, "heads_q": 10, "heads_kv": 10,
+                            "head_dim": 192, "head_dim_v": dv}}
+        r = bwd_server.http.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 201, r.text
+    page = Page(browser, bwd_server.url + "/")
+    try:
+        assert "192" in page.filter_options("throughput", "head_dim")
+        start = page.filter_value("throughput", "head_dim")
+        assert page.filter_options("throughput", "head_dim_v") == [start]  # the demo's shapes have dv == d
+        page.choose("throughput", "head_dim", "192")
+        page.settle("throughput", raw_has="head_dim=192")
+        assert page.filter_options("throughput", "head_dim_v") == ["128", "192"]
+        for dv in ("192", "128"):
+            page.choose("throughput", "head_dim_v", dv)
+            page.settle("throughput", raw_has=f"head_dim_v={dv}")
+            params = _query(page.raw("throughput"))
+            assert (params["head_dim"], params["head_dim_v"]) == ("192", dv)
+            got = _by_name(page.series("chart-throughput"))
+            _assert_points(got, expected_throughput(bwd_server.results(**params)))
+            assert got and all(p[1] == (655.0 if dv == "128" else 610.0) for pts in got.values() for p in pts)
+        assert page.problems == []
+    finally:
+        page.close()

@@ -83,3 +83,21 @@ def test_a_grid_for_a_gpu_provider_without_a_gpu_reports_every_shape(tmp_path):
     reports = json.loads(r.stdout)
     assert [rep["problem"] for rep in reports] == [Problem.standard(s, 128).to_dict() for s in (4096, 8192)]
     assert all("timing needs a CUDA GPU" in rep["timing"] for rep in reports)
+
+
+def test_value_head_dim_from_the_command_line_and_from_files(tmp_path):
+    from tuner.cli import _shape_label, build_parser, problems_from_args
+
+    a = build_parser().parse_args(["--seqlen", "8192", "--hdim", "192", "--hdim-v", "128", "--pass", "bwd"])
+    (p,) = problems_from_args(a)
+    assert (p.head_dim, p.head_dim_v, p.heads_q, p.pass_) == (192, 128, 2048 // 192, "bwd")
+    assert " d192/128 " in _shape_label(p) and "d128/128" not in _shape_label(Problem.standard(1024, 128))
+    path = tmp_path / "s.csv"
+    path.write_text("seqlen,hdim,hdim_v,causal\n4096,192,128,1\n4096,192,,0\n")
+    assert load_shapes(path, {}) == [Problem.standard(4096, 192, head_dim_v=128, causal=True),
+                                     Problem.standard(4096, 192)]
+
+
+def test_cli_value_head_dim_must_be_positive(tmp_path):
+    r = fa4_tune("--seqlen", "1024", "--hdim", "192", "--hdim-v", "0")
+    assert r.returncode == 2 and "--hdim-v must be a positive integer" in r.stderr, r.stderr

@@ -1,0 +1,103 @@
+"""provider="auto" against each provider it chooses from, timed in one process on the GPU.
+
+    python3 bench/auto_dispatch.py --db sqlite:///auto.db --measure     # store each provider's default
+    python3 bench/auto_dispatch.py --db sqlite:///auto.db               # then: auto vs every provider
+
+``--measure`` runs ``fa4-tune --shapes FILE --provider P --trials 1`` for fa4, flash-attn-4, cudnn
+and fa2 (each one's default configuration, forward and backward rows, correctness-gated) into the
+DB. Without it, each shape of FILE is timed as a plain call of every provider and with
+provider="auto" (FA4_DB pointing at the DB): the forward without grad, and forward + backward
+with grad; do_bench medians on fresh inputs. A line per shape names auto's choice and auto / the
+fastest provider; "SLOWER" marks a ratio above 1 + --noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROVIDERS = ("fa4", "flash-attn-4", "cudnn", "fa2")
+
+
+def measure(db: str, shapes: str) -> None:
+    for p in PROVIDERS:
+        cmd = ["fa4-tune", "--shapes", shapes, "--provider", p, "--trials", "1", "--db", db]
+        print("$ " + " ".join(cmd), flush=True)
+        rc = subprocess.call(cmd)
+        print(f"rc={rc}", flush=True)
+
+
+def rows(shapes: str) -> list[dict]:
+    with open(shapes) as f:
+        seen, out = set(), []
+        for r in csv.DictReader(f):
+            key = tuple(v for k, v in r.items() if k != "pass")
+            if key not in seen:  # one entry per shape: both passes are timed
+                seen.add(key)
+                out.append(r)
+        return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--shapes", default=str(Path(__file__).parent / "shapes" / "issue16_table.csv"))
+    ap.add_argument("--measure", action="store_true")
+    ap.add_argument("--noise", type=float, default=0.05)
+    a = ap.parse_args()
+    if a.measure:
+        measure(a.db, a.shapes)
+        return 0
+    os.environ["FA4_DB"] = a.db
+    import torch
+    from triton.testing import do_bench
+
+    import fa4
+
+    slower = 0
+    for r in rows(a.shapes):
+        b, sq, sk = int(r["batch"]), int(r["seqlen"]), int(r["seqlen_k"])
+        hq, hkv, d = int(r["heads"]), int(r["heads_kv"]), int(r["hdim"])
+        causal = r["causal"].strip() in ("1", "true", "True")
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[r["dtype"]]
+        q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
+        k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+        v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt)
+        do = torch.randn(b, sq, hq, d, device="cuda", dtype=dt)
+        choice = fa4.explain_auto(q, k, v, causal)
+        name = f"B{b} Sq{sq} Sk{sk} H{hq}/{hkv} d{d}{' causal' if causal else ''}"
+        for kind in ("fwd", "fwd+bwd"):
+            times = {}
+            for p in (*PROVIDERS, "auto"):
+                if kind == "fwd":
+                    def fn(p=p):
+                        with torch.no_grad():
+                            return fa4.flash_attn_func(q, k, v, causal=causal, provider=p)
+                else:
+                    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+
+                    def fn(p=p, qg=qg, kg=kg, vg=vg):
+                        out = fa4.flash_attn_func(qg, kg, vg, causal=causal, provider=p)
+                        torch.autograd.grad(out, (qg, kg, vg), do)
+                try:
+                    fn()
+                    times[p] = do_bench(fn, warmup=25, rep=100)
+                except Exception as e:
+                    print(f"  {name} {kind} {p}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+            best = min((t for p, t in times.items() if p != "auto"), default=None)
+            chosen = choice.fwd if kind == "fwd" else choice.train
+            ratio = times.get("auto", float("nan")) / best if best else float("nan")
+            bad = ratio > 1 + a.noise
+            slower += bad
+            print(f"{name} {kind}: " + ", ".join(f"{p} {t:.3f} ms" for p, t in times.items())
+                  + f" | auto chose {chosen}: auto/fastest {ratio:.3f}" + ("  SLOWER" if bad else ""), flush=True)
+    print(f"shapes where auto is slower than the fastest provider beyond {a.noise:.0%}: {slower}")
+    return 1 if slower else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
