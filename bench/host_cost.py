@@ -1,0 +1,82 @@
+"""Host cost per attention call on a tiny problem: ours and the peers, the same loop for each.
+
+    python3 bench/host_cost.py [--calls 2000] [--shape 1,128,4,128]
+
+A problem so small that the GPU work is a few microseconds, so a loop of ``--calls`` calls
+followed by one synchronize measures what the host spends per call (argument checks, config
+lookup, allocations, launches). Forward alone (no grad), then forward + backward (autograd,
+``torch.autograd.grad``). Each loop runs twice after a warm-up (compiles, caches); the lower
+is printed, in microseconds per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def per_call_us(fn, calls: int) -> float:
+    import torch
+
+    best = float("inf")
+    for _ in range(2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--shape", default="1,128,4,128", help="batch,seqlen,heads,head_dim")
+    ap.add_argument("--providers", default="fa4,flash-attn-4,cudnn,fa2")
+    ap.add_argument("--profile", action="store_true", help="then cProfile fa4's forward + backward loop (top 30)")
+    a = ap.parse_args()
+    import torch
+
+    import fa4
+
+    b, s, h, d = (int(x) for x in a.shape.split(","))
+    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    print(f"shape B{b} S{s} H{h} D{d} bf16, {a.calls} calls, one sync; us per call (lower of 2 loops)")
+    for p in a.providers.split(","):
+        def fwd(p=p):
+            with torch.no_grad():
+                fa4.flash_attn_func(q, k, v, causal=True, provider=p)
+
+        def fwd_bwd(p=p):
+            out = fa4.flash_attn_func(qg, kg, vg, causal=True, provider=p)
+            torch.autograd.grad(out, (qg, kg, vg), do)
+
+        row = []
+        for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
+            try:
+                for _ in range(20):
+                    fn()
+                row.append(f"{name} {per_call_us(fn, a.calls):7.1f}")
+            except Exception as e:
+                row.append(f"{name} n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
+        print(f"{p:13s} " + "  ".join(row), flush=True)
+    if a.profile:
+        import cProfile
+        import pstats
+
+        def loop():
+            for _ in range(a.calls):
+                out = fa4.flash_attn_func(qg, kg, vg, causal=True)
+                torch.autograd.grad(out, (qg, kg, vg), do)
+            torch.cuda.synchronize()
+
+        prof = cProfile.Profile()
+        prof.runcall(loop)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
