@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.tensor_utils as tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
@@ -80,8 +80,8 @@ class FlashDecodeSm90:
         # plain 2-D box for TMA; V is (d, row in page, ...), the MN-major B operand of O += P V.
         mKt = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 3, 2, 0]))
         mVt = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[3, 1, 2, 0]))
-        k_major = utils.LayoutEnum.from_tensor(mKt)
-        v_major = utils.LayoutEnum.from_tensor(mVt)
+        k_major = tensor_utils.LayoutEnum.from_tensor(mKt)
+        v_major = tensor_utils.LayoutEnum.from_tensor(mVt)
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, k_major.sm90_mma_major_mode(),
             Float32, (1, 1, 1), self.qk_tiler[:2],
@@ -90,7 +90,7 @@ class FlashDecodeSm90:
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, v_major.sm90_mma_major_mode(),
             Float32, (1, 1, 1), self.pv_tiler[:2], warpgroup.OperandSource.RMEM,
         )
-        sQ_layout = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.qk_tiler, self.dtype, 1)
+        sQ_layout = sm90_utils.make_smem_layout_a(tensor_utils.LayoutEnum.ROW_MAJOR, self.qk_tiler, self.dtype, 1)
         sK_layout = sm90_utils.make_smem_layout_b(k_major, self.qk_tiler, self.dtype, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(v_major, self.pv_tiler, self.dtype, self.kv_stages)
         sK_one = cute.slice_(sK_layout, (None, None, 0))
