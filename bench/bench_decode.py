@@ -57,6 +57,13 @@ def bench_ms(fn):
     return tt.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
+def copy_bandwidth() -> float:
+    """TB/s of a device-to-device copy, 1 GiB read + 1 GiB written."""
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.int16)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / bench_ms(lambda: dst.copy_(src)) / 1e9
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,4,16,64")
@@ -66,12 +73,8 @@ def main():
     args = ap.parse_args()
     ref = reference_fn()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    # The copy: 1 GiB read + 1 GiB written.
-    src = torch.empty(1 << 29, device="cuda", dtype=torch.int16)
-    dst = torch.empty_like(src)
-    copy_tbs = 2 * src.numel() * 2 / bench_ms(lambda: dst.copy_(src)) / 1e9
+    copy_tbs = copy_bandwidth()
     print(f"copy bandwidth (read+write): {copy_tbs:.2f} TB/s; SMs {sms}", flush=True)
-    del src, dst
     rows = []
     for batch in map(int, args.batches.split(",")):
         for kv in map(int, args.kv.split(",")):
