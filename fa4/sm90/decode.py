@@ -17,7 +17,9 @@ sees keys j <= t + seqlen_k - seqlen_q with seqlen_k = cache_seqlens[b].
 Split-KV: a sequence's KV tiles are cut into ``num_splits`` contiguous ranges of
 ceil(tiles / num_splits); a CTA whose range is empty writes O = 0 and LSE = -inf, which the
 combine kernel (fa4.sm90.decode_combine) weighs by zero. The valid lengths are read on the
-device only, so a launch never syncs with the host and its grid depends on shapes alone.
+device only, so a launch never syncs with the host and its grid depends on shapes alone. Keys
+past a sequence's end are masked in S and, in its last tile, zeroed in V (the cache may hold NaN
+there).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fa4.common.tma import seq_tiles
 from fa4.sm90.decode_config import CONSUMER_THREADS, NUM_THREADS, ROWS_PER_CTA, DecodeConfigSm90
 
 BAR_Q = 1  # the consumer warpgroup's Q tile is in shared memory
+BAR_V_TAIL = 2  # the last V tile's keys past the sequence end are zeroed
 PRODUCER_WARP = CONSUMER_THREADS // 32
 
 
@@ -179,7 +182,8 @@ class FlashDecodeSm90:
         if cutlass.const_expr(self.paged):
             seqlen_k = page_size * mPageTable.shape[1]
         if cutlass.const_expr(self.has_seqlens):
-            seqlen_k = mSeqlens[batch]
+            # Never past the cache: a length over it would read other sequences' pages.
+            seqlen_k = cutlass.min(mSeqlens[batch], seqlen_k)
         n_tiles = (seqlen_k + self.tile_n - 1) // self.tile_n
         per_split = (n_tiles + num_splits - 1) // num_splits
         n_lo = split * per_split
@@ -293,6 +297,7 @@ class FlashDecodeSm90:
             softmax.softmax_first(s_mn, row_max, row_sum, scale_log2, frozenset())
             convert.to_packed16(acc_S, tOrP_as_S)
             pipe_v.consumer_wait(v_state)
+            self.zero_v_tail(sV, v_state.index, n_lo, seqlen_k, tidx)
             mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=True)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
@@ -312,6 +317,7 @@ class FlashDecodeSm90:
                     softmax.rescale_rows(o_mn, row_scale)
                 convert.to_packed16(acc_S, tOrP_as_S)
                 pipe_v.consumer_wait(v_state)
+                self.zero_v_tail(sV, v_state.index, n, seqlen_k, tidx)
                 mma.gemm(pv_mma, acc_O, tOrP, tOrV[None, None, None, v_state.index], zero_init=False)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
@@ -320,6 +326,20 @@ class FlashDecodeSm90:
             softmax.finalize(o_mn, row_max, row_sum, lse, scale_log2)
         self.epilogue(pv_thr, o_mn, lse, c0_mn, row0, mO, mLSE, mOp, mLSEp, tidx, batch, split, m_block,
                       head0, rows, seqlen_q)
+
+    @cute.jit
+    def zero_v_tail(self, sV, stage, n, seqlen_k, tidx):
+        """Zero the V rows of tile n past the sequence's last key. Their P is 0, but a cache holds
+        anything there (torch.empty pages, stale steps): 0 x NaN or 0 x inf in O += P V is NaN. K needs
+        nothing: the mask overwrites those scores. Runs on the sequence's last tile only."""
+        valid = seqlen_k - n * self.tile_n
+        if valid < self.tile_n:
+            total = (self.tile_n - valid) * self.head_dim
+            for i in cutlass.range(tidx, total, CONSUMER_THREADS, unroll=1):
+                sV[i % self.head_dim, valid + i // self.head_dim, stage] = self.dtype(0.0)
+            # Generic-proxy stores, read by the WGMMA through the async proxy.
+            cute.arch.fence_proxy("async.shared", space="cta")
+            cute.arch.barrier(barrier_id=BAR_V_TAIL, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
     def epilogue(self, pv_thr, o_mn, lse, c0_mn, row0, mO, mLSE, mOp, mLSEp, tidx, batch, split, m_block,

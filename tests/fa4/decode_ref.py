@@ -26,10 +26,28 @@ def check_fwd():
 
 
 def make_case(batch, seqlen_q, heads_q, heads_kv, head_dim, lens, page_size, dtype=torch.bfloat16,
-              device="cpu", seed=0, spare_pages=3):
+              device="cpu", seed=0, spare_pages=3, poison_tail=False):
     """(q, k_cache, v_cache, cache_seqlens, page_table): ``page_size`` 0 = a contiguous cache of
     max(lens) (at least 1) keys per sequence; otherwise pages dealt to the sequences in a shuffled
-    order, a few spare pages never referenced, unused table entries pointing at page 0."""
+    order, a few spare pages never referenced, unused table entries pointing at page 0.
+    ``poison_tail``: every cache slot past a sequence's length (and every spare page) is NaN, as
+    a cache from torch.empty may be; no valid key may be touched by them."""
+    q, k, v, seqlens, table = _make(batch, seqlen_q, heads_q, heads_kv, head_dim, lens, page_size, dtype,
+                                    seed, spare_pages)
+    if poison_tail:
+        for cache in (k, v):
+            live = torch.zeros(cache.shape[:2], dtype=torch.bool)
+            for b, n in enumerate(lens):
+                if table is None:
+                    live[b, :n] = True
+                else:
+                    for i in range(n):
+                        live[table[b, i // page_size], i % page_size] = True
+            cache[~live] = float("nan")
+    return q.to(device), k.to(device), v.to(device), seqlens.to(device), None if table is None else table.to(device)
+
+
+def _make(batch, seqlen_q, heads_q, heads_kv, head_dim, lens, page_size, dtype, seed, spare_pages):
     g = torch.Generator().manual_seed(seed)
     cap = max(max(lens), 1)
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, generator=g).to(dtype)
@@ -37,7 +55,7 @@ def make_case(batch, seqlen_q, heads_q, heads_kv, head_dim, lens, page_size, dty
     if not page_size:
         k = torch.randn(batch, cap, heads_kv, head_dim, generator=g).to(dtype)
         v = torch.randn(batch, cap, heads_kv, head_dim, generator=g).to(dtype)
-        return q.to(device), k.to(device), v.to(device), seqlens.to(device), None
+        return q, k, v, seqlens, None
     max_pages = math.ceil(cap / page_size)
     need = [math.ceil(n / page_size) for n in lens]
     num_pages = sum(need) + spare_pages
@@ -49,7 +67,7 @@ def make_case(batch, seqlen_q, heads_q, heads_kv, head_dim, lens, page_size, dty
         at += n
     k = torch.randn(num_pages, page_size, heads_kv, head_dim, generator=g).to(dtype)
     v = torch.randn(num_pages, page_size, heads_kv, head_dim, generator=g).to(dtype)
-    return q.to(device), k.to(device), v.to(device), seqlens.to(device), table.to(device)
+    return q, k, v, seqlens, table
 
 
 def gather_kv(cache, page_table, b, length):

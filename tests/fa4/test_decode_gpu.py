@@ -3,8 +3,8 @@
 Page sizes 16/64/256 and a contiguous cache; ragged cache_seqlens with 0 and 1 in the batch;
 1/2/4/16 new tokens; GQA ratios 1/4/8 (16 tokens x 8 heads = two 64-row blocks); causal
 bottom-right or not; split counts 1, 3, auto and the maximum (most splits then empty). The output
-is poisoned with NaN first, and so is the memory the split workspace is carved from; NaN never
-passes. Then: pack_gqa off, fp16, hd64, no cache_seqlens, and one decode step captured in a CUDA
+is poisoned with NaN first, and so is the memory the split workspace is carved from, and every
+cache slot past a sequence's length (a cache from torch.empty); NaN never passes. Then: pack_gqa off, fp16, hd64, no cache_seqlens, and one decode step captured in a CUDA
 graph and replayed with new cache_seqlens (and query) contents.
 """
 
@@ -41,7 +41,7 @@ def run_case(batch_lens, sq, hq, hkv, d, page_size, causal, num_splits, dtype=No
 
     dtype = dtype or torch.bfloat16
     q, k, v, seqlens, table = decode_ref.make_case(len(batch_lens), sq, hq, hkv, d, batch_lens, page_size,
-                                                   dtype, "cuda", seed)
+                                                   dtype, "cuda", seed, poison_tail=with_seqlens)
     out = torch.full_like(q, float("nan"))
     _poison_workspace(q, num_splits or 128)
     o, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens if with_seqlens else None,

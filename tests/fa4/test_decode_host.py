@@ -190,7 +190,7 @@ def test_host_path_matches_reference(fake, case):
     import fa4
 
     b, sq, hq, hkv, d, lens, page, causal, splits = case
-    q, k, v, seqlens, table = decode_ref.make_case(b, sq, hq, hkv, d, lens, page)
+    q, k, v, seqlens, table = decode_ref.make_case(b, sq, hq, hkv, d, lens, page, poison_tail=True)
     out = torch.full_like(q, float("nan"))
     o, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, causal=causal,
                                          num_splits=splits, return_lse=True, out=out)
