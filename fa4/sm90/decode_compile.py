@@ -36,8 +36,9 @@ class CombineKernelKey:
 
 def compile_key(dtype: str, head_dim: int, causal: bool, paged: bool, has_seqlens: bool, split: bool,
                 has_lse: bool, config: DecodeConfigSm90) -> DecodeKernelKey:
-    """Configs that differ only in runtime knobs share one compiled kernel."""
-    return DecodeKernelKey(dtype, head_dim, causal, paged, has_seqlens, split, has_lse,
+    """Configs that differ only in runtime knobs share one compiled kernel; split, the final LSE is the
+    combine's (the decode kernel writes partial LSEs either way), so has_lse does not shape it."""
+    return DecodeKernelKey(dtype, head_dim, causal, paged, has_seqlens, split, has_lse and not split,
                            compile_time_config(config))
 
 
