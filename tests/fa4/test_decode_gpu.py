@@ -117,3 +117,10 @@ def test_decode_step_in_a_cuda_graph():
         torch.cuda.synchronize()
         ok, info = decode_ref.errors(out, None, q, k, v, new_lens, table, False, 1 / math.sqrt(128))
         assert ok, (step, info)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_decode_cache_shorter_than_a_tile(page_size):
+    # A contiguous cache of 5 keys: the 128-key TMA box reaches past the tensor (zero fill).
+    ok, info = run_case([1, 5], 4, 8, 2, 128, page_size, True, 0)
+    assert ok, info
