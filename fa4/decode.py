@@ -177,7 +177,7 @@ def flash_attn_with_kvcache(
     that are multiples of 16 (tile_n picks the widest of 128/64/32/16 that divides the page).
     """
     fast_key = (
-        q.shape, k_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
+        q.shape, k_cache.shape, v_cache.shape, q.stride(), k_cache.stride(), v_cache.stride(), q.dtype, k_cache.dtype,
         v_cache.dtype, q.device, k_cache.device, v_cache.device,
         None if cache_seqlens is None else (cache_seqlens.shape, cache_seqlens.dtype, cache_seqlens.device),
         None if page_table is None else (page_table.shape, page_table.stride(), page_table.dtype,
