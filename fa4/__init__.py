@@ -3,9 +3,11 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "explain", "explain_auto", "flash_attn_func", "record_shapes"]
+__all__ = ["__version__", "explain", "explain_auto", "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache", "record_shapes"]
 
 if TYPE_CHECKING:  # what IDEs and type checkers read; at run time __getattr__ loads it on first use
+    from fa4.decode import flash_attn_varlen_func, flash_attn_with_kvcache
     from fa4.interface import flash_attn_func
     from fa4.record import record_shapes
 
@@ -18,6 +20,12 @@ def __getattr__(name: str):
 
         globals()[name] = flash_attn_func
         return flash_attn_func
+    if name in ("flash_attn_with_kvcache", "flash_attn_varlen_func"):
+        from fa4 import decode
+
+        fn = getattr(decode, name)
+        globals()[name] = fn
+        return fn
     if name == "record_shapes":
         from fa4.record import record_shapes
 

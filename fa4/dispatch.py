@@ -77,3 +77,32 @@ def bwd_entry(arch: Arch) -> BwdEntry:
     if make is None:
         raise NotImplementedError(f"fa4 has no backward kernel for {arch.name} yet")
     return make()
+
+
+@dataclass(frozen=True)
+class DecodeEntry:
+    config_cls: type
+    violations: Callable
+    default_config: Callable
+    compile_key: Callable
+    compile: Callable  # the decode kernel
+    compile_combine: Callable  # the split-KV combine kernel
+
+
+def _sm90_decode() -> DecodeEntry:
+    from fa4.sm90 import decode_compile as c
+    from fa4.sm90 import decode_config as f
+
+    return DecodeEntry(f.DecodeConfigSm90, f.violations, f.default_config, c.compile_key, c.compile_decode,
+                       c.compile_combine)
+
+
+# fa4.flash_attn_with_kvcache (fa4.decode) builds its plan from the entry of the tensors' arch.
+_DECODE: dict[str, Callable[[], DecodeEntry] | None] = {"sm90": _sm90_decode, "sm100": None}
+
+
+def decode_entry(arch: Arch) -> DecodeEntry:
+    make = _DECODE.get(arch.name)
+    if make is None:
+        raise NotImplementedError(f"fa4 has no decode kernel for {arch.name} yet")
+    return make()

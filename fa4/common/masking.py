@@ -38,3 +38,19 @@ def apply_mask(
         for c in cutlass.range_constexpr(ncol):
             if c0_mn[r, c][1] >= limit:
                 s_mn[r, c] = -Float32.inf
+
+
+@cute.jit
+def apply_key_limits(
+    s_mn: cute.Tensor,  # ((2, MMA_M), (2, V, MMA_N)) fp32 scores, row/col view
+    c0_mn: cute.Tensor,  # same view of thread 0's (row, col) coordinates: static offsets
+    key_limit: cute.Tensor,  # (rows,) Int32: keys [0, limit) visible to each of the thread's rows
+    col_base: Int32,  # global key column of this thread's first element
+):
+    """Mask by a per-row key count, for rows whose query position is not affine in the row index
+    (the decode kernel's packed (head, token) rows)."""
+    for r in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        limit = key_limit[r] - col_base
+        for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+            if c0_mn[r, c][1] >= limit:
+                s_mn[r, c] = -Float32.inf

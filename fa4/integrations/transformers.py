@@ -80,10 +80,8 @@ def attention_forward(
     varlen = all(kwargs.get(n) is not None for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"))
     padded = attention_mask is not None and not bool(attention_mask.all())
     if varlen or padded or _packed(kwargs.get("position_ids"), batch):
-        if not hasattr(fa4, "flash_attn_varlen_func"):
-            raise NotImplementedError(
-                "fa4 has no variable-length kernel yet: padded batches (an attention mask with zeros) and "
-                "packed sequences need fa4.flash_attn_varlen_func; run them with attn_implementation='sdpa'")
+        # Padded batches (an attention mask with zeros) and packed sequences: until fa4's packed
+        # varlen kernel is built, flash_attn_varlen_func says so (NotImplementedError).
         return _varlen(module, query, key, value, attention_mask, scaling, sliding_window, softcap, is_causal,
                        s_aux, kwargs)
     causal = bool(module.is_causal if is_causal is None else is_causal)

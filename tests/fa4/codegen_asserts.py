@@ -22,8 +22,17 @@ def compile_and_read(build, key, sass_ops):
 def assert_clean(ptx: str, cubin: bytes, ops: dict, consumer_wgs: int, reg_split: tuple[int, int]) -> None:
     """WGMMA present; no local memory (spills, stack); no WGMMA serialized by ptxas (C7512); and a
     setmaxnreg split the CTA can be granted from what it got at launch (a split over it hangs)."""
-    from fa4.common import codegen_check as cc
     from fa4.common.regs import launch_registers, reg_split_violation
+
+    res = assert_no_spills(ptx, cubin, ops)
+    assert max(k.registers for k in res.values() if k.registers) == launch_registers(128 * (consumer_wgs + 1))
+    assert reg_split_violation(consumer_wgs, *reg_split) is None
+
+
+def assert_no_spills(ptx: str, cubin: bytes, ops: dict) -> dict:
+    """WGMMA present; no local memory (spills, stack); no WGMMA serialized by ptxas (C7512).
+    Returns the cubin's per-kernel resources."""
+    from fa4.common import codegen_check as cc
 
     assert ops["HGMMA"] > 0, "no WGMMA in the kernel"
     assert ops["LDL"] == 0 and ops["STL"] == 0, f"local memory traffic (spills): {ops}"
@@ -33,5 +42,4 @@ def assert_clean(ptx: str, cubin: bytes, ops: dict, consumer_wgs: int, reg_split
     assert "C7512" not in log and "serialized" not in log, log[-800:]
     for name, kr in per.items():
         assert not kr.spill_store_bytes and not kr.spill_load_bytes, (name, kr)
-    assert max(k.registers for k in res.values() if k.registers) == launch_registers(128 * (consumer_wgs + 1))
-    assert reg_split_violation(consumer_wgs, *reg_split) is None
+    return res

@@ -1,0 +1,89 @@
+"""Compile-only checks of the decode and combine kernels (no GPU: sm_90a, fake tensors).
+
+A sample of the feasible space: every tile_n at head_dim 64 and 128, each at its deepest
+feasible ring and at 2 stages, with the kernel-shaping flags (causal, paged, cache_seqlens
+given, split, LSE written) rotated over the sample so that every value of each appears at both
+head dims. Each kernel must contain WGMMA and the TMA loads of the K/V tiles, load Q with
+16-byte vectors, not spill, and not have its WGMMAs serialized by ptxas. The combine kernel is
+compiled for each (dtype, head_dim, LSE written) and must not spill either.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fa4.decode_problem import DecodeProblem
+from fa4.sm90.decode_compile import CombineKernelKey, compile_combine, compile_decode, compile_key
+from fa4.sm90.decode_config import HEAD_DIMS, DecodeConfigSm90, violations
+from tests.fa4.codegen_asserts import assert_no_spills, compile_and_read
+
+STAGES = DecodeConfigSm90.__dataclass_fields__["kv_stages"].metadata["fa4_knob"]["choices"]
+TILES = DecodeConfigSm90.__dataclass_fields__["tile_n"].metadata["fa4_knob"]["choices"]
+# (causal, paged, has_seqlens, split, has_lse): rotated over the sample.
+FLAGS = [
+    (False, True, True, True, True),
+    (True, True, True, False, True),
+    (True, False, True, True, False),
+    (False, False, False, False, False),
+    (True, True, False, True, True),
+    (False, True, True, False, False),
+    (True, False, False, False, True),
+    (False, True, False, True, False),
+]
+
+
+def sample():
+    out = []
+    flags = itertools.cycle(FLAGS)
+    for hd in HEAD_DIMS:
+        prob = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=32768, heads_q=32, heads_kv=8, head_dim=hd,
+                             page_size=256)
+        for tn in TILES:
+            feasible = [s for s in STAGES if not violations(DecodeConfigSm90(tile_n=tn, kv_stages=s), prob)]
+            for stages in sorted({feasible[0], feasible[-1]}):
+                out.append((hd, DecodeConfigSm90(tile_n=tn, kv_stages=stages), next(flags)))
+    return out
+
+
+def test_sample_covers_every_flag_value_and_knob_value():
+    s = sample()
+    for i in range(len(FLAGS[0])):
+        for hd in HEAD_DIMS:
+            assert {f[i] for d, _, f in s if d == hd} == {False, True}, (i, hd)
+    assert {c.tile_n for _, c, _ in s} == set(TILES)
+    assert len({c.kv_stages for _, c, _ in s}) >= 4
+
+
+@pytest.mark.parametrize(
+    "hd,config,flags", sample(),
+    ids=[f"hd{hd}-n{c.tile_n}-s{c.kv_stages}-" + "".join("cpsxl"[i] if f else "_" for i, f in enumerate(fl))
+         for hd, c, fl in sample()],
+)
+def test_decode_codegen(hd, config, flags):
+    causal, paged, has_seqlens, split, has_lse = flags
+    key = compile_key("bf16", hd, causal, paged, has_seqlens, split, has_lse, config)
+    ptx, cubin, ops = compile_and_read(compile_decode, key, ["UTMALDG.4D", "LDG.E.128"])
+    assert_no_spills(ptx, cubin, ops)
+    assert ops["UTMALDG.4D"] >= 2 and ops["UTMALDG.4D"] % 2 == 0, ops  # K and V boxes, in pairs
+    assert ops["LDG.E.128"] == 64 * hd // 8 // 128, ops  # the Q tile in 16-byte chunks
+
+
+def test_decode_codegen_fp16():
+    key = compile_key("fp16", 128, True, True, True, True, True, DecodeConfigSm90())
+    ptx, cubin, ops = compile_and_read(compile_decode, key, [])
+    assert_no_spills(ptx, cubin, ops)
+
+
+@pytest.mark.parametrize("dtype,hd,has_lse", [("bf16", 128, True), ("bf16", 64, False), ("fp16", 128, False),
+                                              ("fp16", 64, True)])
+def test_combine_codegen(dtype, hd, has_lse):
+    from fa4.common import codegen_check as cc
+
+    ptx, cubin, ops = compile_and_read(compile_combine, CombineKernelKey(dtype, hd, has_lse), ["MUFU.EX2"])
+    assert ops["LDL"] == 0 and ops["STL"] == 0, ops
+    assert ops["MUFU.EX2"] >= 1
+    assert all(not k.frame_bytes for k in cc.cubin_resources(cubin).values())
+    per, _ = cc.ptxas_verbose(ptx)
+    assert all(not k.spill_store_bytes for k in per.values())

@@ -1,0 +1,126 @@
+"""The decode kernel on the GPU against the fp32 reference (the forward's error rule).
+
+Page sizes 16/64/256 and a contiguous cache; ragged cache_seqlens with 0 and 1 in the batch;
+1/2/4/16 new tokens; GQA ratios 1/4/8 (16 tokens x 8 heads = two 64-row blocks); causal
+bottom-right or not; split counts 1, 3, auto and the maximum (most splits then empty). The output
+is poisoned with NaN first, and so is the memory the split workspace is carved from, and every
+cache slot past a sequence's length (a cache from torch.empty); NaN never passes. Then: pack_gqa off, fp16, hd64, no cache_seqlens, and one decode step captured in a CUDA
+graph and replayed with new cache_seqlens (and query) contents.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.fa4 import decode_ref
+
+pytestmark = pytest.mark.gpu
+
+LENS = [0, 1, 700, 3000]  # batch 4, ragged, capacity 3000
+SHAPES = [(1, 32, 8), (2, 8, 8), (4, 16, 4), (16, 8, 1)]  # (new tokens, heads_q, heads_kv)
+
+
+def _poison_workspace(q, splits):
+    """Hand the caching allocator a NaN-filled block of the workspace's size, so the kernel's partials
+    land on NaN unless it writes every one of them (empty splits included)."""
+    import torch
+
+    if splits > 1:
+        b, sq, hq, d = q.shape
+        torch.full((splits, b, hq, sq, d), float("nan"), device="cuda")
+        torch.full((splits, b, hq, sq), float("nan"), device="cuda")
+
+
+def run_case(batch_lens, sq, hq, hkv, d, page_size, causal, num_splits, dtype=None, pack_gqa=None,
+             with_seqlens=True, seed=0):
+    import torch
+
+    import fa4
+
+    dtype = dtype or torch.bfloat16
+    q, k, v, seqlens, table = decode_ref.make_case(len(batch_lens), sq, hq, hkv, d, batch_lens, page_size,
+                                                   dtype, "cuda", seed, poison_tail=with_seqlens)
+    out = torch.full_like(q, float("nan"))
+    _poison_workspace(q, num_splits or 128)
+    o, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens if with_seqlens else None,
+                                         page_table=table, causal=causal, num_splits=num_splits,
+                                         pack_gqa=pack_gqa, return_lse=True, out=out)
+    torch.cuda.synchronize()
+    lens = batch_lens if with_seqlens else [k.shape[1] * (table.shape[1] if table is not None else 1)] * len(batch_lens)
+    return decode_ref.errors(o, lse, q, k, v, lens, table, causal, 1 / math.sqrt(d))
+
+
+@pytest.mark.parametrize("splits", [1, 3, 0, 128])
+@pytest.mark.parametrize("sq,hq,hkv", SHAPES)
+@pytest.mark.parametrize("page_size", [0, 16, 64, 256])
+def test_decode_matches_reference(page_size, sq, hq, hkv, splits):
+    causal = (page_size // 16 + sq + splits) % 2 == 0  # both, spread over the grid
+    ok, info = run_case(LENS, sq, hq, hkv, 128, page_size, causal, splits)
+    assert ok, info
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("splits", [1, 5])
+def test_decode_unpacked_gqa(causal, splits):
+    ok, info = run_case(LENS, 2, 16, 4, 128, 64, causal, splits, pack_gqa=False)
+    assert ok, info
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("page_size", [0, 32, 128])
+def test_decode_hd64_fp16(page_size, splits):
+    import torch
+
+    ok, info = run_case([5, 1000, 0], 1, 16, 2, 64, page_size, True, splits, dtype=torch.float16)
+    assert ok, info
+    ok, info = run_case([5, 1000, 0], 4, 16, 2, 64, page_size, False, splits)
+    assert ok, info
+
+
+@pytest.mark.parametrize("page_size", [0, 256])
+def test_decode_without_cache_seqlens(page_size):
+    ok, info = run_case([512, 300], 1, 32, 8, 128, page_size, False, 0, with_seqlens=False)
+    assert ok, info
+
+
+def test_decode_long_append_and_large_scores():
+    # 200 new tokens x 4 heads: 13 row blocks; keys up to 2k.
+    ok, info = run_case([2048, 999], 200, 8, 2, 128, 256, True, 2)
+    assert ok, info
+
+
+def test_decode_step_in_a_cuda_graph():
+    import torch
+
+    import fa4
+
+    lens = [4000, 17, 0, 2500]
+    q, k, v, seqlens, table = decode_ref.make_case(4, 1, 32, 8, 128, lens, 256, torch.bfloat16, "cuda", 3)
+    out = torch.full_like(q, float("nan"))
+    fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, out=out)  # plan + compile
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, out=out)
+    from fa4 import decode
+
+    (plan,) = [p for p in decode._plans.values() if p.problem.batch == 4 and p.problem.seqlen_k == 4096
+               and p.problem.heads_q == 32]
+    assert plan.num_splits > 1  # the graph holds the combine too
+    for step, new_lens in enumerate(([4001, 18, 1, 2501], [1, 4096, 255, 256], [0, 0, 0, 3])):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ok, info = decode_ref.errors(out, None, q, k, v, new_lens, table, False, 1 / math.sqrt(128))
+        assert ok, (step, info)
+
+
+@pytest.mark.parametrize("page_size", [0, 16])
+def test_decode_cache_shorter_than_a_tile(page_size):
+    # A contiguous cache of 5 keys: the 128-key TMA box reaches past the tensor (zero fill).
+    ok, info = run_case([1, 5], 4, 8, 2, 128, page_size, True, 0)
+    assert ok, info
