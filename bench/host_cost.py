@@ -66,15 +66,35 @@ def main() -> int:
         import cProfile
         import pstats
 
-        def loop():
+        def fwd_loop():
+            with torch.no_grad():
+                for _ in range(a.calls):
+                    fa4.flash_attn_func(q, k, v, causal=True)
+            torch.cuda.synchronize()
+
+        def fwd_bwd_loop():
             for _ in range(a.calls):
                 out = fa4.flash_attn_func(qg, kg, vg, causal=True)
                 torch.autograd.grad(out, (qg, kg, vg), do)
             torch.cuda.synchronize()
 
-        prof = cProfile.Profile()
-        prof.runcall(loop)
-        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+        for name, loop in (("fa4 fwd", fwd_loop), ("fa4 fwd+bwd", fwd_bwd_loop)):
+            print(f"-- profile: {name}, {a.calls} calls (tottime, top 25)")
+            prof = cProfile.Profile()
+            prof.runcall(loop)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        # GPU time per call, to tell a host-bound loop from a GPU-bound one.
+        for name, fn in (("fwd", lambda: fa4.flash_attn_func(q, k, v, causal=True)),
+                         ("fwd+bwd", lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, causal=True),
+                                                                 (qg, kg, vg), do))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+                for _ in range(50):
+                    fn()
+                torch.cuda.synchronize()
+            gpu_us = sum(e.device_time_total for e in p.key_averages()) / 50
+            print(f"fa4 {name}: GPU kernel time {gpu_us:.1f} us per call (torch.profiler, 50 calls)")
+            del start, end
     return 0
 
 
