@@ -112,12 +112,17 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 @observed("bwd")
-def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
-    """(dq, dk, dv) by our backward kernel with an already resolved config."""
-    if not _tma_ready(dout):
+def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, dlse=None):
+    """(dq, dk, dv) by our backward kernel with an already resolved config; ``dlse`` is the
+    returned LSE's gradient, None where the loss does not use it."""
+    if dout is None:  # only the LSE is in the loss
+        dout = torch.zeros_like(out)
+    elif not _tma_ready(dout):
         dout = dout.contiguous()
     run = bwd_entry(arch_of(q.device)).run
-    return run(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    if dlse is None:
+        return run(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    return run(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, dlse=dlse)
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -128,19 +133,23 @@ class _FlashAttnFunc(torch.autograd.Function):
         o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out)
         if out is not None:
             ctx.mark_dirty(out)
-        ctx.mark_non_differentiable(lse)
+        # The LSE is differentiable (its gradient enters D in the preprocess); a gradient the
+        # loss does not give arrives as None, not as a tensor of zeros.
+        ctx.set_materialize_grads(False)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
         ctx.deterministic = deterministic
         return o, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
+    def backward(ctx, dout, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         if ctx.bwd_config is None:
             check_bwd_head_dims(q, v)  # raises: the forward ran at a head dim the backward lacks
+        if dout is None and dlse is None:
+            return (None,) * 9
         dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
-                               ctx.bwd_config)
+                               ctx.bwd_config, dlse=dlse)
         return dq, dk, dv, None, None, None, None, None, None
 
 

@@ -109,8 +109,10 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     )
 
 
-def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None):
-    """D from O and dO (head_dim_v wide), the zeroed dQ accumulator (head_dim wide)."""
+def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None,
+                    has_dlse: bool = False):
+    """D from O and dO (head_dim_v wide; minus the LSE's gradient with has_dlse), the zeroed dQ
+    accumulator (head_dim wide)."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -126,8 +128,10 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
     lse2 = _fake(f32, (None, None, None), row_major_static=True)
     dsum = _fake(f32, (None, None, None), row_major_static=True)
     dqacc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
+    dlse = _fake(f32, (None, None, None), tma=False) if has_dlse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(BwdPreprocess(dt, head_dim, dv), o, do, lse, lse2, dsum, dqacc, stream, options=_opts(options))
+    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse), o, do, lse, lse2, dsum, dqacc, dlse, stream,
+                        options=_opts(options))
 
 
 def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):

@@ -77,19 +77,22 @@ def flash_attn_bwd(
 
 
 def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
-               config: BwdConfigSm90):
+               config: BwdConfigSm90, dlse=None):
     """The three launches, for inputs and a config already checked (fa4.flash_attn_func's
-    autograd resolved them at the forward call; flash_attn_bwd above checks them itself)."""
+    autograd resolved them at the forward call; flash_attn_bwd above checks them itself).
+
+    ``dlse``: the gradient of the returned LSE (B, Hq, Sq), or None where the loss does not use it.
+    """
     dtype = DTYPES[q.dtype]
     b, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     gqa = hq != hkv
     key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv)
     main = compiled(key, lambda: compile_bwd_main(key))
-    if dv == d:
-        pre = compiled(("bwd_pre", dtype, d), lambda: compile_bwd_pre(dtype, d))
-    else:
-        pre = compiled(("bwd_pre", dtype, d, dv), lambda: compile_bwd_pre(dtype, d, head_dim_v=dv))
+    has_dlse = dlse is not None
+    # The keys of before dLSE (and head_dim_v) existed name the plain preprocess.
+    pre_key = ("bwd_pre", dtype, d) + ((dv,) if dv != d else ()) + (("dlse",) if has_dlse else ())
+    pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse))
     post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
     post_v = post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
     post_dq = compiled(
@@ -118,8 +121,11 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         if gqa:
             sem_kv = torch.zeros(b, hkv, _round4(num_n), device=dev, dtype=torch.int32)
     lse = lse if lse.stride(-1) == 1 else lse.contiguous()
+    if has_dlse:
+        dlse = dlse.to(f32)
+        dlse = dlse if dlse.stride(-1) == 1 else dlse.contiguous()
     with torch.cuda.device(dev):
-        pre(out, dout, lse, lse2, dsum, dq_acc)
+        pre(out, dout, lse, lse2, dsum, dq_acc, dlse)
         main(
             q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv,
             softmax_scale * LOG2_E, softmax_scale, *runtime_args(config),

@@ -32,6 +32,16 @@ def check_bwd():
     return mod
 
 
+@functools.lru_cache(maxsize=1)
+def check_bwd_feat():
+    """bench/check_bwd_feat.py as a module: the reference with issue 18's features, same error rule."""
+    spec = importlib.util.spec_from_file_location(
+        "check_bwd_feat", Path(__file__).resolve().parents[2] / "bench" / "check_bwd_feat.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _scores(q, k, scale, causal):
     """(B, Hq, Sq, Sk) fp32 scores with K expanded to the query heads and the causal mask."""
     rep = q.shape[2] // k.shape[2]
@@ -60,8 +70,9 @@ def forward_math(q, k, v, scale, causal):
     return out.to(q.dtype), torch.logsumexp(s, dim=-1)
 
 
-def backward_math(dout, q, k, v, scale, causal):
-    """(dq, dk, dv) from dP = dO V^T, dS = P (dP - rowsum(dP P)), dK/dV summed over each KV head's group."""
+def backward_math(dout, q, k, v, scale, causal, dlse=None):
+    """(dq, dk, dv) from dP = dO V^T, dS = P (dP - rowsum(dP P) + dLSE), dK/dV summed over each KV
+    head's group (``dlse``: the returned LSE's gradient, (B, Hq, Sq), or None)."""
     rep = q.shape[2] // k.shape[2]
     s = _scores(q, k, scale, causal)
     p = _probs(s)
@@ -70,7 +81,10 @@ def backward_math(dout, q, k, v, scale, causal):
     kk = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
     vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
     dp = do @ vv.transpose(-1, -2)
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dsum = (dp * p).sum(-1, keepdim=True)
+    if dlse is not None:
+        dsum = dsum - dlse.float()[..., None]
+    ds = p * (dp - dsum)
     dq = ds @ kk * scale
     dk = (ds.transpose(-1, -2) @ qq * scale).unflatten(1, (-1, rep)).sum(2)
     dv = (p.transpose(-1, -2) @ do).unflatten(1, (-1, rep)).sum(2)
@@ -107,11 +121,12 @@ def install(monkeypatch) -> Calls:
         lse_buf.copy_(lse)
         return out, lse_buf
 
-    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None):
+    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None,
+                 dlse=None):
         calls.bwd.append(dict(dout=dout, deterministic=deterministic, config=config, scale=softmax_scale,
-                              causal=causal))
+                              causal=causal, dlse=dlse))
         # Into buffers shaped as the real launch allocates them (empty_like of q, k, v).
-        grads = backward_math(dout, q, k, v, softmax_scale, causal)
+        grads = backward_math(dout, q, k, v, softmax_scale, causal, dlse)
         return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
 
     real_validate = launch.validate

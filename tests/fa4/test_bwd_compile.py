@@ -211,6 +211,28 @@ def test_pre_and_postprocess_codegen(hd, hdv):
             assert lanes_post * (hdv // 4 // lanes_post) == hdv // 4
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+def test_preprocess_with_lse_gradient_codegen(hd):
+    """has_dlse: one more fp32 load per row (the LSE's gradient, subtracted from D), the same
+    16-byte row loads and shuffles as the plain preprocess, nothing spills."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+
+    counts = []
+    for has_dlse in (False, True):
+        with tempfile.TemporaryDirectory() as d:
+            ptx = compile_bwd_pre("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={d}",
+                                  has_dlse=has_dlse).__ptx__
+        counts.append(cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "ld.global", "shfl.sync.bfly", "ld.local",
+                                                         "st.local", "sub.f32"]))
+    plain, dlse = counts
+    assert dlse["ld.local"] == 0 and dlse["st.local"] == 0, dlse
+    assert dlse["ld.global.v4"] == plain["ld.global.v4"] and dlse["shfl.sync.bfly"] == plain["shfl.sync.bfly"]
+    # One scalar load per pass of rows (the row's dLSE), one subtraction each.
+    assert dlse["ld.global"] - dlse["ld.global.v4"] > plain["ld.global"] - plain["ld.global.v4"], (plain, dlse)
+    assert dlse["sub.f32"] > plain["sub.f32"], (plain, dlse)
+
+
 @pytest.mark.parametrize("hd,tile_m,dq_split", [(64, 64, "head_dim"), (64, 128, "head_dim"), (64, 128, "rows"),
                                                (128, 64, "head_dim"), (96, 64, "head_dim"), (192, 64, "head_dim"),
                                                (256, 64, "head_dim")])

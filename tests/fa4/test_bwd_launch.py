@@ -110,3 +110,34 @@ def test_check_script_reference_matches_sdpa():
     dq, dk, dv = mod.reference_grads(q, k, v, torch.randn_like(q), True, 0.5, torch.float64)
     assert torch.equal(dq[:, :5], torch.zeros_like(dq[:, :5])) and dq[:, 5:].abs().sum() > 0
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+def test_lse_gradient_reaches_the_preprocess(monkeypatch):
+    """launch_bwd with dlse hands it (fp32, unit inner stride) to the preprocess compiled with
+    has_dlse, and without dlse the plain preprocess gets None: the launches are recorded, not run."""
+    import contextlib
+
+    from fa4.sm90 import bwd_launch
+
+    seen = {}
+
+    def fake_compiled(key, build):
+        def launch(*args):
+            seen.setdefault(key[0] if isinstance(key, tuple) else "main", []).append((key, args))
+        return launch
+
+    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    q, k, v = tensors(sq=70, sk=90)
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(1, 4, 70)
+    cfg = resolve_config(problem_of(q, k, v, causal=False, pass_="bwd"), None)
+    dlse = torch.randn(1, 70, 4).transpose(1, 2)  # strided: made contiguous on the way
+    launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
+    (key, args), = seen["bwd_pre"]
+    assert key[-1] == "dlse" and args[-1].stride(-1) == 1 and torch.equal(args[-1], dlse)
+    assert args[-1].dtype == torch.float32
+    seen.clear()
+    launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
+    (key, args), = seen["bwd_pre"]
+    assert key == ("bwd_pre", "bf16", 64) and args[-1] is None

@@ -164,17 +164,35 @@ def test_later_head_dims_run_our_backward(calls, d, dv):
     assert res.config == want and res.provenance == "default"
 
 
-def test_lse_is_returned_without_gradient(calls):
+def test_gradient_through_the_returned_lse(calls):
+    """A loss that uses the LSE sends its gradient to the backward (the preprocess takes it into D);
+    one that does not sends None, and the gradients are those of the output alone."""
+    feat = cpu_kernels.check_bwd_feat()
     q, k, v, dout = inputs()
     out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
-    assert out.requires_grad and not lse.requires_grad
+    assert out.requires_grad and lse.requires_grad
     torch.testing.assert_close(lse, forward_math(q, k, v, 1 / 8, True)[1], rtol=0, atol=0)
-    ((out.float() * dout.float()).sum() + lse.sum()).backward()
+    w = torch.randn(lse.shape, generator=torch.Generator().manual_seed(3))
+    ((out.float() * dout.float()).sum() + (lse * w).sum()).backward()
+    assert torch.equal(calls.bwd[0]["dlse"], w)
+    ok, info = feat.grads_match((q.grad, k.grad, v.grad), q, k, v, dout, w, scale=1 / 8, causal=True)
+    assert ok, info
     with_lse = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
         t.grad = None
     fa4.flash_attn_func(q, k, v, causal=True).backward(dout)
-    assert all(torch.equal(a, t.grad) for a, t in zip(with_lse, (q, k, v)))
+    assert calls.bwd[1]["dlse"] is None
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, True)
+    assert not all(torch.equal(a, t.grad) for a, t in zip(with_lse, (q, k, v)))
+    # Only the LSE in the loss: dO is zeros.
+    for t in (q, k, v):
+        t.grad = None
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    (lse * w).sum().backward()
+    assert torch.equal(calls.bwd[2]["dout"], torch.zeros_like(out))
+    ok, info = feat.grads_match((q.grad, k.grad, v.grad), q, k, v, torch.zeros_like(dout), w, scale=1 / 8,
+                                causal=True)
+    assert ok, info
 
 
 def test_preallocated_out_with_grad(calls):
@@ -322,4 +340,8 @@ def test_compile_fullgraph_goes_through_the_ops_and_matches_eager(calls, gqa):
     # The configs crossed the op boundary: same forward config dict, same backward config.
     assert calls.fwd[-1][1] == dataclasses.asdict(fwd_cfg)
     assert calls.bwd[-1]["config"] == calls.bwd[n_eager - 1]["config"] == config_from_dict(BwdConfigSm90, bwd_cfg)
-    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout.float().to(q.dtype), True)
+    # The loss's lse.sum(): a gradient of ones through the LSE.
+    ok, info = cpu_kernels.check_bwd_feat().grads_match(
+        (q.grad, k.grad, v.grad), q, k, v, dout.float().to(q.dtype), torch.ones(q.shape[0], q.shape[2], q.shape[1]),
+        scale=1 / math.sqrt(q.shape[3]), causal=True)
+    assert ok, info
