@@ -254,6 +254,11 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             out.append(Violation("registers",
             "head_dim 128, causal, deterministic, stages 1 with P^T from registers spills "
                        "(use dv_operand 'smem' or stages 2)"))
+    if getattr(problem, "softcap", 0.0) and config.tile_m == 128:
+        # Softcap keeps t = tanh(S^T) in the S^T registers and fuses P and dS^T into one loop
+        # after dP^T: at 32 query columns a thread the LSE and D values no longer fit beside
+        # them (hd64, the default kernel otherwise: 16 loads / 12 stores of spills, ptxas 13.0).
+        out.append(Violation("registers", "tile_m 128 with softcap spills (the fused P/dS^T loop; use tile_m 64)"))
     regs = consumer_registers(config, problem)
     if regs > CONSUMER_REG_BUDGET:
         out.append(Violation(
