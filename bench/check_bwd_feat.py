@@ -104,12 +104,29 @@ def grads_match(grads, q, k, v, dout, dlse, sink=None, **feat):
     return ok, info
 
 
-def run_ours(q, k, v, dout, out, lse, sink, dlse, causal, deterministic=False, config=None, **feat):
-    from fa4.sm90.bwd_launch import launch_bwd, resolve_config
+def default_for(q, k, v, causal, deterministic=False, softcap=0.0, **change):
+    """The default backward config of the problem (softcap's constraint applied where fa4.problem
+    does not carry the field yet), with the knob ``change``."""
+    import dataclasses
+
+    from fa4.sm90.bwd_config import default_config, violations
     from fa4.tensors import problem_of
 
+    problem = problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic)
+    if softcap and hasattr(problem, "softcap"):
+        problem = dataclasses.replace(problem, softcap=softcap)
+    config = dataclasses.replace(default_config(problem), **change)
+    if softcap and config.tile_m == 128:  # violations(): softcap needs tile_m 64
+        config = dataclasses.replace(config, tile_m=64, dq_split="head_dim")
+    assert not violations(config, problem), violations(config, problem)
+    return config
+
+
+def run_ours(q, k, v, dout, out, lse, sink, dlse, causal, deterministic=False, config=None, **feat):
+    from fa4.sm90.bwd_launch import launch_bwd
+
     if config is None:
-        config = resolve_config(problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic), None)
+        config = default_for(q, k, v, causal, deterministic, feat.get("softcap", 0.0))
     return launch_bwd(dout, q, k, v, out, lse, 1 / math.sqrt(q.shape[3]), causal, deterministic, config,
                       dlse=dlse, sink=sink, **{n: feat[n] for n in ("window_left", "window_right", "softcap")
                                                if n in feat})
@@ -127,14 +144,18 @@ def check_case(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=F
     return ok, {"seed": seed, **info}
 
 
-def check_deterministic(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=False, runs=10, **feat):
+def check_deterministic(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=False, runs=10,
+                        config=None, dlse=True, **feat):
+    """Ten deterministic backwards (dlse included) on the same inputs: bitwise equal, and right."""
     feat = dict(causal=causal, **feat)
-    q, k, v, dout, out, lse, s, dl = make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, 1234, sink, True, **feat)
+    q, k, v, dout, out, lse, s, dl = make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, 1234, sink, dlse, **feat)
     kw = {n: x for n, x in feat.items() if n != "causal"}
-    first = run_ours(q, k, v, dout, out, lse, s, dl, causal, True, **kw)
-    same = sum(all(torch.equal(a, b) for a, b in zip(first, run_ours(q, k, v, dout, out, lse, s, dl, causal,
-                                                                      True, **kw)))
-               for _ in range(runs - 1))
+
+    def once():
+        return run_ours(q, k, v, dout, out, lse, s, dl, causal, True, config, **kw)
+
+    first = once()
+    same = sum(all(torch.equal(a, b) for a, b in zip(first, once())) for _ in range(runs - 1))
     torch.cuda.synchronize()
     right, info = grads_match(first, q, k, v, dout, dl, sink=s, scale=1 / math.sqrt(d), **feat)
     return same == runs - 1 and right, dict(identical_runs=same + 1, runs=runs, **info)
@@ -180,10 +201,9 @@ def bench():
         t_ref = tt.do_bench(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True),
                             warmup=10, rep=100, return_mode="median")
         feat = {n: x for n, x in ours_feat.items() if n != "sink"}
-        from fa4.sm90.bwd_launch import launch_bwd, resolve_config
-        from fa4.tensors import problem_of
+        from fa4.sm90.bwd_launch import launch_bwd
 
-        config = resolve_config(problem_of(q, k, v, causal, pass_="bwd"), None)
+        config = default_for(q, k, v, causal, False, feat.get("softcap", 0.0))
         qd, kd, vd, od, ld = q.detach(), k.detach(), v.detach(), out.detach(), lse.detach().float().contiguous()
         scale = 1 / math.sqrt(d)
 

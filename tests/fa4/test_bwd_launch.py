@@ -141,3 +141,61 @@ def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
     (key, args), = seen["bwd_pre"]
     assert key == ("bwd_pre", "bf16", 64) and args[-1] is None
+
+
+def test_window_flags():
+    from fa4.sm90.bwd_launch import window_flags
+
+    assert window_flags(False, -1, -1) == (False, False, 0, 0)
+    assert window_flags(False, None, None) == (False, False, 0, 0)
+    assert window_flags(False, 100, -1) == (True, False, 100, 0)
+    assert window_flags(False, -1, 5) == (False, True, 0, 5)
+    assert window_flags(False, 0, 0) == (True, True, 0, 0)
+    # Causal is right = 0: a right bound beside it is causal's own kernel.
+    assert window_flags(True, 1023, 0) == (True, False, 1023, 0)
+    assert window_flags(True, None, 7) == (False, False, 0, 0)
+
+
+def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
+    """launch_bwd with a window, softcap and a sink: the main kernel's key carries the flags, its
+    runtime arguments the bounds and softcap's pre-scaled values; dsink is -sum exp(sink - LSE) D
+    over the preprocess's buffers (here filled by a stand-in preprocess), in the sink's dtype."""
+    import contextlib
+    import math
+
+    from fa4.sm90 import bwd_launch
+
+    seen = {}
+    torch.manual_seed(0)
+    lse2_val, dsum_val = torch.randn(1, 4, 128), torch.randn(1, 4, 128)
+
+    def fake_compiled(key, build):
+        name = key[0] if isinstance(key, tuple) else "main"
+
+        def launch(*args):
+            seen[name] = (key, args)
+            if name == "bwd_pre":
+                args[3].copy_(lse2_val)
+                args[4].copy_(dsum_val)
+        return launch
+
+    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    q, k, v = tensors(sq=70, sk=90)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 4, 70)
+    cfg = resolve_config(problem_of(q, k, v, causal=False, pass_="bwd"), None)
+    for dt in (torch.float32, torch.bfloat16):
+        sink = torch.randn(4).to(dt)
+        res = launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, window_left=33, window_right=4,
+                         softcap=20.0, sink=sink)
+        key, args = seen["main"]
+        assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True,) * 4
+        assert args[13:17] == (33, 4, 0.125 / 20.0, 20.0 * math.log2(math.e))
+        assert len(res) == 4 and res[3].dtype == dt and res[3].shape == (4,)
+        want = -(torch.exp(sink.float()[None, :, None] - lse2_val[..., :70] / math.log2(math.e))
+                 * dsum_val[..., :70]).sum((0, 2))
+        torch.testing.assert_close(res[3].float(), want.to(dt).float(), rtol=1e-5, atol=1e-5)
+    launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
+    key, args = seen["main"]
+    assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
+    assert args[13:17] == (0, 0, 0.0, 0.0)

@@ -345,3 +345,53 @@ def test_compile_fullgraph_goes_through_the_ops_and_matches_eager(calls, gqa):
         (q.grad, k.grad, v.grad), q, k, v, dout.float().to(q.dtype), torch.ones(q.shape[0], q.shape[2], q.shape[1]),
         scale=1 / math.sqrt(q.shape[3]), causal=True)
     assert ok, info
+
+
+# -- issue 18's features through the autograd Function (the forward's public names in, the
+# backward launch's names out, the sink's gradient back in the sink's dtype) ----------------------
+
+FEATURE_CASES = [
+    dict(window_size=(5, None)), dict(window_size=(None, 3)), dict(window_size=(7, 2)), dict(window_size=(4, 0)),
+    dict(softcap=5.0), dict(learnable_sink="fp32"), dict(learnable_sink="bf16"),
+    dict(window_size=(6, 1), softcap=3.0, learnable_sink="fp32"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("feat", FEATURE_CASES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_features_reach_both_launches_and_grads_match(calls, causal, feat):
+    q, k, v, dout = inputs(sq=29, sk=41)
+    kw = dict(feat)
+    sink = None
+    if "learnable_sink" in kw:
+        dt = torch.float32 if kw["learnable_sink"] == "fp32" else torch.bfloat16
+        sink = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(5)).to(dt).requires_grad_()
+        kw["learnable_sink"] = sink
+    out, lse = launch._with_grad(q, k, v, None, causal, True, None, None, False, None, **kw)
+    w = torch.randn(lse.shape, generator=torch.Generator().manual_seed(6))
+    ((out.float() * dout.float()).sum() + (lse * w).sum()).backward()
+    fwd, = calls.fwd_features
+    left, right = kw.get("window_size", (None, None))
+    assert fwd["window_size"] == kw.get("window_size", (None, None)) and fwd["softcap"] == kw.get("softcap", 0.0)
+    assert fwd["learnable_sink"] is sink
+    bwd, = calls.bwd
+    assert (bwd["window_left"], bwd["window_right"]) == (-1 if left is None else left, -1 if right is None else right)
+    assert bwd["softcap"] == kw.get("softcap", 0.0) and bwd["sink"] is sink and torch.equal(bwd["dlse"], w)
+    grads = (q.grad, k.grad, v.grad) + ((sink.grad,) if sink is not None else ())
+    if sink is not None:
+        assert sink.grad.dtype == sink.dtype and sink.grad.shape == sink.shape
+    ok, info = cpu_kernels.check_bwd_feat().grads_match(
+        grads, q, k, v, dout, w, sink=sink, scale=1 / 8, causal=causal,
+        window_left=-1 if left is None else left, window_right=-1 if right is None else right,
+        softcap=kw.get("softcap", 0.0))
+    assert ok, info
+
+
+def test_rows_that_see_no_key_get_zero_grads(calls):
+    """Causal with Sq > Sk under a window: the first Sq - Sk rows see no key, their dQ is zero and
+    nothing is NaN; the others see up to 4 keys."""
+    q, k, v, dout = inputs(sq=40, sk=8)
+    out = launch._with_grad(q, k, v, None, True, False, None, None, False, None, window_size=(3, 0))
+    out.backward(dout)
+    assert not any(torch.isnan(t.grad).any() for t in (q, k, v))
+    assert torch.equal(q.grad[:, :32], torch.zeros_like(q.grad[:, :32])) and q.grad[:, 32:].abs().sum() > 0
