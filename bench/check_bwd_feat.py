@@ -133,13 +133,15 @@ def run_ours(q, k, v, dout, out, lse, sink, dlse, causal, deterministic=False, c
 
 
 def check_case(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=False, dlse=False,
-               deterministic=False, config=None, **feat):
+               deterministic=False, config=None, device="cuda", **feat):
     seed = int(time.time() * 1e6) % (2**31)
     feat = dict(causal=causal, **feat)
-    q, k, v, dout, out, lse, s, dl = make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, seed, sink, dlse, **feat)
+    q, k, v, dout, out, lse, s, dl = make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, seed, sink, dlse, device=device,
+                                                 **feat)
     kw = {n: x for n, x in feat.items() if n != "causal"}
     grads = run_ours(q, k, v, dout, out, lse, s, dl, causal, deterministic, config, **kw)
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     ok, info = grads_match(grads, q, k, v, dout, dl, sink=s, scale=1 / math.sqrt(d), **feat)
     return ok, {"seed": seed, **info}
 
@@ -174,8 +176,24 @@ BENCH = [
 
 
 def unmasked_pairs(S: int, causal: bool, window_left=-1, window_right=-1) -> int:
-    m = visible(S, S, causal, window_left, window_right)
-    return int(m.sum().item())
+    """Visible (query, key) pairs of an S x S problem: the FLOPs' region."""
+    i = torch.arange(S, dtype=torch.int64)
+    hi = torch.full_like(i, S - 1)
+    if causal or window_right >= 0:
+        hi = torch.minimum(hi, i + (0 if causal else window_right))
+    lo = torch.zeros_like(i) if window_left < 0 else torch.clamp(i - window_left, min=0)
+    return int((hi - lo + 1).clamp(min=0).sum().item())
+
+
+def _reference_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw):
+    """The reference FA4's backward launch itself (what its autograd Function's backward calls, with
+    the same arguments), so both sides are timed as launches on saved tensors."""
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    left, right = ref_kw.get("window_size", (None, None))
+    return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw.get("softcap", 0.0),
+                           window_size_left=left, window_size_right=right,
+                           learnable_sink=ref_kw.get("learnable_sink"))
 
 
 def bench():
@@ -183,42 +201,51 @@ def bench():
 
     from flash_attn.cute import flash_attn_func as ref_fa
 
+    from fa4.sm90.bwd_launch import launch_bwd
+
     rows = []
     for name, (B, S, H, d), causal, ours_feat, ref_kw in BENCH:
-        dtype = torch.bfloat16
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(B, S, H, d, device="cuda", dtype=dtype, generator=g).requires_grad_() for _ in range(3))
-        dout = torch.randn(B, S, H, d, device="cuda", dtype=dtype, generator=g)
-        sink = torch.randn(H, device="cuda", generator=g, dtype=torch.float32) if ours_feat.get("sink") else None
-        ref_kw = dict(ref_kw)
-        if "learnable_sink" in ref_kw:
-            ref_kw["learnable_sink"] = sink.detach().clone().requires_grad_()
-        # The reference's forward gives both sides' out and lse (same inputs, same math).
-        res = ref_fa(q, k, v, causal=causal, return_lse=True, **ref_kw)
-        out, lse = res[0], res[1]
-        inputs = (q, k, v) + ((ref_kw["learnable_sink"],) if sink is not None else ())
-        # The backward alone: autograd.grad through the graph kept alive (retain_graph).
-        t_ref = tt.do_bench(lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True),
-                            warmup=10, rep=100, return_mode="median")
-        feat = {n: x for n, x in ours_feat.items() if n != "sink"}
-        from fa4.sm90.bwd_launch import launch_bwd
+        try:
+            dtype = torch.bfloat16
+            g = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(B, S, H, d, device="cuda", dtype=dtype, generator=g) for _ in range(3))
+            dout = torch.randn(B, S, H, d, device="cuda", dtype=dtype, generator=g)
+            sink = torch.randn(H, device="cuda", generator=g, dtype=torch.float32) if ours_feat.get("sink") else None
+            ref_kw = dict(ref_kw)
+            if "learnable_sink" in ref_kw:
+                ref_kw["learnable_sink"] = sink
+            scale = 1 / math.sqrt(d)
+            # The reference's forward gives both sides' out and lse (same inputs, same math).
+            with torch.no_grad():
+                res = ref_fa(q, k, v, causal=causal, return_lse=True, **ref_kw)
+            out, lse = res[0], res[1].float().contiguous()
+            feat = {n: x for n, x in ours_feat.items() if n != "sink"}
+            config = default_for(q, k, v, causal, False, feat.get("softcap", 0.0))
 
-        config = default_for(q, k, v, causal, False, feat.get("softcap", 0.0))
-        qd, kd, vd, od, ld = q.detach(), k.detach(), v.detach(), out.detach(), lse.detach().float().contiguous()
-        scale = 1 / math.sqrt(d)
+            def ours():
+                return launch_bwd(dout, q, k, v, out, lse, scale, causal, False, config, sink=sink, **feat)
 
-        def ours():
-            return launch_bwd(dout, qd, kd, vd, od, ld, scale, causal, False, config, sink=sink, **feat)
+            def ref():
+                return _reference_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw)
 
-        ours()
-        t_ours = tt.do_bench(ours, warmup=10, rep=100, return_mode="median")
-        pairs = unmasked_pairs(S, causal, feat.get("window_left", -1), feat.get("window_right", -1))
-        flops = 2.5 * 2 * 2 * B * H * pairs * d
-        row = dict(name=name, B=B, S=S, H=H, d=d, causal=causal, ours_ms=t_ours, ref_ms=t_ref,
-                   ours_tflops=flops / t_ours / 1e9, ref_tflops=flops / t_ref / 1e9, ratio=t_ref / t_ours)
+            # Both sides agree before they are timed (the same gradients within bf16 noise).
+            a, b = ours(), ref()
+            diff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
+                       for x, y in zip(a, b))
+            t_ours = tt.do_bench(ours, warmup=10, rep=100, return_mode="median")
+            t_ref = tt.do_bench(ref, warmup=10, rep=100, return_mode="median")
+            pairs = unmasked_pairs(S, causal, feat.get("window_left", -1), feat.get("window_right", -1))
+            flops = 2.5 * 2 * 2 * B * H * pairs * d
+            row = dict(name=name, B=B, S=S, H=H, d=d, causal=causal, ours_ms=t_ours, ref_ms=t_ref,
+                       ours_tflops=flops / t_ours / 1e9, ref_tflops=flops / t_ref / 1e9, ratio=t_ref / t_ours,
+                       max_rel_diff_vs_ref=diff, config=str(config))
+            print(f"{name:16s} ours {row['ours_tflops']:6.0f} TFLOP/s ({t_ours:.3f} ms)  reference "
+                  f"{row['ref_tflops']:6.0f} ({t_ref:.3f} ms)  ours/ref {row['ratio']:.3f}  "
+                  f"max rel diff {diff:.2e}", flush=True)
+        except Exception as e:  # one failing shape must not hide the others
+            row = dict(name=name, error=f"{type(e).__name__}: {e}")
+            print(f"{name:16s} FAILED {row['error']}", flush=True)
         rows.append(row)
-        print(f"{name:16s} ours {row['ours_tflops']:6.0f} TFLOP/s ({t_ours:.3f} ms)  reference "
-              f"{row['ref_tflops']:6.0f} ({t_ref:.3f} ms)  ours/ref {row['ratio']:.3f}", flush=True)
     return rows
 
 

@@ -199,3 +199,32 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
     key, args = seen["main"]
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
     assert args[13:17] == (0, 0, 0.0, 0.0)
+
+
+def test_feature_check_harness_on_cpu(monkeypatch):
+    """bench/check_bwd_feat.py's check_case (the GPU tests' and the device script's harness) with
+    launch_bwd replaced by tests/fa4/cpu_kernels' equations: it passes the features through, the
+    error rule accepts the right gradients (dsink included) and rejects a wrong one."""
+    from fa4.sm90 import bwd_launch
+    from tests.fa4 import cpu_kernels
+
+    feat = cpu_kernels.check_bwd_feat()
+
+    def fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, dlse=None, window_left=-1,
+             window_right=-1, softcap=0.0, sink=None):
+        return cpu_kernels.backward_math(dout, q, k, v, softmax_scale, causal, dlse, window_left, window_right,
+                                         softcap, sink)
+
+    monkeypatch.setattr(bwd_launch, "launch_bwd", fake)
+    kw = dict(window_left=20, window_right=3, softcap=10.0, sink=True, dlse=True, device="cpu")
+    for causal in (False, True):
+        ok, info = feat.check_case(1, 45, 70, 4, 2, 64, causal=causal, **kw)
+        assert ok and set(info) == {"seed", "dq", "dk", "dv", "dsink"}, info
+
+    def wrong(*a, **k):
+        g = fake(*a, **k)
+        return (g[0], g[1], g[2], g[3] * 1.5)
+
+    monkeypatch.setattr(bwd_launch, "launch_bwd", wrong)
+    ok, info = feat.check_case(1, 45, 70, 4, 2, 64, causal=True, **kw)
+    assert not ok and not info["dsink"]["ok"] and info["dq"]["ok"]
