@@ -29,6 +29,14 @@ during the pointwise loops. Loop-invariant per-element shared-memory addresses a
 in the loop (fa4.common.regs.opaque), and the tile coordinates for the epilogue are recomputed
 from the block index, instead of being held; see bwd_config.consumer_registers.
 
+Issue 18's features (compile-time has_window_left/right, has_softcap, has_sink): a sliding
+window limits a CTA's query tiles to fa4.common.masking_range.q_block_range, masks the runs where
+either bound cuts the key tile (bwd_schedule.m_block_segments: a third, masked loop for the left
+bound) and skips the rest; softcap recomputes t = tanh(S^T scale / c) and takes dS^T = P^T (dP^T -
+D)(1 - t^2) from the same t (fa4.common.softcap_bwd); a learnable sink is already in the LSE the
+forward returned (its gradient is reduced on the host from D). The LSE's own gradient is in D
+(the preprocess).
+
 Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
 until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn once its
 reduction is performed. Turns follow the launch order so that a waiting CTA only waits for

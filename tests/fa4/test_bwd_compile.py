@@ -372,3 +372,22 @@ def test_feature_keys():
     assert len(keys) == len(FEATURES) and plain not in keys
     assert compile_key("bf16", 128, True, False, False, c, 128, False, True) == compile_key(
         "bf16", 128, True, False, False, c)
+
+
+def test_feature_violations():
+    """violations() knows the features' register limits (what the compile sweeps of each feature
+    found spilling): softcap needs tile_m 64; a window's mask limits count as causal's do at hd128
+    with P^T from registers (no 3-deep ring); the plain problem keeps its configs."""
+    hd64 = BwdConfigSm90(tile_m=128, dq_split="rows")
+    assert not violations(hd64, problem(64, False, False, False))
+    assert any("softcap" in v for v in violations(hd64, feature_problem(64, False, False, False, "softcap")))
+    ring3 = BwdConfigSm90(tile_m=64, stages=3, ds_stages=1, ds_store="sts", dkv_store="direct", dv_operand="rmem")
+    assert not violations(ring3, problem(128, False, False, False))
+    assert any("sliding window" in v for v in violations(ring3, feature_problem(128, False, False, False, "wlr")))
+    from fa4.sm90.bwd_config import default_config
+
+    for name in FEATURES:
+        for hd in (64, 128):
+            for causal in (False, True):
+                prob = feature_problem(hd, causal, False, False, name)
+                assert not violations(default_config(prob), prob), (name, hd, causal)
