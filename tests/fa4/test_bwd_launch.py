@@ -154,6 +154,10 @@ def test_window_flags():
     # Causal is right = 0: a right bound beside it is causal's own kernel.
     assert window_flags(True, 1023, 0) == (True, False, 1023, 0)
     assert window_flags(True, None, 7) == (False, False, 0, 0)
+    # Bounds that hide no key (left >= Sk, right >= Sq) are no bounds.
+    assert window_flags(False, 90, 70, 70, 90) == (False, False, 0, 0)
+    assert window_flags(False, 89, 69, 70, 90) == (True, True, 89, 69)
+    assert window_flags(True, 2**40, 0, 70, 90) == (False, False, 0, 0)
 
 
 def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
