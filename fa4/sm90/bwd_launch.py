@@ -81,20 +81,23 @@ def flash_attn_bwd(
 
 
 def window_flags(causal: bool, window_left, window_right, seqlen_q: int | None = None,
-                 seqlen_k: int | None = None) -> tuple[bool, bool, int, int]:
-    """(has_window_left, has_window_right, window_left, window_right) for the kernel from the
-    bounds (-1 or None: unbounded). Causal is right = 0: a right bound beside it is dropped
-    (one kernel for causal, whatever window_right says). With the sequence lengths, a bound that
-    hides no key is dropped too (left >= seqlen_k, right >= seqlen_q): no mask work for it, and
-    no Int32 overflow of a huge bound in the kernel's tile arithmetic."""
+                 seqlen_k: int | None = None) -> tuple[bool, bool, bool, int, int]:
+    """(causal, has_window_left, has_window_right, window_left, window_right) for the kernel from
+    the bounds (-1 or None: unbounded). Causal is right = 0: a right bound beside it is dropped
+    (one kernel for causal, whatever window_right says), and a right bound of 0 is causal (the
+    Mistral-style window (left, 0) runs the causal kernel, as the reference does). With the
+    sequence lengths, a bound that hides no key is dropped too (left >= seqlen_k, right >=
+    seqlen_q): no mask work for it, and no Int32 overflow of a huge bound in the kernel's tile
+    arithmetic."""
     left = -1 if window_left is None else int(window_left)
     right = -1 if window_right is None else int(window_right)
     if seqlen_k is not None and left >= seqlen_k:
         left = -1
     if seqlen_q is not None and right >= seqlen_q:
         right = -1
+    causal = causal or right == 0
     has_right = right >= 0 and not causal
-    return left >= 0, has_right, max(left, 0), right if has_right else 0
+    return causal, left >= 0, has_right, max(left, 0), right if has_right else 0
 
 
 def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
@@ -112,7 +115,7 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     b, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     gqa = hq != hkv
-    has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
+    causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
     has_softcap = bool(softcap) and softcap > 0
     softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
     key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr, has_softcap,

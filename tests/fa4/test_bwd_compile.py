@@ -306,7 +306,7 @@ def feature_problem(hd: int, causal: bool, gqa: bool, det: bool, feature: str) -
     """problem() with the feature's Problem fields (fa4.problem gains them with the forward's
     features; until then a subclass with the same names and defaults stands in)."""
     wl, wr, sc, sink = FEATURES[feature]
-    fields = dict(window_left=1023 if wl else -1, window_right=0 if wr else -1, softcap=30.0 if sc else 0.0,
+    fields = dict(window_left=1023 if wl else -1, window_right=5 if wr else -1, softcap=30.0 if sc else 0.0,
                   sink=sink)
     base = problem(hd, causal, gqa, det)
     cls = Problem if all(hasattr(base, f) for f in fields) else _FeatProblem

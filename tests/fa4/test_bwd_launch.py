@@ -146,18 +146,20 @@ def test_lse_gradient_reaches_the_preprocess(monkeypatch):
 def test_window_flags():
     from fa4.sm90.bwd_launch import window_flags
 
-    assert window_flags(False, -1, -1) == (False, False, 0, 0)
-    assert window_flags(False, None, None) == (False, False, 0, 0)
-    assert window_flags(False, 100, -1) == (True, False, 100, 0)
-    assert window_flags(False, -1, 5) == (False, True, 0, 5)
-    assert window_flags(False, 0, 0) == (True, True, 0, 0)
-    # Causal is right = 0: a right bound beside it is causal's own kernel.
-    assert window_flags(True, 1023, 0) == (True, False, 1023, 0)
-    assert window_flags(True, None, 7) == (False, False, 0, 0)
+    assert window_flags(False, -1, -1) == (False, False, False, 0, 0)
+    assert window_flags(False, None, None) == (False, False, False, 0, 0)
+    assert window_flags(False, 100, -1) == (False, True, False, 100, 0)
+    assert window_flags(False, -1, 5) == (False, False, True, 0, 5)
+    assert window_flags(False, 3, 1) == (False, True, True, 3, 1)
+    # Causal is right = 0: a right bound beside it is causal's own kernel, and right = 0 is causal.
+    assert window_flags(True, 1023, 0) == (True, True, False, 1023, 0)
+    assert window_flags(False, 1023, 0) == (True, True, False, 1023, 0)
+    assert window_flags(False, 0, 0) == (True, True, False, 0, 0)
+    assert window_flags(True, None, 7) == (True, False, False, 0, 0)
     # Bounds that hide no key (left >= Sk, right >= Sq) are no bounds.
-    assert window_flags(False, 90, 70, 70, 90) == (False, False, 0, 0)
-    assert window_flags(False, 89, 69, 70, 90) == (True, True, 89, 69)
-    assert window_flags(True, 2**40, 0, 70, 90) == (False, False, 0, 0)
+    assert window_flags(False, 90, 70, 70, 90) == (False, False, False, 0, 0)
+    assert window_flags(False, 89, 69, 70, 90) == (False, True, True, 89, 69)
+    assert window_flags(True, 2**40, 0, 70, 90) == (True, False, False, 0, 0)
 
 
 def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):

@@ -173,3 +173,7 @@ def test_bwd_compile_variant_carries_the_features():
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, False, False, False)
     plain = p.compile_variant(feature_problem(128, False, False, False, "sink"), c)
     assert plain.has_sink and not (plain.has_window_left or plain.has_window_right or plain.has_softcap)
+    # The Mistral-style window (left, 0) is the causal kernel with a left bound.
+    mistral = dataclasses.replace(feature_problem(128, False, False, False, "wl"), window_right=0)
+    key = p.compile_variant(mistral, c)
+    assert key.causal and key.has_window_left and not key.has_window_right
