@@ -28,22 +28,25 @@ def _results(q, v, out):
 
 class _EmptyAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, out):
+    def forward(ctx, q, k, v, out, sink=None):
         o, lse = _results(q, v, out)
         if out is not None:
             ctx.mark_dirty(out)
         ctx.mark_non_differentiable(lse)
-        ctx.save_for_backward(q, k, v)
+        ctx.save_for_backward(q, k, v, sink)
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v = ctx.saved_tensors
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
+        q, k, v, sink = ctx.saved_tensors
+        # A learnable sink (issue 18) gets a zero gradient too, in its own dtype.
+        dsink = torch.zeros_like(sink) if sink is not None else None
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, dsink
 
 
-def attention(q, k, v, return_lse: bool, out, grad: bool):
-    """(out, lse) or out for empty inputs; with ``grad``, through autograd (zero gradients)."""
+def attention(q, k, v, return_lse: bool, out, grad: bool, learnable_sink=None):
+    """(out, lse) or out for empty inputs; with ``grad``, through autograd (zero gradients, the
+    learnable sink's included)."""
     check(q, k, v, out)
-    o, lse = _EmptyAttention.apply(q, k, v, out) if grad else _results(q, v, out)
+    o, lse = _EmptyAttention.apply(q, k, v, out, learnable_sink) if grad else _results(q, v, out)
     return (o, lse) if return_lse else o

@@ -6,6 +6,7 @@ torch.compile; both pass through the same _forward, bwd_config_for and _backward
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import is_dataclass
@@ -86,16 +87,29 @@ def check_bwd_args(deterministic, bwd_config) -> None:
                          f"got {type(bwd_config).__name__}")
 
 
-def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config):
+def with_features(problem, **features):
+    """``problem`` with issue 18's fields (window_left, window_right, softcap, sink) set where the
+    Problem has them and they are not the defaults, so the lookup chain and violations() see them."""
+    have = {f: x for f, x in features.items() if hasattr(problem, f) and x != _FEATURE_DEFAULTS[f]}
+    return dataclasses.replace(problem, **have) if have else problem
+
+
+_FEATURE_DEFAULTS = dict(window_left=-1, window_right=-1, softcap=0.0, sink=False)
+
+
+def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config, window_left=-1, window_right=-1,
+                   softcap=0.0, sink=False):
     """Resolved backward config of a launch, cached like the forward's fast path."""
     check_bwd_args(deterministic, bwd_config)
     check_bwd_head_dims(q, v)
+    features = dict(window_left=window_left, window_right=window_right, softcap=float(softcap), sink=bool(sink))
     key = (q.shape, k.shape, v.shape[3], q.dtype, q.device, bool(causal), deterministic,
-           bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())))
+           bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())),
+           *features.values())
     hit = _bwd_configs.get(key)
     if hit is None:
         validate(q, k, v)
-        problem = problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic)
+        problem = with_features(problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic), **features)
         hit = resolve_config(problem, arch_of(q.device), bwd_config)[1]
         if len(_bwd_configs) > 4096:
             _bwd_configs.clear()
@@ -112,48 +126,87 @@ def _tma_ready(t: torch.Tensor) -> bool:
 
 
 @observed("bwd")
-def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config):
-    """(dq, dk, dv) by our backward kernel with an already resolved config."""
-    if not _tma_ready(dout):
+def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, dlse=None,
+              window_left=-1, window_right=-1, softcap=0.0, sink=None):
+    """(dq, dk, dv) by our backward kernel with an already resolved config, and dsink fourth
+    with a learnable ``sink``; ``dlse`` is the returned LSE's gradient, None where the loss does
+    not use it; the window bounds (-1: unbounded) and softcap as the forward's."""
+    if dout is None:  # only the LSE is in the loss
+        dout = torch.zeros_like(out)
+    elif not _tma_ready(dout):
         dout = dout.contiguous()
     run = bwd_entry(arch_of(q.device)).run
-    return run(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    # Only what is asked is passed: the plain call is the one of before the features.
+    extra = {n: x for n, x in dict(dlse=dlse, sink=sink).items() if x is not None}
+    extra.update({n: x for n, x in dict(window_left=window_left, window_right=window_right, softcap=softcap).items()
+                  if x != _FEATURE_DEFAULTS[n]})
+    return run(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, **extra)
 
 
 class _FlashAttnFunc(torch.autograd.Function):
     """Eager autograd: the kernels called directly (cheaper per call than the custom ops)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, out, softmax_scale, causal, config, deterministic, bwd_config):
-        o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out)
+    def forward(ctx, q, k, v, out, softmax_scale, causal, config, deterministic, bwd_config,
+                window_left=-1, window_right=-1, softcap=0.0, sink=None):
+        # Issue 18's features go to the forward by the public names (window_size, softcap,
+        # learnable_sink), and only when asked: the plain call is the one of before them.
+        fwd_kw = {}
+        if window_left != -1 or window_right != -1:
+            fwd_kw["window_size"] = (None if window_left < 0 else window_left,
+                                     None if window_right < 0 else window_right)
+        if softcap:
+            fwd_kw["softcap"] = softcap
+        if sink is not None:
+            fwd_kw["learnable_sink"] = sink
+        o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out, **fwd_kw)
         if out is not None:
             ctx.mark_dirty(out)
-        ctx.mark_non_differentiable(lse)
-        ctx.save_for_backward(q, k, v, o, lse)
+        # The LSE is differentiable (its gradient enters D in the preprocess); a gradient the
+        # loss does not give arrives as None, not as a tensor of zeros.
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, o, lse, sink)
         ctx.softmax_scale, ctx.causal, ctx.bwd_config = softmax_scale, causal, bwd_config
         ctx.deterministic = deterministic
+        ctx.features = dict(window_left=window_left, window_right=window_right, softcap=softcap)
         return o, lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
+    def backward(ctx, dout, dlse):
+        q, k, v, o, lse, sink = ctx.saved_tensors
         if ctx.bwd_config is None:
             check_bwd_head_dims(q, v)  # raises: the forward ran at a head dim the backward lacks
-        dq, dk, dv = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
-                               ctx.bwd_config)
-        return dq, dk, dv, None, None, None, None, None, None
+        if dout is None and dlse is None:
+            return (None,) * 13
+        grads = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
+                          ctx.bwd_config, dlse=dlse, sink=sink, **ctx.features)
+        dsink = grads[3] if sink is not None else None
+        return grads[0], grads[1], grads[2], None, None, None, None, None, None, None, None, None, dsink
 
 
-def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
+def window_bounds(window_size) -> tuple[int, int]:
+    """(left, right) with -1 for an unbounded side, from the reference's window_size (None or -1:
+    unbounded)."""
+    if window_size is None:
+        return -1, -1
+    left, right = window_size
+    return (-1 if left is None or left < 0 else int(left)), (-1 if right is None or right < 0 else int(right))
+
+
+def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config,
+               window_size=(None, None), softcap=0.0, learnable_sink=None):
     # Resolved now, so an infeasible bwd_config fails at this call rather than in backward(); at
     # head dims the backward lacks the forward still runs, and backward() raises.
+    left, right = window_bounds(window_size)
+    softcap = float(softcap or 0.0)
     if bwd_head_dim_error(q, v) is None:
-        resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config)
+        resolved = bwd_config_for(q, k, v, causal, deterministic, bwd_config, window_left=left, window_right=right,
+                                  softcap=softcap, sink=learnable_sink is not None)
     else:
         check_bwd_args(deterministic, bwd_config)
         resolved = None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
     o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, deterministic,
-                                  resolved)
+                                  resolved, left, right, softcap, learnable_sink)
     return (o, lse) if return_lse else o

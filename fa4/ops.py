@@ -87,16 +87,17 @@ def bwd(
     causal: bool,
     deterministic: bool,
     bwd_config: Optional[str],
+    dlse: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     from fa4 import launch
 
     config = launch.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config))
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-    return tuple(launch._backward(dout, q, k, v, out, lse, scale, causal, deterministic, config))
+    return tuple(launch._backward(dout, q, k, v, out, lse, scale, causal, deterministic, config, dlse=dlse))
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_config):
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_config, dlse=None):
     from fa4.tensors import validate
 
     validate(q, k, v, layout=False)
@@ -112,14 +113,14 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd
 def _setup_context(ctx, inputs, output):
     q, k, v, softmax_scale, causal, _config, deterministic, bwd_config = inputs
     out, lse = output
-    ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.bwd_args = (softmax_scale, causal, deterministic, bwd_config)
 
 
-def _fwd_backward(ctx, dout, _dlse):
+def _fwd_backward(ctx, dout, dlse):
+    # The LSE's gradient (zeros where the loss does not use it) enters D in the preprocess.
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, *ctx.bwd_args)
+    dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, *ctx.bwd_args, dlse)
     return dq, dk, dv, None, None, None, None, None
 
 

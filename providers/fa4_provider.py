@@ -121,9 +121,15 @@ class Fa4Provider(Provider):
         gqa = problem.heads_q != problem.heads_kv
         if problem.pass_ == "bwd":
             from fa4.sm90.bwd_compile import compile_key
+            from fa4.sm90.bwd_launch import window_flags
 
-            return compile_key(problem.dtype, problem.head_dim, problem.causal, gqa, problem.deterministic, config,
-                               problem.head_dim_v)
+            # Issue 18's Problem fields where the Problem has them (the launch's own flags).
+            causal, has_wl, has_wr, _, _ = window_flags(problem.causal, getattr(problem, "window_left", -1),
+                                                        getattr(problem, "window_right", -1), problem.seqlen_q,
+                                                        problem.seqlen_k)
+            return compile_key(problem.dtype, problem.head_dim, causal, gqa, problem.deterministic, config,
+                               problem.head_dim_v, has_wl, has_wr, getattr(problem, "softcap", 0.0) > 0,
+                               bool(getattr(problem, "sink", False)))
         from fa4.sm90.compile import compile_key
 
         return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v)

@@ -10,41 +10,59 @@ Causal masking is bottom-right aligned: query i sees key j iff j <= i + seqlen_k
 
 import cutlass
 
+from fa4.common.masking_range import kv_block_range, q_block_range
 
-def m_block_range(n_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, causal: bool):
-    """(m_start, m_masked_end, m_end): visit [m_start, m_end); [m_start, m_masked_end) need masks.
 
-    Non-causal CTAs visit every query tile. The key tile that crosses seqlen_k masks every
-    query tile: its zero-filled rows would otherwise give P = 2^(-LSE), which may overflow.
+def m_block_segments(n_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, causal: bool,
+                     has_window_left: bool = False, has_window_right: bool = False, window_left=0, window_right=0):
+    """(m_start, m_masked_end, m_unmasked_end, m_end): visit [m_start, m_end) (the query tiles
+    fa4.common.masking_range.q_block_range gives); [m_start, m_masked_end) and
+    [m_unmasked_end, m_end) need masks, the tiles between none.
+
+    The first masked run is where the right bound (causal diagonal, window right) cuts the key
+    tile, the second where the window's left bound does (m_unmasked_end == m_end without one).
+    The key tile that crosses seqlen_k masks every query tile: its zero-filled rows would
+    otherwise give P = 2^(-LSE), which may overflow.
     """
-    m_end = (seqlen_q + tile_m - 1) // tile_m
-    m_start = 0
+    m_start, m_end = q_block_range(n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal,
+                                   has_window_left, has_window_right, window_left, window_right)
+    o = seqlen_k - seqlen_q
     m_masked_end = 0
-    if causal:
-        shift = seqlen_k - seqlen_q
-        # First query row that sees key n*tile_n is n*tile_n - shift.
-        m_start = cutlass.max(n_block * tile_n - shift, 0) // tile_m
-        # Tiles whose first row is below the tile's last key by the shift still cut the diagonal.
+    m_unmasked_end = m_end
+    if causal or has_window_right:
+        right = 0 if causal else window_right
+        # Tiles whose first row is below the tile's last key by more than o + right still cut the bound.
         last_key = (n_block + 1) * tile_n - 1
-        m_masked_end = (cutlass.max(last_key - shift, 0) + tile_m - 1) // tile_m
+        m_masked_end = (cutlass.max(last_key - o - right, 0) + tile_m - 1) // tile_m
+    if has_window_left:
+        # From the first tile whose last row no longer sees the key tile's first key.
+        m_unmasked_end = cutlass.max(n_block * tile_n + 1 - o + window_left, 0) // tile_m
     # 1 for the partial last key tile, <= 0 for full tiles.
     residue = cutlass.max(cutlass.min(n_block - seqlen_k // tile_n + 1, 1), 0)
     m_masked_end = cutlass.max(m_masked_end, residue * m_end)
-    m_start = cutlass.min(m_start, m_end)
     m_masked_end = cutlass.min(cutlass.max(m_masked_end, m_start), m_end)
+    m_unmasked_end = cutlass.min(cutlass.max(m_unmasked_end, m_masked_end), m_end)
+    return m_start, m_masked_end, m_unmasked_end, m_end
+
+
+def m_block_range(n_block, tile_m: int, tile_n: int, seqlen_q, seqlen_k, causal: bool):
+    """(m_start, m_masked_end, m_end) without a window: visit [m_start, m_end); [m_start,
+    m_masked_end) need masks. Non-causal CTAs visit every query tile."""
+    m_start, m_masked_end, _, m_end = m_block_segments(n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal)
     return m_start, m_masked_end, m_end
 
 
-def dq_turn(m_block, n_block, tile_m: int, tile_n: int, num_n, seqlen_q, seqlen_k, causal: bool, spt):
+def dq_turn(m_block, n_block, tile_m: int, tile_n: int, num_n, seqlen_q, seqlen_k, causal: bool, spt,
+            has_window_left: bool = False, has_window_right: bool = False, window_left=0, window_right=0):
     """Position of key tile n_block among the contributors to query tile m_block.
 
-    The contributors are key tiles 0..n_hi(m) (all key tiles when not causal). Natural order
-    (spt=0) gives turn n_block. SPT (spt=1) launches the highest key tiles first, the
-    shortest ones under causal masking, so turns count down from n_hi(m). Either way a CTA
-    only ever waits for CTAs launched before it.
+    The contributors are the key tiles [n_lo, n_hi] of masking_range.kv_block_range (all key
+    tiles without a mask), exactly the tiles whose CTAs visit m_block. Natural order (spt=0)
+    gives turn n_block - n_lo. SPT (spt=1) launches the highest key tiles first, the shortest
+    ones under causal masking, so turns count down from n_hi. Either way a CTA only ever waits
+    for CTAs launched before it, and a key tile the mask skips holds no turn.
     """
-    n_hi = num_n - 1
-    if causal:
-        last_visible = (m_block + 1) * tile_m + seqlen_k - seqlen_q  # exclusive bound on keys seen
-        n_hi = cutlass.min(n_hi, (last_visible - 1) // tile_n)
-    return n_block + spt * (n_hi - 2 * n_block)
+    n_lo, n_end = kv_block_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, causal,
+                                 has_window_left, has_window_right, window_left, window_right)
+    n_hi = n_end - 1
+    return n_block - n_lo + spt * (n_hi + n_lo - 2 * n_block)

@@ -29,6 +29,14 @@ during the pointwise loops. Loop-invariant per-element shared-memory addresses a
 in the loop (fa4.common.regs.opaque), and the tile coordinates for the epilogue are recomputed
 from the block index, instead of being held; see bwd_config.consumer_registers.
 
+Issue 18's features (compile-time has_window_left/right, has_softcap, has_sink): a sliding
+window limits a CTA's query tiles to fa4.common.masking_range.q_block_range, masks the runs where
+either bound cuts the key tile (bwd_schedule.m_block_segments: a third, masked loop for the left
+bound) and skips the rest; softcap recomputes t = tanh(S^T scale / c) and takes dS^T = P^T (dP^T -
+D)(1 - t^2) from the same t (fa4.common.softcap_bwd); a learnable sink is already in the LSE the
+forward returned (its gradient is reduced on the host from D). The LSE's own gradient is in D
+(the preprocess).
+
 Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
 until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn once its
 reduction is performed. Turns follow the launch order so that a waiting CTA only waits for
@@ -49,7 +57,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_schedule, mma, scheduling, semaphore
+from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd
 from fa4.sm90 import bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
@@ -82,8 +90,18 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 
 class FlashBwdSm90(bwd_split.DkvSplitSteps):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
-                 head_dim_v: int | None = None):
+                 head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
+                 has_softcap: bool = False, has_sink: bool = False):
         self.dtype = dtype
+        # Issue 18's features. Sliding window: the bounds of fa4.common.masking_range (causal is
+        # right = 0; the host folds a window right bound into it). Softcap: t = tanh recomputed on
+        # S^T, dS^T = P^T (dP^T - D)(1 - t^2) (fa4.common.softcap_bwd). A learnable sink needs
+        # nothing here: the forward's LSE includes it, so P is right, and its gradient is a
+        # reduction of the preprocess's D on the host (fa4.sm90.bwd_launch).
+        self.has_window_left = has_window_left
+        self.has_window_right = has_window_right and not causal
+        self.has_softcap = has_softcap
+        self.has_sink = has_sink
         self.head_dim = head_dim  # Q, K, dQ, dK
         self.head_dim_v = head_dim_v or head_dim  # V, O, dO, dV
         # dkv_split 'head_dim' (fa4.sm90.bwd_split): both consumers on one 64-row key tile, each
@@ -129,6 +147,10 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
         scale: Float32,  # softmax_scale
+        window_left: Int32,  # has_window_left: keys j >= i + seqlen_k - seqlen_q - window_left
+        window_right: Int32,  # has_window_right: keys j <= i + seqlen_k - seqlen_q + window_right
+        softcap_inv: Float32,  # has_softcap: softmax_scale / softcap
+        softcap_log2: Float32,  # has_softcap: softcap * log2(e)
         # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         spt: Int32,
         head_swizzle: Int32,
@@ -235,7 +257,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
-            scale_log2, scale, head_swizzle, spt,
+            scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, head_swizzle, spt,
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
@@ -288,10 +310,15 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         sDsum_layout: cute.Layout,
         scale_log2: Float32,
         scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        softcap_inv: Float32,
+        softcap_log2: Float32,
         head_swizzle: Int32,
         spt: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        win = (window_left, window_right)
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
@@ -335,8 +362,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.setmaxregister_decrease(self.regs_producer)
             # Tile coordinates are derived after the register split in each branch, so that
             # nothing computed before it stays live into the register-bound consumers.
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_end = (
-                self.tile_coords(bidx, mQ, mK, head_swizzle, spt)
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, _, _, m_end = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win)
             )
             if warp_idx == 0:
                 self.producer(
@@ -350,29 +377,29 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 if warp_idx == 1:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, 0,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, 0,
                     )
                 if warp_idx == 2:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, 1,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, 1,
                     )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - THREADS_PER_WG
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_end = (
-                self.tile_coords(bidx, mQ, mK, head_swizzle, spt)
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win)
             )
             self.consumer(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, batch, num_n,
-                m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt,
-                (bidx, mQ, mK, head_swizzle), (tma_dk, tma_dv),
+                (m_start, m_masked_end, m_unmasked_end, m_end), seqlen_q, seqlen_k, scale_log2, scale, spt,
+                (bidx, mQ, mK, head_swizzle), (tma_dk, tma_dv), win, (softcap_inv, softcap_log2),
             )
 
     @cute.jit
-    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt):
+    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt, win):
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
@@ -381,10 +408,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         qhead_per_kvhead = num_heads // mK.shape[2]
         n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
         head_kv = head // qhead_per_kvhead
-        m_start, m_masked_end, m_end = bwd_schedule.m_block_range(
-            n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
+        m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
+            n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
+            self.has_window_left, self.has_window_right, *win,
         )
-        return n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_end
+        return n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end
 
     # ---------------------------------------------------------------- producer
     @cute.jit
@@ -429,9 +457,10 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, batch, num_n,
-        m_start, m_masked_end, m_end, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv,
+        m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args,
     ):
         d, dv = self.head_dim, self.head_dim_v
+        m_start, m_masked_end, m_unmasked_end, m_end = m_segments
         sdp_thr = sdp_mma.get_slice(ctid)
         dkv_thr = dkv_mma.get_slice(ctid)
         dq_thr = dq_mma.get_slice(ctid)
@@ -485,25 +514,41 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         key_base = n_block * self.tile_n + row0
         key_limit = seqlen_k - key_base
         diag = seqlen_k - seqlen_q - key_base
+        # A key row r (relative to key_base) of query q is visible iff diag_lo + q <= r <= diag_hi + q.
+        diag_hi = diag
+        if cutlass.const_expr(self.has_window_right):
+            diag_hi = diag + win[1]
+        diag_lo = diag
+        if cutlass.const_expr(self.has_window_left):
+            diag_lo = diag - win[0]
+        limits = (key_limit, diag_hi, diag_lo)
         frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP, tdKsdSt, sdSt)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
         for m in cutlass.range(m_start, m_masked_end, unroll=1):
             self.step(
-                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_limit, diag, sLSE, sDsum, mdQacc,
+                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                 mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                seqlen_q, seqlen_k, scale_log2, spt, True,
+                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
             )
-        for m in cutlass.range(m_masked_end, m_end, unroll=1):
+        for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
             self.step(
-                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_limit, diag, sLSE, sDsum, mdQacc,
+                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                 mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                seqlen_q, seqlen_k, scale_log2, spt, False,
+                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, False,
             )
+        if cutlass.const_expr(self.has_window_left):
+            # The window's left bound cuts the key tile from here on.
+            for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
+                self.step(
+                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                    mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
+                )
         # The tile coordinates again, from the block index: recomputing them here is a few
         # integer ops, holding them through the mainloop cost registers the loop needs.
         bidx, mQ, mK, head_swizzle = coord_args
-        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _ = self.tile_coords(
-            opaque(bidx), mQ, mK, head_swizzle, spt
+        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _ = self.tile_coords(
+            opaque(bidx), mQ, mK, head_swizzle, spt, win
         )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
@@ -524,9 +569,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
 
     @cute.jit
     def step(
-        self, sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, key_limit, diag, sLSE, sDsum, mdQacc,
+        self, sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
         mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-        seqlen_q, seqlen_k, scale_log2, spt, masked: cutlass.Constexpr,
+        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, masked: cutlass.Constexpr,
     ):
         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag[:12]
         acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
@@ -557,20 +602,39 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         warpgroup.commit_group()
 
         warpgroup.wait_group(1)
-        if cutlass.const_expr(masked):
-            self.apply_mask_t(s_mn, c0_mn, key_limit, diag, q_base)
-        for r in cutlass.range_constexpr(nrow):
+        if cutlass.const_expr(self.has_softcap):
+            # t = tanh(S^T * scale / c) runs under the dP^T GEMM; the mask after it (tanh(-inf)
+            # would be -1, a visible score). P and dS^T then come from t in one loop, after dP^T.
+            softcap_inv, softcap_log2 = softcap_args
+            softcap_bwd.tanh_scores(s_mn, softcap_inv)
+            if cutlass.const_expr(masked):
+                self.apply_mask_t(s_mn, c0_mn, limits, q_base)
+            warpgroup.wait_group(0)
+            # One loop over columns (queries): the LSE registers are still live here, so D is read
+            # from shared memory once per column instead of taking 16 more registers.
             for c in cutlass.range_constexpr(ncol):
                 lse = tLSE[c] if c < npre else sLSE[col0 + c0_mn[0, c][1], state.index]
-                s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - lse)
-        tDsum = cute.make_rmem_tensor((max(npre, 1),), Float32)
-        for c in cutlass.range_constexpr(npre):
-            tDsum[c] = sDsum[col0 + c0_mn[0, c][1], state.index]
-        warpgroup.wait_group(0)
-        for r in cutlass.range_constexpr(nrow):
-            for c in cutlass.range_constexpr(ncol):
-                dsum = tDsum[c] if c < npre else sDsum[col0 + c0_mn[0, c][1], state.index]
-                dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dsum)
+                dsum = sDsum[col0 + c0_mn[0, c][1], state.index]
+                for r in cutlass.range_constexpr(nrow):
+                    t = s_mn[r, c]
+                    p = exp2_mufu(t * softcap_log2 - lse)
+                    s_mn[r, c] = p
+                    dp_mn[r, c] = p * (dp_mn[r, c] - dsum) * softcap_bwd.dtanh(t)
+        else:
+            if cutlass.const_expr(masked):
+                self.apply_mask_t(s_mn, c0_mn, limits, q_base)
+            for r in cutlass.range_constexpr(nrow):
+                for c in cutlass.range_constexpr(ncol):
+                    lse = tLSE[c] if c < npre else sLSE[col0 + c0_mn[0, c][1], state.index]
+                    s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - lse)
+            tDsum = cute.make_rmem_tensor((max(npre, 1),), Float32)
+            for c in cutlass.range_constexpr(npre):
+                tDsum[c] = sDsum[col0 + c0_mn[0, c][1], state.index]
+            warpgroup.wait_group(0)
+            for r in cutlass.range_constexpr(nrow):
+                for c in cutlass.range_constexpr(ncol):
+                    dsum = tDsum[c] if c < npre else sDsum[col0 + c0_mn[0, c][1], state.index]
+                    dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dsum)
         # Both 16-bit conversions after the pointwise loops: P^T and dS^T are never live beside
         # the fp32 S^T and dP^T (the register budget at head_dim 128).
         tdVrP_as_S.store(acc_S.load().to(self.dtype))
@@ -627,7 +691,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.fence_proxy("async.shared", space="cta")
             self.dq_barrier(BAR_DQ_FULL, i % 2, ctid, False)
         else:
-            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt)
+            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
 
@@ -645,7 +709,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
 
     @cute.jit
     def dq_writer(
-        self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt,
+        self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt, win,
         parity: cutlass.Constexpr,
     ):
         """One of two writer warps: adds the staged dQ tiles of the steps of its parity."""
@@ -661,7 +725,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".
                 semaphore.wait_turn(
                     mSemQ[batch, head, None].iterator + m,
-                    self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), lane == 0,
+                    self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), lane == 0,
                 )
             for wg in cutlass.range_constexpr(2):
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * parity + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
@@ -692,7 +756,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def add_dq(self, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt):
+    def add_dq(self, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win):
         gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
         # This thread's values in the tile's fragment order (the accumulator's layout): value
         # (a, b) of the (4, F/4) register view lies at thread_base + a + 512 b.
@@ -703,7 +767,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         r = dq_frag_view(acc_dQ)
         if cutlass.const_expr(self.deterministic):
             sem = mSemQ[batch, head, None].iterator + m
-            semaphore.wait_turn(sem, self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt), ctid == 0)
+            semaphore.wait_turn(sem, self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), ctid == 0)
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
         for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
             if cutlass.const_expr(self.red_v2):
@@ -716,8 +780,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)
 
-    def turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt):
-        return bwd_schedule.dq_turn(m, n_block, self.tile_m, self.tile_n, num_n, seqlen_q, seqlen_k, self.causal, spt)
+    def turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt, win):
+        return bwd_schedule.dq_turn(m, n_block, self.tile_m, self.tile_n, num_n, seqlen_q, seqlen_k, self.causal, spt,
+                                    self.has_window_left, self.has_window_right, *win)
 
     @cute.jit
     def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):
@@ -736,17 +801,28 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                     semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
 
     @cute.jit
-    def apply_mask_t(self, s_mn, c0_mn, key_limit, diag, q_base):
-        """-inf where key >= seqlen_k or (causal) key > query + seqlen_k - seqlen_q; rows are keys."""
+    def apply_mask_t(self, s_mn, c0_mn, limits, q_base):
+        """-inf where key >= seqlen_k, (causal / window right) key > query + seqlen_k - seqlen_q
+        + right, or (window left) key < query + seqlen_k - seqlen_q - left; rows are keys.
+
+        The transpose of fa4.common.masking.apply_mask (S^T here: a column is one query, its
+        bounds one register each, and a row offset is an immediate): one compare per element
+        and bound."""
+        key_limit, diag_hi, diag_lo = limits
         nrow = cute.size(s_mn, mode=[0])
         ncol = cute.size(s_mn, mode=[1])
         for c in cutlass.range_constexpr(ncol):
             limit = key_limit
-            if cutlass.const_expr(self.causal):
-                limit = cutlass.min(limit, q_base + c0_mn[0, c][1] + 1 + diag)
+            q = q_base + c0_mn[0, c][1]
+            if cutlass.const_expr(self.causal or self.has_window_right):
+                limit = cutlass.min(limit, q + 1 + diag_hi)
+            low = q + diag_lo  # first visible key row (has_window_left)
             for r in cutlass.range_constexpr(nrow):
                 if c0_mn[r, 0][0] >= limit:
                     s_mn[r, c] = -Float32.inf
+                if cutlass.const_expr(self.has_window_left):
+                    if c0_mn[r, 0][0] < low:
+                        s_mn[r, c] = -Float32.inf
 
     # ---------------------------------------------------------------- epilogue
     @cute.jit

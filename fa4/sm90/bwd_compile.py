@@ -28,6 +28,13 @@ class BwdKernelKey:
     deterministic: bool  # the problem's: semaphore-ordered dQ (and GQA dK/dV) adds
     config: BwdConfigSm90  # runtime knobs normalised away
     head_dim_v: int = 0  # 0: head_dim (set by compile_key)
+    # Issue 18's features (fa4.sm90.bwd): the window's bounds (a right bound only without causal,
+    # which is right = 0), softcap, a learnable sink (the main kernel's code is the plain one:
+    # the forward's LSE holds the sink; the key keeps the contract's one name set).
+    has_window_left: bool = False
+    has_window_right: bool = False
+    has_softcap: bool = False
+    has_sink: bool = False
 
     @property
     def dv(self) -> int:
@@ -35,11 +42,13 @@ class BwdKernelKey:
 
 
 def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, deterministic: bool,
-                config: BwdConfigSm90, head_dim_v: int | None = None) -> BwdKernelKey:
+                config: BwdConfigSm90, head_dim_v: int | None = None, has_window_left: bool = False,
+                has_window_right: bool = False, has_softcap: bool = False, has_sink: bool = False) -> BwdKernelKey:
     base = compile_time_config(config)
     # One key per kernel: head_dim_v == head_dim is stored as 0 (the keys of before it existed).
     hdv = 0 if head_dim_v in (None, head_dim) else head_dim_v
-    return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base, hdv)
+    return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base, hdv, bool(has_window_left),
+                        bool(has_window_right) and not causal, bool(has_softcap), bool(has_sink))
 
 
 def padded(seqlen: int) -> int:
@@ -100,17 +109,22 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
     sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and key.gqa else None
-    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config, head_dim_v=dv)
+    kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config, head_dim_v=dv,
+                          has_window_left=key.has_window_left, has_window_right=key.has_window_right,
+                          has_softcap=key.has_softcap, has_sink=key.has_sink)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    i32 = cutlass.Int32
     return cute.compile(
         kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv_, sem_q, sem_kv,
-        f32(1.0), f32(1.0), cutlass.Int32(1), cutlass.Int32(1), stream,
+        f32(1.0), f32(1.0), i32(0), i32(0), f32(0.0), f32(0.0), i32(1), i32(1), stream,
         options=_opts(options),
     )
 
 
-def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None):
-    """D from O and dO (head_dim_v wide), the zeroed dQ accumulator (head_dim wide)."""
+def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None,
+                    has_dlse: bool = False):
+    """D from O and dO (head_dim_v wide; minus the LSE's gradient with has_dlse), the zeroed dQ
+    accumulator (head_dim wide)."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -126,8 +140,10 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
     lse2 = _fake(f32, (None, None, None), row_major_static=True)
     dsum = _fake(f32, (None, None, None), row_major_static=True)
     dqacc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
+    dlse = _fake(f32, (None, None, None), tma=False) if has_dlse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(BwdPreprocess(dt, head_dim, dv), o, do, lse, lse2, dsum, dqacc, stream, options=_opts(options))
+    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse), o, do, lse, lse2, dsum, dqacc, dlse, stream,
+                        options=_opts(options))
 
 
 def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):

@@ -242,18 +242,26 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
         if why:
             out.append(Violation("registers", f"tile_m 128: {why} spills at this tile"))
-    if problem.head_dim == 128 and config.dv_operand == "rmem" and problem.causal and config.tile_m == 64:
+    # A sliding window (issue 18) holds mask limits through the mainloop as causal does.
+    windowed = getattr(problem, "window_left", -1) >= 0 or getattr(problem, "window_right", -1) >= 0
+    masked = "causal" if problem.causal else "a sliding window"
+    if problem.head_dim == 128 and config.dv_operand == "rmem" and (problem.causal or windowed) and config.tile_m == 64:
         # Measured (ptxas 13.0, every distinct kernel compiled): beside the causal mask limits,
         # the ring position of a 3-deep ring (a division by 3, not a shift) spills 2 registers,
         # and so does a 1-deep ring in deterministic mode; the same with P^T through shared
-        # memory compiles clean.
+        # memory compiles clean. With a window's two bounds (non-causal) the 3-deep ring spills 2.
         if config.stages == 3:
             out.append(Violation("registers",
-            "head_dim 128, causal, stages 3 with P^T from registers spills (use dv_operand 'smem')"))
+            f"head_dim 128, {masked}, stages 3 with P^T from registers spills (use dv_operand 'smem')"))
         elif config.stages == 1 and problem.deterministic:
             out.append(Violation("registers",
-            "head_dim 128, causal, deterministic, stages 1 with P^T from registers spills "
+            f"head_dim 128, {masked}, deterministic, stages 1 with P^T from registers spills "
                        "(use dv_operand 'smem' or stages 2)"))
+    if getattr(problem, "softcap", 0.0) and config.tile_m == 128:
+        # Softcap keeps t = tanh(S^T) in the S^T registers and fuses P and dS^T into one loop
+        # after dP^T: at 32 query columns a thread the LSE and D values no longer fit beside
+        # them (hd64, the default kernel otherwise: 16 loads / 12 stores of spills, ptxas 13.0).
+        out.append(Violation("registers", "tile_m 128 with softcap spills (the fused P/dS^T loop; use tile_m 64)"))
     regs = consumer_registers(config, problem)
     if regs > CONSUMER_REG_BUDGET:
         out.append(Violation(

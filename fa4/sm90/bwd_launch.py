@@ -13,6 +13,7 @@ import math
 import torch
 
 from fa4.arch import SM90
+from fa4.common import softcap_bwd
 from fa4.common.constants import LOG2_E
 from fa4.compile_cache import compiled
 from fa4.knobs import as_config, runtime_args
@@ -53,11 +54,14 @@ def flash_attn_bwd(
     causal: bool = False,
     deterministic: bool = False,
     config=None,
+    **features,
 ):
     """Gradients (dq, dk, dv) of softmax(q k^T * scale) v given the forward's out and lse.
 
     Shapes as fa4.flash_attn_func: q (B, Sq, Hq, D), k (B, Sk, Hkv, D), v (B, Sk, Hkv, Dv),
     out/dout (B, Sq, Hq, Dv), lse (B, Hq, Sq) fp32 natural log. Causal is bottom-right aligned.
+    ``features``: launch_bwd's dlse, window_left, window_right, softcap, sink (then dsink is
+    returned fourth).
     """
     validate(q, k, v)
     check_bwd_head_dims(q, v)
@@ -73,23 +77,54 @@ def flash_attn_bwd(
     config = resolve_config(problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic), config)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
-    return launch_bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
+    return launch_bwd(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, **features)
+
+
+def window_flags(causal: bool, window_left, window_right, seqlen_q: int | None = None,
+                 seqlen_k: int | None = None) -> tuple[bool, bool, bool, int, int]:
+    """(causal, has_window_left, has_window_right, window_left, window_right) for the kernel from
+    the bounds (-1 or None: unbounded). Causal is right = 0: a right bound beside it is dropped
+    (one kernel for causal, whatever window_right says), and a right bound of 0 is causal (the
+    Mistral-style window (left, 0) runs the causal kernel, as the reference does). With the
+    sequence lengths, a bound that hides no key is dropped too (left >= seqlen_k, right >=
+    seqlen_q): no mask work for it, and no Int32 overflow of a huge bound in the kernel's tile
+    arithmetic."""
+    left = -1 if window_left is None else int(window_left)
+    right = -1 if window_right is None else int(window_right)
+    if seqlen_k is not None and left >= seqlen_k:
+        left = -1
+    if seqlen_q is not None and right >= seqlen_q:
+        right = -1
+    causal = causal or right == 0
+    has_right = right >= 0 and not causal
+    return causal, left >= 0, has_right, max(left, 0), right if has_right else 0
 
 
 def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
-               config: BwdConfigSm90):
+               config: BwdConfigSm90, dlse=None, window_left=-1, window_right=-1, softcap: float = 0.0,
+               sink=None):
     """The three launches, for inputs and a config already checked (fa4.flash_attn_func's
-    autograd resolved them at the forward call; flash_attn_bwd above checks them itself)."""
+    autograd resolved them at the forward call; flash_attn_bwd above checks them itself).
+
+    ``dlse``: the gradient of the returned LSE (B, Hq, Sq), or None where the loss does not use it.
+    Issue 18's features, with the forward's meaning (fa4.common.masking_range): ``window_left`` /
+    ``window_right`` (-1 or None: unbounded), ``softcap`` (0: none), ``sink`` (Hq,) learnable
+    sink logits; with a sink the result is (dq, dk, dv, dsink), dsink in the sink's dtype.
+    """
     dtype = DTYPES[q.dtype]
     b, sq, hq, d = q.shape
     sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
     gqa = hq != hkv
-    key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv)
+    causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
+    has_softcap = bool(softcap) and softcap > 0
+    softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
+    key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr, has_softcap,
+                      sink is not None)
     main = compiled(key, lambda: compile_bwd_main(key))
-    if dv == d:
-        pre = compiled(("bwd_pre", dtype, d), lambda: compile_bwd_pre(dtype, d))
-    else:
-        pre = compiled(("bwd_pre", dtype, d, dv), lambda: compile_bwd_pre(dtype, d, head_dim_v=dv))
+    has_dlse = dlse is not None
+    # The keys of before dLSE (and head_dim_v) existed name the plain preprocess.
+    pre_key = ("bwd_pre", dtype, d) + ((dv,) if dv != d else ()) + (("dlse",) if has_dlse else ())
+    pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse))
     post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
     post_v = post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
     post_dq = compiled(
@@ -118,11 +153,14 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         if gqa:
             sem_kv = torch.zeros(b, hkv, _round4(num_n), device=dev, dtype=torch.int32)
     lse = lse if lse.stride(-1) == 1 else lse.contiguous()
+    if has_dlse:
+        dlse = dlse.to(f32)
+        dlse = dlse if dlse.stride(-1) == 1 else dlse.contiguous()
     with torch.cuda.device(dev):
-        pre(out, dout, lse, lse2, dsum, dq_acc)
+        pre(out, dout, lse, lse2, dsum, dq_acc, dlse)
         main(
             q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv,
-            softmax_scale * LOG2_E, softmax_scale, *runtime_args(config),
+            softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, *runtime_args(config),
         )
         post_dq(dq_acc, dq, softmax_scale)
         if gqa:
@@ -131,5 +169,15 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
             # dK was scaled in the main kernel; dV needs none.
             post(dk_out, dk, 1.0)
             post_v(dv_out, dv_, 1.0)
-            return dq, dk, dv_
-    return dq, dk_out, dv_out
+            dk_out, dv_out = dk, dv_
+        if sink is None:
+            return dq, dk_out, dv_out
+        return dq, dk_out, dv_out, sink_grad(sink, lse2[:, :, :sq], dsum[:, :, :sq])
+
+
+def sink_grad(sink: torch.Tensor, lse2: torch.Tensor, dsum: torch.Tensor) -> torch.Tensor:
+    """dsink_h = -sum over batch and rows of exp(sink_h - LSE) * D, D = rowsum(dO * O) - dLSE from
+    the preprocess (the sink's share of each row's softmax times the row's D; LSE2 = LSE * log2 e,
+    +inf on rows that saw nothing, which then add 0). One fixed-order reduction: deterministic."""
+    share = torch.exp2(sink.float()[None, :, None] * LOG2_E - lse2)
+    return (-(share * dsum).sum(dim=(0, 2))).to(sink.dtype)

@@ -1,7 +1,9 @@
 """Pre- and postprocess kernels of the Hopper backward.
 
 Preprocess, per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PAD):
-  D[row]     = sum_d dO[row, d] * O[row, d]            (fp32; 0 on padded rows)
+  D[row]     = sum_d dO[row, d] * O[row, d] - dLSE[row] (fp32; 0 on padded rows). The dLSE term
+               is the gradient through the returned LSE (when the loss uses it): dLSE/dS = P,
+               so dS = P * (dP - D) takes it in D (a variant compiled with has_dlse).
   LSE2[row]  = LSE[row] * log2(e), and +inf where the forward saw no key (LSE = -inf) or on
                padded rows, so that P = 2^(S*scale*log2e - LSE2) is exactly 0 there instead
                of NaN (masked S = -inf minus LSE = -inf).
@@ -94,10 +96,11 @@ class BwdPreprocess:
     the last row instead of branched around, so the unrolled passes issue all their loads first.
     """
 
-    def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None):
+    def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None, has_dlse: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim  # the dQ accumulator's width
         self.head_dim_v = head_dim_v or head_dim  # O's and dO's
+        self.has_dlse = has_dlse
 
     @cute.jit
     def __call__(
@@ -108,15 +111,16 @@ class BwdPreprocess:
         mLSE2: cute.Tensor,  # (batch, heads, seqlen_pad) fp32 out
         mDsum: cute.Tensor,  # (batch, heads, seqlen_pad) fp32 out
         mdQacc: cute.Tensor,  # (batch, heads, seqlen_pad, d) fp32 out (zeroed), compact rows
+        mdLSE: cute.Tensor,  # (batch, heads, seqlen_q) fp32: the LSE's gradient (has_dlse), or None
         stream: cuda.CUstream,
     ):
         grid = (mLSE2.shape[2] // ROWS_PER_CTA, mLSE2.shape[1], mLSE2.shape[0])
-        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc).launch(
+        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE).launch(
             grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc):
+    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE):
         tidx, _, _ = cute.arch.thread_idx()
         bx, head, batch = cute.arch.block_idx()
         d = self.head_dim
@@ -141,6 +145,8 @@ class BwdPreprocess:
                 val = Float32(0.0)  # padded rows: D = 0
                 if row < seqlen:
                     val = dsum
+                    if cutlass.const_expr(self.has_dlse):
+                        val = dsum - mdLSE[batch, head, row]
                 mDsum[batch, head, row] = val
         row = bx * ROWS_PER_CTA + tidx
         lse2 = Float32.inf

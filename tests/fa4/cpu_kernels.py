@@ -32,49 +32,98 @@ def check_bwd():
     return mod
 
 
-def _scores(q, k, scale, causal):
-    """(B, Hq, Sq, Sk) fp32 scores with K expanded to the query heads and the causal mask."""
+@functools.lru_cache(maxsize=1)
+def check_bwd_feat():
+    """bench/check_bwd_feat.py as a module: the reference with issue 18's features, same error rule."""
+    spec = importlib.util.spec_from_file_location(
+        "check_bwd_feat", Path(__file__).resolve().parents[2] / "bench" / "check_bwd_feat.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _raw_scores(q, k, scale, softcap=0.0):
+    """(B, Hq, Sq, Sk) fp32 scores q.k * scale (K expanded to the query heads), softcapped
+    c * tanh(s / c) with softcap c > 0; and t = tanh(s / c) (None without softcap)."""
     rep = q.shape[2] // k.shape[2]
     qq = q.float().transpose(1, 2)
     kk = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
     s = qq @ kk.transpose(-1, -2) * scale
-    if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    return s
+    if softcap > 0:
+        t = torch.tanh(s / softcap)
+        return softcap * t, t
+    return s, None
 
 
-def _probs(s):
-    # Rows that see no key (causal, Sq > Sk) have no softmax: zero output, zero gradient.
-    return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+def _mask(s, sq, sk, causal, window_left=-1, window_right=-1):
+    """-inf where query i may not see key j (bottom-right aligned; causal is right = 0)."""
+    i = torch.arange(sq)[:, None]
+    j = torch.arange(sk)[None, :]
+    o = sk - sq
+    hidden = torch.zeros(sq, sk, dtype=torch.bool)
+    if causal or window_right >= 0:
+        hidden |= j > i + o + (0 if causal else window_right)
+    if window_left >= 0:
+        hidden |= j < i + o - window_left
+    return s.masked_fill(hidden, float("-inf"))
 
 
-def forward_math(q, k, v, scale, causal):
+def _scores(q, k, scale, causal, window_left=-1, window_right=-1, softcap=0.0):
+    s, _ = _raw_scores(q, k, scale, softcap)
+    return _mask(s, q.shape[1], k.shape[1], causal, window_left, window_right)
+
+
+def _lse(s, sink=None):
+    """Log of each row's softmax denominator, the sink's exp(sink_h) term included."""
+    if sink is not None:
+        s = torch.cat([s, sink.float()[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
+    return torch.logsumexp(s, dim=-1)
+
+
+def _probs(s, lse):
+    # Rows that see nothing (no key, no sink) have no softmax: zero output, zero gradient.
+    return torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
+
+
+def forward_math(q, k, v, scale, causal, window_left=-1, window_right=-1, softcap=0.0, sink=None):
     """(out in q's dtype, lse fp32 (B, Hq, Sq))."""
     rep = q.shape[2] // k.shape[2]
-    s = _scores(q, k, scale, causal)
+    s = _scores(q, k, scale, causal, window_left, window_right, softcap)
+    lse = _lse(s, sink)
     vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
-    out = (_probs(s) @ vv).transpose(1, 2)
-    return out.to(q.dtype), torch.logsumexp(s, dim=-1)
+    out = (_probs(s, lse) @ vv).transpose(1, 2)
+    return out.to(q.dtype), lse
 
 
-def backward_math(dout, q, k, v, scale, causal):
-    """(dq, dk, dv) from dP = dO V^T, dS = P (dP - rowsum(dP P)), dK/dV summed over each KV head's group."""
+def backward_math(dout, q, k, v, scale, causal, dlse=None, window_left=-1, window_right=-1, softcap=0.0,
+                  sink=None):
+    """(dq, dk, dv[, dsink]) from dP = dO V^T, D = rowsum(dP P) - dLSE, dS = P (dP - D) (1 - t^2)
+    (softcap t = tanh(s / c)), dK/dV summed over each KV head's group, dsink = -sum exp(sink - LSE) D
+    (``dlse``: the returned LSE's gradient, (B, Hq, Sq), or None)."""
     rep = q.shape[2] // k.shape[2]
-    s = _scores(q, k, scale, causal)
-    p = _probs(s)
+    raw, t = _raw_scores(q, k, scale, softcap)
+    s = _mask(raw, q.shape[1], k.shape[1], causal, window_left, window_right)
+    lse = _lse(s, sink)
+    p = _probs(s, lse)
     do = dout.float().transpose(1, 2)
     qq = q.float().transpose(1, 2)
     kk = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
     vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
     dp = do @ vv.transpose(-1, -2)
-    ds = p * (dp - (dp * p).sum(-1, keepdim=True))
+    dsum = (dp * p).sum(-1, keepdim=True)
+    if dlse is not None:
+        dsum = dsum - dlse.float()[..., None]
+    ds = p * (dp - dsum)
+    if t is not None:
+        ds = ds * (1 - t * t)
     dq = ds @ kk * scale
     dk = (ds.transpose(-1, -2) @ qq * scale).unflatten(1, (-1, rep)).sum(2)
     dv = (p.transpose(-1, -2) @ do).unflatten(1, (-1, rep)).sum(2)
-    return tuple(g.transpose(1, 2).to(q.dtype) for g in (dq, dk, dv))
+    grads = tuple(g.transpose(1, 2).to(q.dtype) for g in (dq, dk, dv))
+    if sink is None:
+        return grads
+    share = torch.nan_to_num(torch.exp(sink.float()[None, :, None] - lse), nan=0.0)
+    return (*grads, (-(share * dsum[..., 0]).sum(dim=(0, 2))).to(sink.dtype))
 
 
 @dataclass
@@ -82,6 +131,7 @@ class Calls:
     """What the stand-in launches were asked to do."""
 
     fwd: list = field(default_factory=list)  # (return_lse, config, out is given)
+    fwd_features: list = field(default_factory=list)  # dict(window_size=..., softcap=..., learnable_sink=...)
     bwd: list = field(default_factory=list)  # dict(dout=..., deterministic=..., config=..., scale=..., causal=...)
 
 
@@ -94,10 +144,13 @@ def install(monkeypatch) -> Calls:
 
     calls = Calls()
 
-    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out):
+    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_size=(None, None),
+                     softcap=0.0, learnable_sink=None):
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-        o, lse = forward_math(q, k, v, scale, causal)
+        left, right = (-1 if w is None else w for w in window_size)
+        o, lse = forward_math(q, k, v, scale, causal, left, right, softcap, learnable_sink)
         calls.fwd.append((return_lse, config, out is not None))
+        calls.fwd_features.append(dict(window_size=window_size, softcap=softcap, learnable_sink=learnable_sink))
         if out is None:
             out = empty_out(q, v)  # what the real launch allocates
         out.copy_(o)
@@ -107,12 +160,15 @@ def install(monkeypatch) -> Calls:
         lse_buf.copy_(lse)
         return out, lse_buf
 
-    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None):
+    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None,
+                 dlse=None, window_left=-1, window_right=-1, softcap=0.0, sink=None):
         calls.bwd.append(dict(dout=dout, deterministic=deterministic, config=config, scale=softmax_scale,
-                              causal=causal))
+                              causal=causal, dlse=dlse, window_left=window_left, window_right=window_right,
+                              softcap=softcap, sink=sink))
         # Into buffers shaped as the real launch allocates them (empty_like of q, k, v).
-        grads = backward_math(dout, q, k, v, softmax_scale, causal)
-        return tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
+        grads = backward_math(dout, q, k, v, softmax_scale, causal, dlse, window_left, window_right, softcap, sink)
+        out = tuple(torch.empty_like(t).copy_(g) for t, g in zip((q, k, v), grads))
+        return out if sink is None else (*out, grads[3])
 
     real_validate = launch.validate
     monkeypatch.setattr(launch, "_forward", fake_forward)

@@ -211,6 +211,28 @@ def test_pre_and_postprocess_codegen(hd, hdv):
             assert lanes_post * (hdv // 4 // lanes_post) == hdv // 4
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+def test_preprocess_with_lse_gradient_codegen(hd):
+    """has_dlse: one more fp32 load per row (the LSE's gradient, subtracted from D), the same
+    16-byte row loads and shuffles as the plain preprocess, nothing spills."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+
+    counts = []
+    for has_dlse in (False, True):
+        with tempfile.TemporaryDirectory() as d:
+            ptx = compile_bwd_pre("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={d}",
+                                  has_dlse=has_dlse).__ptx__
+        counts.append(cc.count_ops(cc.ptx_opcodes(ptx), ["ld.global.v4", "ld.global", "shfl.sync.bfly", "ld.local",
+                                                         "st.local", "sub.f32"]))
+    plain, dlse = counts
+    assert dlse["ld.local"] == 0 and dlse["st.local"] == 0, dlse
+    assert dlse["ld.global.v4"] == plain["ld.global.v4"] and dlse["shfl.sync.bfly"] == plain["shfl.sync.bfly"]
+    # One scalar load per pass of rows (the row's dLSE), one subtraction each.
+    assert dlse["ld.global"] - dlse["ld.global.v4"] > plain["ld.global"] - plain["ld.global.v4"], (plain, dlse)
+    assert dlse["sub.f32"] > plain["sub.f32"], (plain, dlse)
+
+
 @pytest.mark.parametrize("hd,tile_m,dq_split", [(64, 64, "head_dim"), (64, 128, "head_dim"), (64, 128, "rows"),
                                                (128, 64, "head_dim"), (96, 64, "head_dim"), (192, 64, "head_dim"),
                                                (256, 64, "head_dim")])
@@ -269,3 +291,103 @@ def test_runtime_knobs_share_a_kernel():
     assert compile_key("bf16", 128, True, False, False, a) == compile_key("bf16", 128, True, False, False, b)
     # Deterministic mode (the problem's) is another kernel for the same config.
     assert compile_key("bf16", 128, True, False, False, a) != compile_key("bf16", 128, True, False, True, a)
+
+
+# -- issue 18's features: sliding window, softcap, learnable sink -------------------------------
+
+# (has_window_left, has_window_right, has_softcap, has_sink): each alone, the window's two bounds
+# together, all four.
+FEATURES = {"wl": (True, False, False, False), "wr": (False, True, False, False), "wlr": (True, True, False, False),
+            "softcap": (False, False, True, False), "sink": (False, False, False, True),
+            "all": (True, True, True, True)}
+
+
+def feature_problem(hd: int, causal: bool, gqa: bool, det: bool, feature: str) -> Problem:
+    """problem() with the feature's Problem fields (fa4.problem gains them with the forward's
+    features; until then a subclass with the same names and defaults stands in)."""
+    wl, wr, sc, sink = FEATURES[feature]
+    fields = dict(window_left=1023 if wl else -1, window_right=5 if wr else -1, softcap=30.0 if sc else 0.0,
+                  sink=sink)
+    base = problem(hd, causal, gqa, det)
+    cls = Problem if all(hasattr(base, f) for f in fields) else _FeatProblem
+    return cls(**{**{f.name: getattr(base, f.name) for f in dataclasses.fields(Problem)}, **fields})
+
+
+@dataclasses.dataclass(frozen=True)
+class _FeatProblem(Problem):
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sink: bool = False
+
+
+def feature_cases():
+    out = []
+    for hd in (64, 128):
+        for name in FEATURES:
+            out.append((hd, name, False, False, False))  # alone, non-causal
+        # Causal (Mistral-style causal sliding window), deterministic (the turns skip the key
+        # tiles the window leaves out), GQA with its dK/dV locks.
+        out += [(hd, "wl", True, False, True), (hd, "softcap", True, False, False), (hd, "all", True, True, True),
+                (hd, "wlr", False, True, True)]
+    # The later head dims (dkv_split 'keys' at 96, 'head_dim' at 192 and 256), all combined.
+    out += [(96, "all", True, False, True), (192, "all", False, False, True), (256, "all", True, False, False)]
+    return [pytest.param(*c, id=f"hd{c[0]}-{c[1]}-causal={c[2]}-gqa={c[3]}-det={c[4]}") for c in out]
+
+
+@pytest.mark.parametrize("hd,feature,causal,gqa,det", feature_cases())
+def test_feature_kernel_codegen(hd, feature, causal, gqa, det):
+    """The default config of the problem with the feature: WGMMA, no spills, no serialization, the
+    lock pattern of deterministic mode; one MUFU.EX2 per element of S^T per code path (a third path,
+    the tiles the window's left bound cuts, with has_window_left) and, with softcap, one MUFU.TANH
+    each beside it (t is reused for the derivative, no second tanh)."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_config import default_config
+
+    wl, wr, sc, sink = FEATURES[feature]
+    prob = feature_problem(hd, causal, gqa, det, feature)
+    c = default_config(prob)
+    assert not violations(c, prob)
+    key = compile_key("bf16", hd, causal, gqa, det, c, hd, wl, wr, sc, sink)
+    assert key.has_window_right == (wr and not causal)  # causal is right = 0
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "MUFU.TANH"])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
+    halves = 2 if c.dkv_split == "head_dim" else 1
+    paths = 3 if wl else 2
+    per_path = 64 * c.tile_m // 128 // halves
+    assert ops["MUFU.EX2"] == paths * per_path, ops
+    assert ops["MUFU.TANH"] == (paths * per_path if sc else 0), ops
+    pops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu"])
+    assert all((pops[p] > 0) == det for p in pops), pops
+
+
+def test_feature_keys():
+    """Each feature is its own kernel; the defaults are the keys of before the features; a right
+    bound under causal is causal's own kernel (the host folds it)."""
+    c = BwdConfigSm90()
+    plain = compile_key("bf16", 128, False, False, False, c)
+    assert plain == compile_key("bf16", 128, False, False, False, c, 128, False, False, False, False)
+    keys = {compile_key("bf16", 128, False, False, False, c, 128, *f) for f in FEATURES.values()}
+    assert len(keys) == len(FEATURES) and plain not in keys
+    assert compile_key("bf16", 128, True, False, False, c, 128, False, True) == compile_key(
+        "bf16", 128, True, False, False, c)
+
+
+def test_feature_violations():
+    """violations() knows the features' register limits (what the compile sweeps of each feature
+    found spilling): softcap needs tile_m 64; a window's mask limits count as causal's do at hd128
+    with P^T from registers (no 3-deep ring); the plain problem keeps its configs."""
+    hd64 = BwdConfigSm90(tile_m=128, dq_split="rows")
+    assert not violations(hd64, problem(64, False, False, False))
+    assert any("softcap" in v for v in violations(hd64, feature_problem(64, False, False, False, "softcap")))
+    ring3 = BwdConfigSm90(tile_m=64, stages=3, ds_stages=1, ds_store="sts", dkv_store="direct", dv_operand="rmem")
+    assert not violations(ring3, problem(128, False, False, False))
+    assert any("sliding window" in v for v in violations(ring3, feature_problem(128, False, False, False, "wlr")))
+    from fa4.sm90.bwd_config import default_config
+
+    for name in FEATURES:
+        for hd in (64, 128):
+            for causal in (False, True):
+                prob = feature_problem(hd, causal, False, False, name)
+                assert not violations(default_config(prob), prob), (name, hd, causal)

@@ -241,3 +241,79 @@ def test_head_dim_v_pairs():
     # smem counts dO and V at head_dim_v: 192/128 fits what 192/192 only just fits.
     cfg = default_config(bwd(1024, 192))
     assert smem_bytes(cfg, bwd(1024, 192, head_dim_v=128)) < smem_bytes(cfg, bwd(1024, 192)) <= SM90.smem_per_cta
+
+
+# -- sliding windows (issue 18): the ranges and turns with a left and/or right bound -------------
+
+WINDOWS = [(-1, -1), (0, -1), (5, -1), (200, -1), (-1, 0), (-1, 3), (-1, 300), (0, 0), (7, 9), (127, 0),
+           (1023, 0), (64, 64), (300, 1)]
+WIN_SEQS = [(1, 1), (65, 1), (1, 300), (333, 777), (777, 333), (1000, 1000), (257, 129)]
+
+
+def win_visible(i, j, sq, sk, causal, left, right):
+    o = sk - sq
+    if causal:
+        right = 0
+    return (j < sk and i < sq and (right < 0 and not causal or j <= i + o + right)
+            and (left < 0 or j >= i + o - left))
+
+
+@pytest.mark.parametrize("sq,sk", WIN_SEQS)
+@pytest.mark.parametrize("tile_m", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("left,right", WINDOWS)
+def test_window_ranges_match_the_mask(sq, sk, tile_m, causal, left, right):
+    """Every tile pair with a visible pair is visited (by q_block_range and kv_block_range alike),
+    none without is (fully masked tiles skipped), and every visited tile with a masked pair is in
+    a masked run of m_block_segments."""
+    from fa4.common.bwd_schedule import m_block_segments
+    from fa4.common.masking_range import kv_block_range, q_block_range
+
+    tile_n = 128
+    hl, hr = left >= 0, right >= 0
+    num_n, num_m = -(-sk // tile_n), -(-sq // tile_m)
+    args = (sq, sk, causal, hl, hr, max(left, 0), max(right, 0))
+    for n in range(num_n):
+        m0, m1, m2, m3 = m_block_segments(n, tile_m, tile_n, *args)
+        assert (m0, m3) == q_block_range(n, tile_m, tile_n, *args)
+        assert 0 <= m0 <= m1 <= m2 <= m3 <= num_m
+        keys = range(n * tile_n, (n + 1) * tile_n)
+        for m in range(num_m):
+            rows = range(m * tile_m, (m + 1) * tile_m)
+            vis = any(win_visible(i, j, sq, sk, causal, left, right) for i in rows for j in keys)
+            # Visible by tile extents (rows/keys past the sequence too): what both ranges test.
+            ext = any(win_visible(i, j, 1 << 20, 1 << 20, causal, left, right) for i in
+                      range(m * tile_m + (1 << 20) - sq, (m + 1) * tile_m + (1 << 20) - sq)
+                      for j in range(n * tile_n + (1 << 20) - sk, (n + 1) * tile_n + (1 << 20) - sk))
+            visited = m0 <= m < m3
+            n_lo, n_hi = kv_block_range(m, tile_m, tile_n, *args)
+            assert visited == (n_lo <= n < n_hi), (n, m)
+            if vis:
+                assert visited, (n, m)
+            assert visited == ext, (n, m)
+            masked = any(i < sq and not win_visible(i, j, sq, sk, causal, left, right) for i in rows for j in keys)
+            if visited and masked:
+                assert m < m1 or m >= m2, (n, m, "masked pairs in an unmasked tile")
+
+
+@pytest.mark.parametrize("sq,sk", WIN_SEQS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("spt", [0, 1])
+@pytest.mark.parametrize("left,right", WINDOWS)
+def test_window_dq_turns_are_a_launch_ordered_permutation(sq, sk, causal, spt, left, right):
+    """With a window the contributors of a query tile are a run of key tiles not starting at 0:
+    their turns are still 0..k-1 in launch order, so a deterministic CTA never waits for a key
+    tile the window skips (it would wait forever)."""
+    from fa4.common.bwd_schedule import m_block_segments
+
+    tile_m, tile_n = 64, 128
+    num_n = -(-sk // tile_n)
+    args = (sq, sk, causal, left >= 0, right >= 0, max(left, 0), max(right, 0))
+    launch = {n: (num_n - 1 - n if spt else n) for n in range(num_n)}
+    for m in range(-(-sq // tile_m)):
+        visitors = [n for n in range(num_n) if m_block_segments(n, tile_m, tile_n, *args)[0] <= m
+                    < m_block_segments(n, tile_m, tile_n, *args)[3]]
+        turns = {n: dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt, *args[3:]) for n in visitors}
+        assert sorted(turns.values()) == list(range(len(visitors))), (m, turns)
+        by_turn = sorted(visitors, key=turns.get)
+        assert [launch[n] for n in by_turn] == sorted(launch[n] for n in visitors), (m, turns)

@@ -110,3 +110,127 @@ def test_check_script_reference_matches_sdpa():
     dq, dk, dv = mod.reference_grads(q, k, v, torch.randn_like(q), True, 0.5, torch.float64)
     assert torch.equal(dq[:, :5], torch.zeros_like(dq[:, :5])) and dq[:, 5:].abs().sum() > 0
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
+
+
+def test_lse_gradient_reaches_the_preprocess(monkeypatch):
+    """launch_bwd with dlse hands it (fp32, unit inner stride) to the preprocess compiled with
+    has_dlse, and without dlse the plain preprocess gets None: the launches are recorded, not run."""
+    import contextlib
+
+    from fa4.sm90 import bwd_launch
+
+    seen = {}
+
+    def fake_compiled(key, build):
+        def launch(*args):
+            seen.setdefault(key[0] if isinstance(key, tuple) else "main", []).append((key, args))
+        return launch
+
+    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    q, k, v = tensors(sq=70, sk=90)
+    out, dout = torch.randn_like(q), torch.randn_like(q)
+    lse = torch.randn(1, 4, 70)
+    cfg = resolve_config(problem_of(q, k, v, causal=False, pass_="bwd"), None)
+    dlse = torch.randn(1, 70, 4).transpose(1, 2)  # strided: made contiguous on the way
+    launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
+    (key, args), = seen["bwd_pre"]
+    assert key[-1] == "dlse" and args[-1].stride(-1) == 1 and torch.equal(args[-1], dlse)
+    assert args[-1].dtype == torch.float32
+    seen.clear()
+    launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
+    (key, args), = seen["bwd_pre"]
+    assert key == ("bwd_pre", "bf16", 64) and args[-1] is None
+
+
+def test_window_flags():
+    from fa4.sm90.bwd_launch import window_flags
+
+    assert window_flags(False, -1, -1) == (False, False, False, 0, 0)
+    assert window_flags(False, None, None) == (False, False, False, 0, 0)
+    assert window_flags(False, 100, -1) == (False, True, False, 100, 0)
+    assert window_flags(False, -1, 5) == (False, False, True, 0, 5)
+    assert window_flags(False, 3, 1) == (False, True, True, 3, 1)
+    # Causal is right = 0: a right bound beside it is causal's own kernel, and right = 0 is causal.
+    assert window_flags(True, 1023, 0) == (True, True, False, 1023, 0)
+    assert window_flags(False, 1023, 0) == (True, True, False, 1023, 0)
+    assert window_flags(False, 0, 0) == (True, True, False, 0, 0)
+    assert window_flags(True, None, 7) == (True, False, False, 0, 0)
+    # Bounds that hide no key (left >= Sk, right >= Sq) are no bounds.
+    assert window_flags(False, 90, 70, 70, 90) == (False, False, False, 0, 0)
+    assert window_flags(False, 89, 69, 70, 90) == (False, True, True, 89, 69)
+    assert window_flags(True, 2**40, 0, 70, 90) == (True, False, False, 0, 0)
+
+
+def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
+    """launch_bwd with a window, softcap and a sink: the main kernel's key carries the flags, its
+    runtime arguments the bounds and softcap's pre-scaled values; dsink is -sum exp(sink - LSE) D
+    over the preprocess's buffers (here filled by a stand-in preprocess), in the sink's dtype."""
+    import contextlib
+    import math
+
+    from fa4.sm90 import bwd_launch
+
+    seen = {}
+    torch.manual_seed(0)
+    lse2_val, dsum_val = torch.randn(1, 4, 128), torch.randn(1, 4, 128)
+
+    def fake_compiled(key, build):
+        name = key[0] if isinstance(key, tuple) else "main"
+
+        def launch(*args):
+            seen[name] = (key, args)
+            if name == "bwd_pre":
+                args[3].copy_(lse2_val)
+                args[4].copy_(dsum_val)
+        return launch
+
+    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    q, k, v = tensors(sq=70, sk=90)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 4, 70)
+    cfg = resolve_config(problem_of(q, k, v, causal=False, pass_="bwd"), None)
+    for dt in (torch.float32, torch.bfloat16):
+        sink = torch.randn(4).to(dt)
+        res = launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, window_left=33, window_right=4,
+                         softcap=20.0, sink=sink)
+        key, args = seen["main"]
+        assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True,) * 4
+        assert args[13:17] == (33, 4, 0.125 / 20.0, 20.0 * math.log2(math.e))
+        assert len(res) == 4 and res[3].dtype == dt and res[3].shape == (4,)
+        want = -(torch.exp(sink.float()[None, :, None] - lse2_val[..., :70] / math.log2(math.e))
+                 * dsum_val[..., :70]).sum((0, 2))
+        torch.testing.assert_close(res[3].float(), want.to(dt).float(), rtol=1e-5, atol=1e-5)
+    launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
+    key, args = seen["main"]
+    assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
+    assert args[13:17] == (0, 0, 0.0, 0.0)
+
+
+def test_feature_check_harness_on_cpu(monkeypatch):
+    """bench/check_bwd_feat.py's check_case (the GPU tests' and the device script's harness) with
+    launch_bwd replaced by tests/fa4/cpu_kernels' equations: it passes the features through, the
+    error rule accepts the right gradients (dsink included) and rejects a wrong one."""
+    from fa4.sm90 import bwd_launch
+    from tests.fa4 import cpu_kernels
+
+    feat = cpu_kernels.check_bwd_feat()
+
+    def fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, dlse=None, window_left=-1,
+             window_right=-1, softcap=0.0, sink=None):
+        return cpu_kernels.backward_math(dout, q, k, v, softmax_scale, causal, dlse, window_left, window_right,
+                                         softcap, sink)
+
+    monkeypatch.setattr(bwd_launch, "launch_bwd", fake)
+    kw = dict(window_left=20, window_right=3, softcap=10.0, sink=True, dlse=True, device="cpu")
+    for causal in (False, True):
+        ok, info = feat.check_case(1, 45, 70, 4, 2, 64, causal=causal, **kw)
+        assert ok and set(info) == {"seed", "dq", "dk", "dv", "dsink"}, info
+
+    def wrong(*a, **k):
+        g = fake(*a, **k)
+        return (g[0], g[1], g[2], g[3] * 1.5)
+
+    monkeypatch.setattr(bwd_launch, "launch_bwd", wrong)
+    ok, info = feat.check_case(1, 45, 70, 4, 2, 64, causal=True, **kw)
+    assert not ok and not info["dsink"]["ok"] and info["dq"]["ok"]

@@ -78,3 +78,19 @@ def test_empty_inputs_are_still_checked(bad, match):
         fa4.flash_attn_func(torch.randn(0, 1, 8, 128, dtype=torch.bfloat16),
                             torch.randn(0, 1, 8, 128, dtype=torch.bfloat16),
                             torch.randn(0, 1, 8, 128, dtype=torch.bfloat16), deterministic="yes")
+
+
+@pytest.mark.parametrize("sink_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(SHAPES))
+def test_empty_problems_give_a_zero_sink_gradient(case, sink_dtype):
+    """A learnable sink (issue 18) on an empty problem: zero gradient of its shape and dtype, beside
+    the zero dq, dk, dv (the empty path's own autograd, no launch)."""
+    from fa4 import empty
+
+    b, sq, sk, hq, hkv, d, dv = SHAPES[case]
+    q, k, v = _inputs(*SHAPES[case])
+    sink = torch.randn(hq).to(sink_dtype).requires_grad_()
+    out = empty.attention(q, k, v, False, None, True, learnable_sink=sink)
+    grads = torch.autograd.grad(out, (q, k, v, sink), torch.randn_like(out))
+    for g, t in zip(grads, (q, k, v, sink)):
+        assert g.shape == t.shape and g.dtype == t.dtype and not g.any()

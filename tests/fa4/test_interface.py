@@ -164,17 +164,35 @@ def test_later_head_dims_run_our_backward(calls, d, dv):
     assert res.config == want and res.provenance == "default"
 
 
-def test_lse_is_returned_without_gradient(calls):
+def test_gradient_through_the_returned_lse(calls):
+    """A loss that uses the LSE sends its gradient to the backward (the preprocess takes it into D);
+    one that does not sends None, and the gradients are those of the output alone."""
+    feat = cpu_kernels.check_bwd_feat()
     q, k, v, dout = inputs()
     out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
-    assert out.requires_grad and not lse.requires_grad
+    assert out.requires_grad and lse.requires_grad
     torch.testing.assert_close(lse, forward_math(q, k, v, 1 / 8, True)[1], rtol=0, atol=0)
-    ((out.float() * dout.float()).sum() + lse.sum()).backward()
+    w = torch.randn(lse.shape, generator=torch.Generator().manual_seed(3))
+    ((out.float() * dout.float()).sum() + (lse * w).sum()).backward()
+    assert torch.equal(calls.bwd[0]["dlse"], w)
+    ok, info = feat.grads_match((q.grad, k.grad, v.grad), q, k, v, dout, w, scale=1 / 8, causal=True)
+    assert ok, info
     with_lse = [t.grad.clone() for t in (q, k, v)]
     for t in (q, k, v):
         t.grad = None
     fa4.flash_attn_func(q, k, v, causal=True).backward(dout)
-    assert all(torch.equal(a, t.grad) for a, t in zip(with_lse, (q, k, v)))
+    assert calls.bwd[1]["dlse"] is None
+    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, True)
+    assert not all(torch.equal(a, t.grad) for a, t in zip(with_lse, (q, k, v)))
+    # Only the LSE in the loss: dO is zeros.
+    for t in (q, k, v):
+        t.grad = None
+    out, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    (lse * w).sum().backward()
+    assert torch.equal(calls.bwd[2]["dout"], torch.zeros_like(out))
+    ok, info = feat.grads_match((q.grad, k.grad, v.grad), q, k, v, torch.zeros_like(dout), w, scale=1 / 8,
+                                causal=True)
+    assert ok, info
 
 
 def test_preallocated_out_with_grad(calls):
@@ -322,4 +340,58 @@ def test_compile_fullgraph_goes_through_the_ops_and_matches_eager(calls, gqa):
     # The configs crossed the op boundary: same forward config dict, same backward config.
     assert calls.fwd[-1][1] == dataclasses.asdict(fwd_cfg)
     assert calls.bwd[-1]["config"] == calls.bwd[n_eager - 1]["config"] == config_from_dict(BwdConfigSm90, bwd_cfg)
-    assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout.float().to(q.dtype), True)
+    # The loss's lse.sum(): a gradient of ones through the LSE.
+    ok, info = cpu_kernels.check_bwd_feat().grads_match(
+        (q.grad, k.grad, v.grad), q, k, v, dout.float().to(q.dtype), torch.ones(q.shape[0], q.shape[2], q.shape[1]),
+        scale=1 / math.sqrt(q.shape[3]), causal=True)
+    assert ok, info
+
+
+# -- issue 18's features through the autograd Function (the forward's public names in, the
+# backward launch's names out, the sink's gradient back in the sink's dtype) ----------------------
+
+FEATURE_CASES = [
+    dict(window_size=(5, None)), dict(window_size=(None, 3)), dict(window_size=(7, 2)), dict(window_size=(4, 0)),
+    dict(softcap=5.0), dict(learnable_sink="fp32"), dict(learnable_sink="bf16"),
+    dict(window_size=(6, 1), softcap=3.0, learnable_sink="fp32"),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("feat", FEATURE_CASES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_features_reach_both_launches_and_grads_match(calls, causal, feat):
+    q, k, v, dout = inputs(sq=29, sk=41)
+    kw = dict(feat)
+    sink = None
+    if "learnable_sink" in kw:
+        dt = torch.float32 if kw["learnable_sink"] == "fp32" else torch.bfloat16
+        sink = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(5)).to(dt).requires_grad_()
+        kw["learnable_sink"] = sink
+    out, lse = launch._with_grad(q, k, v, None, causal, True, None, None, False, None, **kw)
+    w = torch.randn(lse.shape, generator=torch.Generator().manual_seed(6))
+    ((out.float() * dout.float()).sum() + (lse * w).sum()).backward()
+    fwd, = calls.fwd_features
+    left, right = kw.get("window_size", (None, None))
+    assert fwd["window_size"] == kw.get("window_size", (None, None)) and fwd["softcap"] == kw.get("softcap", 0.0)
+    assert fwd["learnable_sink"] is sink
+    bwd, = calls.bwd
+    assert (bwd["window_left"], bwd["window_right"]) == (-1 if left is None else left, -1 if right is None else right)
+    assert bwd["softcap"] == kw.get("softcap", 0.0) and bwd["sink"] is sink and torch.equal(bwd["dlse"], w)
+    grads = (q.grad, k.grad, v.grad) + ((sink.grad,) if sink is not None else ())
+    if sink is not None:
+        assert sink.grad.dtype == sink.dtype and sink.grad.shape == sink.shape
+    ok, info = cpu_kernels.check_bwd_feat().grads_match(
+        grads, q, k, v, dout, w, sink=sink, scale=1 / 8, causal=causal,
+        window_left=-1 if left is None else left, window_right=-1 if right is None else right,
+        softcap=kw.get("softcap", 0.0))
+    assert ok, info
+
+
+def test_rows_that_see_no_key_get_zero_grads(calls):
+    """Causal with Sq > Sk under a window: the first Sq - Sk rows see no key, their dQ is zero and
+    nothing is NaN; the others see up to 4 keys."""
+    q, k, v, dout = inputs(sq=40, sk=8)
+    out = launch._with_grad(q, k, v, None, True, False, None, None, False, None, window_size=(3, 0))
+    out.backward(dout)
+    assert not any(torch.isnan(t.grad).any() for t in (q, k, v))
+    assert torch.equal(q.grad[:, :32], torch.zeros_like(q.grad[:, :32])) and q.grad[:, 32:].abs().sum() > 0

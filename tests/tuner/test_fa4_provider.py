@@ -157,3 +157,23 @@ def test_cli_compile_only_bwd_without_gpu(tmp_path):
     assert rep["compile"]["ok"] == 2 and rep["compile"]["errors"] == []
     assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(prob, SM90))
     assert "timing needs a CUDA GPU" in rep["timing"]
+
+
+def test_bwd_compile_variant_carries_the_features():
+    """A backward Problem with issue 18's fields (a window, softcap, a sink) names the kernel the
+    launch compiles for it: the same flags as fa4.sm90.bwd_launch's (a right bound under causal,
+    or one that hides no key, is no bound)."""
+    from tests.fa4.test_bwd_compile import feature_problem
+
+    p = get_provider("fa4")
+    c = bwd_config.BwdConfigSm90(tile_m=64)
+    key = p.compile_variant(feature_problem(128, False, False, False, "all"), c)
+    assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, True, True, True)
+    key = p.compile_variant(feature_problem(128, True, False, False, "wlr"), c)
+    assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, False, False, False)
+    plain = p.compile_variant(feature_problem(128, False, False, False, "sink"), c)
+    assert plain.has_sink and not (plain.has_window_left or plain.has_window_right or plain.has_softcap)
+    # The Mistral-style window (left, 0) is the causal kernel with a left bound.
+    mistral = dataclasses.replace(feature_problem(128, False, False, False, "wl"), window_right=0)
+    key = p.compile_variant(mistral, c)
+    assert key.causal and key.has_window_left and not key.has_window_right
