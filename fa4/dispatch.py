@@ -37,6 +37,18 @@ _FWD: dict[str, Callable[[], FwdEntry] | None] = {
 }
 
 
+_entries: dict = {}
+
+
+def _cached(table: str, arch: Arch, make: Callable):
+    # An entry is built once per (table, arch): the backward asks for it on every call.
+    key = (table, arch.name)
+    entry = _entries.get(key)
+    if entry is None:
+        entry = _entries[key] = make()
+    return entry
+
+
 def fwd_entry(arch: Arch) -> FwdEntry:
     make = _FWD.get(arch.name)
     if make is None:
@@ -44,7 +56,7 @@ def fwd_entry(arch: Arch) -> FwdEntry:
             f"fa4 has no forward kernel for {arch.name} yet (built: "
             f"{', '.join(k for k, v in _FWD.items() if v is not None)})"
         )
-    return make()
+    return _cached("fwd", arch, make)
 
 
 @dataclass(frozen=True)
@@ -64,8 +76,10 @@ def _sm90_bwd() -> BwdEntry:
     from fa4.sm90 import bwd_config as f
     from fa4.sm90 import bwd_launch as run
 
+    # ``run`` reads launch_bwd from its module at each call, so the entry can be cached while the
+    # launch stays replaceable (the tests' fakes).
     return BwdEntry(f.BwdConfigSm90, f.violations, f.default_config, c.compile_key, c.compile_bwd_main,
-                    run.launch_bwd)
+                    lambda *a, **kw: run.launch_bwd(*a, **kw))
 
 
 # fa4.flash_attn_func's autograd (and fa4::bwd under torch.compile) runs the entry's ``run``.
@@ -76,7 +90,7 @@ def bwd_entry(arch: Arch) -> BwdEntry:
     make = _BWD.get(arch.name)
     if make is None:
         raise NotImplementedError(f"fa4 has no backward kernel for {arch.name} yet")
-    return make()
+    return _cached("bwd", arch, make)
 
 
 @dataclass(frozen=True)
@@ -105,4 +119,4 @@ def decode_entry(arch: Arch) -> DecodeEntry:
     make = _DECODE.get(arch.name)
     if make is None:
         raise NotImplementedError(f"fa4 has no decode kernel for {arch.name} yet")
-    return make()
+    return _cached("decode", arch, make)

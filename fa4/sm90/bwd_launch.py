@@ -100,6 +100,66 @@ def window_flags(causal: bool, window_left, window_right, seqlen_q: int | None =
     return causal, left >= 0, has_right, max(left, 0), right if has_right else 0
 
 
+class _Plan:
+    """Everything of a backward launch that is a pure function of its key (shapes, dtypes, device,
+    flags, config, scale): the compiled kernels, their scalar arguments and the buffer sizes. Built
+    once per key; a launch with a plan allocates its buffers (three allocations at most) and calls
+    the kernels."""
+
+    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "ws", "acc", "sems", "f32")
+
+    def __init__(self, q, k, v, softmax_scale, causal, deterministic, config, has_dlse, window_left,
+                 window_right, softcap, has_sink):
+        dtype = DTYPES[q.dtype]
+        b, sq, hq, d = q.shape
+        sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+        self.gqa = gqa = hq != hkv
+        causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
+        has_softcap = bool(softcap) and softcap > 0
+        softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
+        key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr,
+                          has_softcap, has_sink)
+        self.main = compiled(key, lambda: compile_bwd_main(key))
+        # The keys of before dLSE (and head_dim_v) existed name the plain preprocess.
+        pre_key = ("bwd_pre", dtype, d) + ((dv,) if dv != d else ()) + (("dlse",) if has_dlse else ())
+        self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse))
+        self.post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
+        self.post_v = self.post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
+        self.post_dq = compiled(
+            ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
+            lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
+        )
+        self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2,
+                             *runtime_args(config))
+        sq_pad, sk_pad = padded(sq), padded(sk)
+        # One fp32 workspace for LSE * log2(e), D and the dQ accumulator (the preprocess writes all
+        # three, the dQ accumulator's zeros included): (sizes, shapes) of its views. Each starts at
+        # a multiple of SEQ_PAD elements, so every view keeps the 16-byte alignment TMA needs.
+        rows = b * hq * sq_pad
+        self.ws = (rows * (2 + d), ((b, hq, sq_pad), (b, hq, sq_pad), (b, hq, sq_pad, d)))
+        # GQA: dK and dV accumulate in fp32 over a group's query heads (zeroed), then are converted.
+        self.acc = (b * hkv * sk_pad * (d + dv), ((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv))) if gqa else None
+        self.sems = None
+        if deterministic:
+            nq = b * hq * _round4(-(-sq // config.tile_m))
+            nkv = b * hkv * _round4(-(-sk // config.tile_n)) if gqa else 0
+            self.sems = (nq + nkv, nq, (b, hq, _round4(-(-sq // config.tile_m))),
+                         (b, hkv, _round4(-(-sk // config.tile_n))) if gqa else None)
+        self.f32 = torch.float32
+
+
+def _views(buf: torch.Tensor, shapes) -> list[torch.Tensor]:
+    out, at = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(buf[at:at + n].view(shape))
+        at += n
+    return out
+
+
+_plans: dict = {}
+
+
 def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, deterministic: bool,
                config: BwdConfigSm90, dlse=None, window_left=-1, window_right=-1, softcap: float = 0.0,
                sink=None):
@@ -111,67 +171,50 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     ``window_right`` (-1 or None: unbounded), ``softcap`` (0: none), ``sink`` (Hq,) learnable
     sink logits; with a sink the result is (dq, dk, dv, dsink), dsink in the sink's dtype.
     """
-    dtype = DTYPES[q.dtype]
-    b, sq, hq, d = q.shape
-    sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-    gqa = hq != hkv
-    causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
-    has_softcap = bool(softcap) and softcap > 0
-    softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
-    key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr, has_softcap,
-                      sink is not None)
-    main = compiled(key, lambda: compile_bwd_main(key))
-    has_dlse = dlse is not None
-    # The keys of before dLSE (and head_dim_v) existed name the plain preprocess.
-    pre_key = ("bwd_pre", dtype, d) + ((dv,) if dv != d else ()) + (("dlse",) if has_dlse else ())
-    pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse))
-    post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
-    post_v = post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
-    post_dq = compiled(
-        ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
-        lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
-    )
-
+    key = (q.shape, k.shape, v.shape, q.dtype, q.device, causal, deterministic, config, dlse is not None,
+           window_left, window_right, softcap, sink is not None, softmax_scale)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _Plan(q, k, v, softmax_scale, causal, deterministic, config, dlse is not None, window_left,
+                     window_right, softcap, sink is not None)
+        if len(_plans) > 4096:
+            _plans.clear()
+        _plans[key] = plan
     dev = q.device
-    f32 = torch.float32
-    sq_pad, sk_pad = padded(sq), padded(sk)
-    lse2 = torch.empty(b, hq, sq_pad, device=dev, dtype=f32)
-    dsum = torch.empty(b, hq, sq_pad, device=dev, dtype=f32)
-    dq_acc = torch.empty(b, hq, sq_pad, d, device=dev, dtype=f32)  # zeroed by the preprocess
+    f32 = plan.f32
+    lse2, dsum, dq_acc = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
     dq = torch.empty_like(q)
-    if gqa:
-        dk_out = torch.zeros(b, hkv, sk_pad, d, device=dev, dtype=f32)
-        dv_out = torch.zeros(b, hkv, sk_pad, dv, device=dev, dtype=f32)
+    if plan.gqa:
+        dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
     else:
         dk_out = torch.empty_like(k)
         dv_out = torch.empty_like(v)
     sem_q = sem_kv = None
-    if deterministic:
-        num_m = -(-sq // config.tile_m)
-        num_n = -(-sk // config.tile_n)
-        sem_q = torch.zeros(b, hq, _round4(num_m), device=dev, dtype=torch.int32)
-        if gqa:
-            sem_kv = torch.zeros(b, hkv, _round4(num_n), device=dev, dtype=torch.int32)
-    lse = lse if lse.stride(-1) == 1 else lse.contiguous()
-    if has_dlse:
+    if plan.sems is not None:
+        sems = torch.zeros(plan.sems[0], device=dev, dtype=torch.int32)
+        sem_q = sems[:plan.sems[1]].view(plan.sems[2])
+        if plan.sems[3] is not None:
+            sem_kv = sems[plan.sems[1]:].view(plan.sems[3])
+    if lse.stride(-1) != 1:
+        lse = lse.contiguous()
+    if dlse is not None:
         dlse = dlse.to(f32)
-        dlse = dlse if dlse.stride(-1) == 1 else dlse.contiguous()
+        if dlse.stride(-1) != 1:
+            dlse = dlse.contiguous()
     with torch.cuda.device(dev):
-        pre(out, dout, lse, lse2, dsum, dq_acc, dlse)
-        main(
-            q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv,
-            softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, *runtime_args(config),
-        )
-        post_dq(dq_acc, dq, softmax_scale)
-        if gqa:
+        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse)
+        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, *plan.main_scalars)
+        plan.post_dq(dq_acc, dq, softmax_scale)
+        if plan.gqa:
             dk = torch.empty_like(k)
             dv_ = torch.empty_like(v)
             # dK was scaled in the main kernel; dV needs none.
-            post(dk_out, dk, 1.0)
-            post_v(dv_out, dv_, 1.0)
+            plan.post(dk_out, dk, 1.0)
+            plan.post_v(dv_out, dv_, 1.0)
             dk_out, dv_out = dk, dv_
         if sink is None:
             return dq, dk_out, dv_out
+        sq = q.shape[1]
         return dq, dk_out, dv_out, sink_grad(sink, lse2[:, :, :sq], dsum[:, :, :sq])
 
 

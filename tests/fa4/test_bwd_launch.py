@@ -8,6 +8,7 @@ from fa4.dispatch import bwd_entry
 from fa4.sm90.bwd_compile import SEQ_PAD, padded
 from fa4.sm90.bwd_config import BwdConfigSm90, default_config
 from fa4.sm90.bwd_launch import flash_attn_bwd, launch_bwd, resolve_config
+from fa4.sm90 import bwd_launch
 from fa4.tensors import problem_of
 
 
@@ -77,9 +78,13 @@ def test_padding_covers_every_tile():
             assert -(-s // tile_m) * tile_m <= p
 
 
-def test_dispatch_entry():
+def test_dispatch_entry(monkeypatch):
     e = bwd_entry(SM90)
-    assert e.config_cls is BwdConfigSm90 and e.run is launch_bwd
+    assert e.config_cls is BwdConfigSm90 and bwd_entry(SM90) is e  # built once per arch
+    # The entry's run is launch_bwd, read at each call (so a replaced launch is the one run).
+    assert launch_bwd.__module__ == "fa4.sm90.bwd_launch"
+    monkeypatch.setattr(bwd_launch, "launch_bwd", lambda *a, **kw: ("ran", a, kw))
+    assert e.run(1, 2, x=3) == ("ran", (1, 2), {"x": 3})
     with pytest.raises(NotImplementedError, match="sm100"):
         bwd_entry(SM100)
 
