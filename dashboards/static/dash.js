@@ -6,8 +6,11 @@
 const API = new URL("v1", document.baseURI).pathname;
 const PAGE = 1000; // the largest page /v1/results serves
 // Problem fields offered as filters; knob filters come from /v1/providers/{name}/knobs instead.
-const PROBLEM_FILTERS = ["pass", "dtype", "head_dim", "causal", "deterministic"];
-const PREFERRED = { pass: "fwd", dtype: "bf16", causal: "false", deterministic: "false" };
+// The issue-18 features (a window, softcap, sinks) follow: their defaults are the plain problem.
+const PROBLEM_FILTERS = ["pass", "dtype", "head_dim", "causal", "deterministic",
+  "window_left", "window_right", "softcap", "sink"];
+const PREFERRED = { pass: "fwd", dtype: "bf16", causal: "false", deterministic: "false",
+  window_left: "-1", window_right: "-1", softcap: "0", sink: "false" };
 // The timing modes (eager or CUDA-graph launches, cold or warm L2), as GET /v1/timings declares
 // them (fa4/timing.py): never listed here. Filled at start; the default mode comes first.
 let TIMINGS = [];

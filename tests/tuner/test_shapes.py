@@ -83,3 +83,21 @@ def test_a_grid_for_a_gpu_provider_without_a_gpu_reports_every_shape(tmp_path):
     reports = json.loads(r.stdout)
     assert [rep["problem"] for rep in reports] == [Problem.standard(s, 128).to_dict() for s in (4096, 8192)]
     assert all("timing needs a CUDA GPU" in rep["timing"] for rep in reports)
+
+
+def test_cli_parses_the_feature_flags():
+    import pytest
+
+    from tuner.cli import build_parser, problems_from_args
+
+    a = build_parser().parse_args(["--seqlen", "16384", "--hdim", "128", "--window", "1023,0", "--softcap", "30",
+                                   "--sink", "--causal"])
+    (p,) = problems_from_args(a)
+    assert (p.window_left, p.window_right, p.softcap, p.sink, p.causal) == (1023, 0, 30.0, True, True)
+    (p,) = problems_from_args(build_parser().parse_args(["--seqlen", "4096", "--hdim", "64", "--window", "128,"]))
+    assert (p.window_left, p.window_right, p.softcap, p.sink) == (128, -1, 0.0, False)
+    (p,) = problems_from_args(build_parser().parse_args(["--seqlen", "4096", "--hdim", "64"]))
+    assert p.features() == {}
+    for bad in (["--window", "5"], ["--window", "a,b"], ["--window", "-3,0"], ["--softcap", "-1"]):
+        with pytest.raises(SystemExit):
+            problems_from_args(build_parser().parse_args(["--seqlen", "4096", "--hdim", "64", *bad]))
