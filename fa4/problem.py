@@ -112,6 +112,11 @@ class Problem:
             f *= 2.5
         return f
 
+    def kernel_flags(self) -> dict:
+        """The compile-time feature switches of the kernels (compile keys' keywords)."""
+        return {"has_window_left": self.window_left >= 0, "has_window_right": self.window_right >= 0,
+                "has_softcap": self.softcap > 0, "has_sink": self.sink}
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["pass"] = d.pop("pass_")

@@ -32,17 +32,24 @@ def check_bwd():
     return mod
 
 
-def _scores(q, k, scale, causal):
-    """(B, Hq, Sq, Sk) fp32 scores with K expanded to the query heads and the causal mask."""
+def _scores(q, k, scale, causal, window_left=-1, window_right=-1, softcap=0.0):
+    """(B, Hq, Sq, Sk) fp32 scores with K expanded to the query heads, softcapped, and masked (causal,
+    window; bottom-right aligned: row i sees key j iff i + o - left <= j <= i + o + right)."""
     rep = q.shape[2] // k.shape[2]
     qq = q.float().transpose(1, 2)
     kk = k.float().transpose(1, 2).repeat_interleave(rep, dim=1)
-    s = qq @ kk.transpose(-1, -2) * scale
+    s = qq.to(q.device) @ kk.transpose(-1, -2) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    sq, sk = q.shape[1], k.shape[1]
+    i = torch.arange(sq, device=s.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=s.device)[None, :]
     if causal:
-        sq, sk = q.shape[1], k.shape[1]
-        i = torch.arange(sq)[:, None]
-        j = torch.arange(sk)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
+        s = s.masked_fill(j > i, float("-inf"))
+    if window_right >= 0:
+        s = s.masked_fill(j > i + window_right, float("-inf"))
+    if window_left >= 0:
+        s = s.masked_fill(j < i - window_left, float("-inf"))
     return s
 
 
@@ -51,13 +58,21 @@ def _probs(s):
     return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
 
 
-def forward_math(q, k, v, scale, causal):
-    """(out in q's dtype, lse fp32 (B, Hq, Sq))."""
+def forward_math(q, k, v, scale, causal, window_left=-1, window_right=-1, softcap=0.0, sink=None, out_dtype=None):
+    """(out in q's dtype (or out_dtype), lse fp32 (B, Hq, Sq)). ``sink`` (Hq,): one more softmax column per
+    head with that logit and no value (in the LSE, not in the output)."""
     rep = q.shape[2] // k.shape[2]
-    s = _scores(q, k, scale, causal)
+    s = _scores(q, k, scale, causal, window_left, window_right, softcap)
     vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
-    out = (_probs(s) @ vv).transpose(1, 2)
-    return out.to(q.dtype), torch.logsumexp(s, dim=-1)
+    if sink is None:
+        lse = torch.logsumexp(s, dim=-1)
+        p = _probs(s)
+    else:
+        col = sink.float().to(s.device)[None, :, None, None].expand(*s.shape[:3], 1)
+        lse = torch.logsumexp(torch.cat([s, col], dim=-1), dim=-1)
+        p = torch.exp(s - lse[..., None])
+    out = (p @ vv).transpose(1, 2)
+    return out.to(out_dtype or q.dtype), lse
 
 
 def backward_math(dout, q, k, v, scale, causal):
@@ -83,6 +98,7 @@ class Calls:
 
     fwd: list = field(default_factory=list)  # (return_lse, config, out is given)
     bwd: list = field(default_factory=list)  # dict(dout=..., deterministic=..., config=..., scale=..., causal=...)
+    features: list = field(default_factory=list)  # (causal, window_left, window_right, softcap, sink) per forward
 
 
 def install(monkeypatch) -> Calls:
@@ -94,10 +110,12 @@ def install(monkeypatch) -> Calls:
 
     calls = Calls()
 
-    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out):
+    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_left=-1, window_right=-1,
+                     softcap=0.0, sink=None):
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-        o, lse = forward_math(q, k, v, scale, causal)
+        o, lse = forward_math(q, k, v, scale, causal, window_left, window_right, softcap, sink)
         calls.fwd.append((return_lse, config, out is not None))
+        calls.features.append((causal, window_left, window_right, softcap, sink))
         if out is None:
             out = empty_out(q, v)  # what the real launch allocates
         out.copy_(o)
