@@ -126,6 +126,10 @@ def test_features_are_normalised_as_the_reference():
     assert n(_q(), False, (None, 3), None, None)[:4] == (False, -1, 3, 0.0)
     f = n(_q(), False, (None, None), torch.zeros(4, dtype=torch.bfloat16), 30)
     assert f.sink.dtype == torch.float32 and f.softcap == 30.0 and f.names() == ["softcap", "learnable_sink"]
+    base = torch.zeros(5)
+    f = n(_q(), False, (None, None), base[1:], 0.0)  # a misaligned slice is copied, an aligned one kept
+    assert f.sink.data_ptr() % 16 == 0 and f.sink.data_ptr() != base[1:].data_ptr()
+    assert n(_q(), False, (None, None), base[:4], 0.0).sink.data_ptr() == base.data_ptr()
 
 
 @pytest.fixture
