@@ -13,10 +13,10 @@ export FA4_LOOKUP_LOCAL_DB=0
 unset FA4_TUNING_URL
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$r/tests.log" 2>&1
 t=$SECONDS
-timeout 210 python3 -m pytest -q -x -p no:cacheprovider tests/fa4/test_fwd_features_gpu.py tests/fa4/test_softcap.py \
+timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/fa4/test_fwd_features_gpu.py tests/fa4/test_softcap.py \
   2>&1 | tee -a "$r/tests.log"
 echo "tests rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s" | tee -a "$r/tests.log"
 t=$SECONDS
-timeout 150 python3 bench/bench_feat.py --out "$r/bench.json" 2>&1 | tee "$r/bench.log"
+timeout 140 python3 bench/bench_feat.py --out "$r/bench.json" 2>&1 | tee "$r/bench.log"
 echo "bench rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s" | tee -a "$r/bench.log"
 tar -C "$out" -cf "$out/s9_feat.tar" s9_feat && rm -rf "$r"
