@@ -133,7 +133,8 @@ class Fa4Provider(Provider):
                                problem.head_dim_v)
         from fa4.sm90.compile import compile_key
 
-        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v)
+        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v,
+                           **problem.kernel_flags())
 
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
         """Compile the kernel ``config`` selects for ``arch`` (no GPU needed). For the backward
