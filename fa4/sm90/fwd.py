@@ -14,6 +14,13 @@ intra-warpgroup overlap of QK(j) with PV(j-1), the MUFU/FMA exp2 split, tau for
 conditional rescaling, the tile order (LPT, head swizzle), and one CTA per tile or a
 persistent grid of one CTA per SM that walks the tile order (Q stages handed back to the
 producer after each tile's epilogue store has read them).
+
+Issue 18's features, compile-time switches with runtime sizes: a sliding window (each query tile
+loads only the KV tiles fa4.common.masking.kv_block_range gives and masks the edge tiles; a left
+window adds a third, masked loop at the far edge), softcap (t = tanh(s scale / c) in the score
+registers before the mask, on MUFU or partly on the FMA pipe, fa4.common.softcap; the softmax runs
+on t with scale_log2 = c log2(e)) and learnable sinks (one more denominator term per row after the
+KV loop; the LSE includes it).
 """
 
 from __future__ import annotations
