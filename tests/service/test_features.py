@@ -36,6 +36,40 @@ def test_old_database_upgrades_and_its_rows_read_as_plain_problems(tmp_path):
         assert store.upsert_problem(featured) == pid
 
 
+def _rows(conn) -> dict:
+    return {t: conn.execute(text(f"SELECT * FROM {t} ORDER BY id")).all() for t in ("problems", "measurements",
+                                                                                 "verdicts")}
+
+
+def test_upgrade_keeps_every_measurement_and_verdict_and_downgrade_drops_only_featured_rows(tmp_path):
+    """SQLite rebuilds problems to widen its unique constraint; the rows hanging off it (ON DELETE
+    CASCADE) must come through untouched, ids and all."""
+    from tests.service.test_migrate_retired import _insert_old_rows
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0003_verdicts")
+        _insert_old_rows(conn)
+        command.upgrade(alembic_config(conn), "0005_retired_knobs")
+        before = _rows(conn)
+    engine.dispose()
+    assert len(before["measurements"]) > 0 and len(before["verdicts"]) == 1
+    with ResultsStore.open(url) as store:  # foreign keys on, as the store always has them
+        with store.engine.begin() as conn:
+            after = _rows(conn)
+            assert after["measurements"] == before["measurements"] and after["verdicts"] == before["verdicts"]
+            assert [r[:12] for r in after["problems"]] == [tuple(r) for r in before["problems"]]
+            assert all(r[12:] == (-1, -1, 0.0, False) for r in after["problems"])
+        pid = store.upsert_problem(Problem(2, 8192, 8192, 16, 16, 128, 128, pass_="bwd", **FEATURED))
+        with store.engine.begin() as conn:
+            command.downgrade(alembic_config(conn), "0005_retired_knobs")
+            down = _rows(conn)
+    assert pid not in [r[0] for r in down["problems"]]
+    assert down["problems"] == [tuple(r) for r in before["problems"]]
+    assert down["measurements"] == before["measurements"] and down["verdicts"] == before["verdicts"]
+
+
 def test_plain_problem_keys_are_unchanged_and_features_round_trip():
     plain = Problem(2, 8192, 8192, 16, 16, 128, 128, causal=True)
     assert plain.key() == "b2_sq8192_sk8192_hq16_hkv16_d128_dv128_bf16_causal_nondet_fwd"

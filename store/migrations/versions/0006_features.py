@@ -10,6 +10,8 @@ Revises: 0005_retired_knobs
 Create Date: 2026-12-01
 """
 
+from contextlib import contextmanager
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -24,9 +26,36 @@ SHAPE = ["batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "he
 FEATURES = ["window_left", "window_right", "softcap", "sink"]
 
 
+# The tables whose rows hang off problems (ON DELETE CASCADE), parents first.
+DEPENDENTS = ("measurements", "verdicts")
+
+
+@contextmanager
+def _problems_rebuilt():
+    """batch_alter_table on problems, keeping the rows that reference it.
+
+    SQLite changes a constraint by copying the table and dropping the old one, and with foreign
+    keys on (the store's connections) that DROP deletes every measurement and verdict through
+    ON DELETE CASCADE; the pragma cannot be turned off inside the upgrade's one transaction. So
+    their rows are set aside in temporary tables and put back, ids and all, in the same
+    transaction. PostgreSQL alters the table in place and needs none of it.
+    """
+    sqlite = op.get_bind().dialect.name == "sqlite"
+    if sqlite:
+        for t in DEPENDENTS:
+            op.execute(f"CREATE TEMP TABLE _keep_{t} AS SELECT * FROM {t}")
+    with op.batch_alter_table("problems") as batch:
+        yield batch
+    if sqlite:
+        for t in DEPENDENTS:
+            op.execute(f"DELETE FROM {t}")  # none left after the cascade; stated, not assumed
+            op.execute(f"INSERT INTO {t} SELECT * FROM _keep_{t}")
+            op.execute(f"DROP TABLE _keep_{t}")
+
+
 def upgrade() -> None:
     # batch_alter_table: SQLite rebuilds the table to change a constraint, PostgreSQL alters in place.
-    with op.batch_alter_table("problems") as batch:
+    with _problems_rebuilt() as batch:
         batch.add_column(sa.Column("window_left", sa.Integer(), nullable=False, server_default="-1"))
         batch.add_column(sa.Column("window_right", sa.Integer(), nullable=False, server_default="-1"))
         batch.add_column(sa.Column("softcap", sa.Float(), nullable=False, server_default="0"))
@@ -42,7 +71,7 @@ def downgrade() -> None:
     op.execute(sa.delete(problems).where(sa.or_(
         problems.c.window_left != -1, problems.c.window_right != -1, problems.c.softcap != 0,
         problems.c.sink.is_(True))))
-    with op.batch_alter_table("problems") as batch:
+    with _problems_rebuilt() as batch:
         batch.drop_constraint("uq_problems_shape", type_="unique")
         batch.create_unique_constraint("uq_problems_shape", SHAPE)
         for c in reversed(FEATURES):
