@@ -69,7 +69,8 @@ def kv_block_range(m_block, tile_m, tile_n, seqlen_q, seqlen_k, causal, has_wind
 def q_block_range(n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal, has_window_left, has_window_right,
                   window_left, window_right):
     """(m_block_min, m_block_max): the query tiles with a row that sees a key of KV tile ``n_block``,
-    half-open; empty (m_block_min >= m_block_max) when none does."""
+    half-open; empty (m_block_min >= m_block_max) when none does. A tile's rows past seqlen_q count
+    (the kernels compute them and drop them at the store)."""
     o = seqlen_k - seqlen_q
     m_max = (seqlen_q + tile_m - 1) // tile_m
     m_min = 0
@@ -78,8 +79,8 @@ def q_block_range(n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal, has_windo
         # Row i sees key j only if i >= j - o - right: the tile's first key bounds the first row.
         m_min = _max(n_block * tile_n - o - right, 0) // tile_m
     if has_window_left:
-        # ... and only if i <= j - o + left: rows 0 .. last of them, for the tile's last key.
-        last = (n_block + 1) * tile_n - 1 - o + window_left
+        # ... and only if i <= j - o + left: rows 0 .. last of them, for the tile's last real key.
+        last = _min((n_block + 1) * tile_n, seqlen_k) - 1 - o + window_left
         m_max = _min(m_max, (_max(last + 1, 0) + tile_m - 1) // tile_m)
     return m_min, m_max
 

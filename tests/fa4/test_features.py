@@ -73,12 +73,10 @@ def test_q_block_range_matches_brute_force():
             seen = [m for m in range((sq + tm - 1) // tm)
                     if any(_sees(i, j, sq, sk, causal, wl, wr) for i in range(m * tm, (m + 1) * tm) for j in cols)]
             lo, hi = masking.q_block_range(n, tm, tn, *args)
-            # Rows past seqlen_q of the last tile are padding: a range may include a tile they alone see.
             if seen:
-                assert lo <= seen[0] and hi >= seen[-1] + 1 and hi <= (sq + tm - 1) // tm
-                assert all(m in seen or m * tm >= sq for m in range(lo, hi) if m not in seen) or lo == seen[0]
+                assert (lo, hi) == (seen[0], seen[-1] + 1), (sq, sk, causal, wl, wr, tm, tn, n)
             else:
-                assert lo >= hi or all(m * tm + tm > sq for m in range(lo, hi))
+                assert lo >= hi
 
 
 def test_visible_pairs_count_the_unmasked_region():
