@@ -35,7 +35,8 @@ def __getattr__(name: str):
 
 
 def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=None, device=None, config=None,
-            pass_: str = "fwd", deterministic: bool = False, timing=None, provider: str = "fa4"):
+            pass_: str = "fwd", deterministic: bool = False, timing=None, window_size=(None, None),
+            learnable_sink=None, softcap: float = 0.0, provider: str = "fa4"):
     """Which config ``flash_attn_func(q, k, v, causal=...)`` would use, and why.
 
     ``pass_="bwd"`` (with ``deterministic``) asks about the backward's config instead.
@@ -46,6 +47,7 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
     ``arch`` defaults to the tensors' GPU (else sm90), ``device`` names the GPU to look
     results up for. ``timing`` names the timing mode to explain (fa4.timing, e.g. "graph-cold");
     default: the one a launch made here now asks for ($FA4_TUNING_TIMING, graph under capture).
+    ``window_size``, ``learnable_sink`` and ``softcap`` as flash_attn_func takes them.
     ``provider="auto"`` explains the per-shape dispatch instead (see :func:`explain_auto`).
     """
     from fa4 import lookup
@@ -58,7 +60,10 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
             raise TypeError("explain() needs q, k and v, or problem=")
         from fa4.tensors import arch_of, problem_of
 
-        problem = problem_of(q, k, v, causal, pass_=pass_, deterministic=deterministic)
+        from fa4.features import normalize, problem_fields
+
+        feat = normalize(q, causal, window_size, learnable_sink, softcap)
+        problem = problem_of(q, k, v, feat.causal, pass_=pass_, deterministic=deterministic, **problem_fields(feat))
         if arch is None and q.device.type == "cuda":
             arch = arch_of(q.device)
     return lookup.explain_problem(problem, arch, device=device, config=config, timing=timing)

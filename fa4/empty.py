@@ -20,16 +20,19 @@ def check(q, k, v, out) -> None:
         raise ValueError(f"out must be {want} of {q.dtype} on {q.device}, got {tuple(out.shape)} of {out.dtype}")
 
 
-def _results(q, v, out):
+def _results(q, v, out, sink=None):
     o = out.zero_() if out is not None else empty_out(q, v).zero_()
     lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("-inf"), device=q.device, dtype=torch.float32)
+    if sink is not None:
+        # The sink is the one column of an empty softmax: LSE = sink, as the reference FA4.
+        lse.copy_(sink.float()[None, :, None].expand_as(lse))
     return o, lse
 
 
 class _EmptyAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, out, sink=None):
-        o, lse = _results(q, v, out)
+        o, lse = _results(q, v, out, sink)
         if out is not None:
             ctx.mark_dirty(out)
         ctx.mark_non_differentiable(lse)
@@ -44,9 +47,9 @@ class _EmptyAttention(torch.autograd.Function):
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None, dsink
 
 
-def attention(q, k, v, return_lse: bool, out, grad: bool, learnable_sink=None):
+def attention(q, k, v, return_lse: bool, out, grad: bool, sink=None):
     """(out, lse) or out for empty inputs; with ``grad``, through autograd (zero gradients, the
-    learnable sink's included)."""
+    learnable sink's included). ``sink``: the (heads_q,) learnable sink logits, or None."""
     check(q, k, v, out)
-    o, lse = _EmptyAttention.apply(q, k, v, out, learnable_sink) if grad else _results(q, v, out)
+    o, lse = _EmptyAttention.apply(q, k, v, out, sink) if grad else _results(q, v, out, sink)
     return (o, lse) if return_lse else o

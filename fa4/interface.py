@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fa4 import launch
+from fa4 import features, launch
 from fa4.tensors import is_empty
 
 # Bound once: the two checks flash_attn_func makes on every call (~0.2 us together).
@@ -18,6 +18,9 @@ def flash_attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
+    window_size: tuple[int | None, int | None] = (None, None),
+    learnable_sink: torch.Tensor | None = None,
+    softcap: float = 0.0,
     return_lse: bool = False,
     config=None,
     out: torch.Tensor | None = None,
@@ -28,8 +31,8 @@ def flash_attn_func(
     """Exact attention softmax(q k^T * scale) v; q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D).
 
     Causal masking is aligned bottom-right when Sq != Sk. Returns ``out`` or
-    ``(out, lse)`` with ``lse`` of shape (B, Hq, Sq) in fp32 (natural log; it gets no
-    gradient). ``config`` (a FwdConfigSm90 or a dict of its knobs) overrides the tuned
+    ``(out, lse)`` with ``lse`` of shape (B, Hq, Sq) in fp32 (natural log; a loss that uses it
+    gets its gradient). ``config`` (a FwdConfigSm90 or a dict of its knobs) overrides the tuned
     choice; ``out`` is an optional preallocated output shaped like ``q``.
 
     When q, k or v requires grad, the output's backward runs our backward kernel:
@@ -43,31 +46,49 @@ def flash_attn_func(
 
     ``provider="auto"`` runs, per shape, the fastest implementation measured on this device (ours,
     the reference FA4, cuDNN or FlashAttention-2 through SDPA; see fa4.auto and
-    ``fa4.explain_auto``); with ``config=``, ``bwd_config=`` or ``out=`` it runs ours. A peer's name
-    runs that peer's plain call.
+    ``fa4.explain_auto``); with ``config=``, ``bwd_config=``, ``out=`` or any of the features below
+    it runs ours. A peer's name runs that peer's plain call.
+
+    Issue 18's features, with the reference FA4's names and meanings (fa4.features): with
+    o = Sk - Sq, query row i sees key j iff i + o - left <= j <= i + o + right, a side ``None``
+    being unbounded; ``causal=True`` sets right = 0 (whatever window_size says, as the
+    reference), so ``window_size=(left, 0)`` is the causal sliding window. ``softcap`` c > 0
+    replaces each scaled score s by c * tanh(s / c). ``learnable_sink`` (heads_q,) adds one
+    logit per head to every softmax denominator (in the LSE, not in the output). A row that
+    sees no key gets output 0 and LSE -inf (LSE = its sink with a sink). Their backward is ours
+    too (the learnable sink gets its gradient), deterministic mode included.
     """
+    feat = features.normalize(q, causal, window_size, learnable_sink, softcap)
     if _is_compiling():
         # Imported here, not at module load: fa4.ops pulls in torch._dynamo (~1 s), which
         # only a torch.compile run needs, and by then it is loaded anyway.
         from fa4.ops import traced_flash_attn
 
-        return traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config)
-    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        if not feat.plain:
+            raise NotImplementedError(f"fa4 under torch.compile does not take {', '.join(feat.names())} yet "
+                                      "(the custom ops carry plain attention only); call it eagerly")
+        return traced_flash_attn(q, k, v, softmax_scale, feat.causal, return_lse, config, out, deterministic,
+                                 bwd_config)
+    grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                or (learnable_sink is not None and learnable_sink.requires_grad))
     if provider != "fa4":
-        chosen = _provider_for(provider, q, k, v, causal, return_lse, deterministic, grad,
-                               config is not None or bwd_config is not None or out is not None)
+        chosen = _provider_for(provider, q, k, v, feat.causal, return_lse, deterministic, grad,
+                               config is not None or bwd_config is not None or out is not None or not feat.plain)
         if chosen != "fa4":
             from fa4.auto import run_peer
 
-            return run_peer(chosen, q, k, v, softmax_scale, bool(causal), return_lse, deterministic)
+            return run_peer(chosen, q, k, v, softmax_scale, feat.causal, return_lse, deterministic)
     if is_empty(q, k):
         from fa4 import empty
 
         launch.check_bwd_args(deterministic, bwd_config)
-        return empty.attention(q, k, v, return_lse, out, grad)
+        return empty.attention(q, k, v, return_lse, out, grad, sink=feat.sink)
     if grad:
-        return launch._with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config)
-    return launch._forward(q, k, v, softmax_scale, causal, return_lse, config, out)
+        return launch._with_grad(q, k, v, softmax_scale, feat.causal, return_lse, config, out, deterministic,
+                                 bwd_config, window_size=(feat.window_left, feat.window_right),
+                                 softcap=feat.softcap, learnable_sink=feat.sink)
+    return launch._forward(q, k, v, softmax_scale, feat.causal, return_lse, config, out, feat.window_left,
+                           feat.window_right, feat.softcap, feat.sink)
 
 
 _chosen: dict = {}

@@ -31,8 +31,12 @@ def _sm_count(device) -> int:
 
 
 @observed("fwd")
-def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
-    """The forward launch; returns ``out`` or ``(out, lse)``. No autograd."""
+def _forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_left=-1, window_right=-1,
+             softcap=0.0, sink=None):
+    """The forward launch; returns ``out`` or ``(out, lse)``. No autograd.
+
+    The features come checked and canonical (fa4.features.normalize): window sides -1 when
+    unbounded, softcap 0 when off, ``sink`` a (heads_q,) fp32 tensor or None."""
     # Fast path: a launch with the same shapes, strides, dtype and config as an earlier one
     # skips validation, config resolution and the feasibility check (all pure functions of
     # this key), so the host cost is one tuple hash and the kernel call.
@@ -40,15 +44,18 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
         q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
         q.device, k.device, v.device, bool(causal), bool(return_lse),
         config if not isinstance(config, dict) else tuple(sorted(config.items())),
+        # The sink's presence, never its identity: each launch passes the tensor it was given.
+        window_left, window_right, softcap, sink is not None,
     )
     hit = _launch_cache.get(fast_key)
     if hit is None:
         validate(q, k, v)
-        problem = problem_of(q, k, v, causal)
+        problem = problem_of(q, k, v, causal, window_left=window_left, window_right=window_right,
+                             softcap=softcap, sink=sink is not None)
         arch = arch_of(q.device)
         entry, resolved = resolve_config(problem, arch, config)
         key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, resolved,
-                                problem.head_dim_v)
+                                problem.head_dim_v, **problem.kernel_flags())
         # The kernel's runtime arguments, derived once per key, not per launch: the runtime
         # knobs, then the grid of a persistent kernel (a property of the GPU, not a knob).
         runtime = (*runtime_args(resolved), _sm_count(q.device) if resolved.persistent else 0)
@@ -68,8 +75,11 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out):
         # head_dim_v != head_dim: q's strides cannot fit; any layout the TMA store takes does.
         raise ValueError("out must match q in shape (head_dim_v wide), dtype, device and strides")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
+    # Softcap: the kernel keeps t = tanh(s * scale / c) and exponentiates c * t (fa4.common.softcap).
+    scale_log2, softcap_scale = ((softcap * LOG2_E, softmax_scale / softcap) if softcap
+                                 else (softmax_scale * LOG2_E, 1.0))
     with torch.cuda.device(q.device):
-        fn(q, k, v, out, lse, softmax_scale * LOG2_E, *runtime)
+        fn(q, k, v, out, lse, sink, scale_log2, softcap_scale, window_left, window_right, *runtime)
     return (out, lse) if return_lse else out
 
 
@@ -149,17 +159,9 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, out, softmax_scale, causal, config, deterministic, bwd_config,
                 window_left=-1, window_right=-1, softcap=0.0, sink=None):
-        # Issue 18's features go to the forward by the public names (window_size, softcap,
-        # learnable_sink), and only when asked: the plain call is the one of before them.
-        fwd_kw = {}
-        if window_left != -1 or window_right != -1:
-            fwd_kw["window_size"] = (None if window_left < 0 else window_left,
-                                     None if window_right < 0 else window_right)
-        if softcap:
-            fwd_kw["softcap"] = softcap
-        if sink is not None:
-            fwd_kw["learnable_sink"] = sink
-        o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out, **fwd_kw)
+        # The features come canonical from fa4.features.normalize: -1 for an unbounded side.
+        o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out, window_left, window_right, softcap,
+                          sink)
         if out is not None:
             ctx.mark_dirty(out)
         # The LSE is differentiable (its gradient enters D in the preprocess); a gradient the

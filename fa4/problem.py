@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 DTYPES = ("bf16", "fp16")
@@ -15,6 +16,13 @@ class Problem:
 
     ``pass_`` is "fwd" (forward only) or "bwd" (forward + backward timed as the
     backward); it is spelled ``pass`` in JSON, the CLI and the database.
+
+    Issue 18's features (the reference FA4's semantics, offset o = seqlen_k - seqlen_q): query
+    row i sees key j iff j <= i + o + window_right and j >= i + o - window_left, each bound
+    only when it is >= 0 (-1 = unbounded; ``causal`` stays its own flag and means a right
+    bound of 0). ``softcap`` c > 0 replaces each scaled score s by c * tanh(s / c); ``sink``
+    adds a learnable per-head logit to every softmax denominator. At their defaults they
+    leave the key, the dict and the DB row of a plain problem unchanged.
     """
 
     batch: int
@@ -28,6 +36,10 @@ class Problem:
     causal: bool = False
     deterministic: bool = False
     pass_: str = "fwd"
+    window_left: int = -1
+    window_right: int = -1
+    softcap: float = 0.0
+    sink: bool = False
 
     def __post_init__(self):
         errs = self.errors()
@@ -46,7 +58,29 @@ class Problem:
             e.append(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.pass_ not in PASSES:
             e.append(f"pass must be one of {PASSES}, got {self.pass_!r}")
+        for name in ("window_left", "window_right"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < -1:
+                e.append(f"{name} must be an integer >= 0, or -1 for unbounded, got {v!r}")
+        if (isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float))
+                or not math.isfinite(self.softcap) or self.softcap < 0):
+            e.append(f"softcap must be a finite number >= 0 (0 = off), got {self.softcap!r}")
+        if not isinstance(self.sink, bool):
+            e.append(f"sink must be a bool, got {self.sink!r}")
         return e
+
+    @property
+    def has_window(self) -> bool:
+        return self.window_left >= 0 or self.window_right >= 0
+
+    def visible_pairs(self) -> int:
+        """(query row, key) pairs the mask lets through, per batch and head: the unmasked region."""
+        o = self.seqlen_k - self.seqlen_q
+        right = self.window_right if self.window_right >= 0 else None
+        if self.causal:
+            right = 0 if right is None else min(right, 0)
+        left = self.window_left if self.window_left >= 0 else None
+        return visible_pairs(self.seqlen_q, self.seqlen_k, o, left, right)
 
     @classmethod
     def standard(cls, seqlen: int, head_dim: int, **kw) -> "Problem":
@@ -69,16 +103,28 @@ class Problem:
     def flops(self) -> float:
         """FLOPs counted by the FlashAttention convention (causal halves, bwd = 2.5x fwd)."""
         f = 2.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v)
-        if self.causal:
+        if self.has_window:
+            # Windows count only the unmasked region (the reference's benchmark convention).
+            f = 2.0 * self.batch * self.heads_q * self.visible_pairs() * (self.head_dim + self.head_dim_v)
+        elif self.causal:
             f /= 2
         if self.pass_ == "bwd":
             f *= 2.5
         return f
 
+    def kernel_flags(self) -> dict:
+        """The compile-time feature switches of the kernels (compile keys' keywords)."""
+        return {"has_window_left": self.window_left >= 0, "has_window_right": self.window_right >= 0,
+                "has_softcap": self.softcap > 0, "has_sink": self.sink}
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["pass"] = d.pop("pass_")
         return d
+
+    def features(self) -> dict:
+        """The issue-18 fields that differ from their defaults (none for a plain problem)."""
+        return {f: getattr(self, f) for f, default in FEATURE_DEFAULTS.items() if getattr(self, f) != default}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Problem":
@@ -93,4 +139,30 @@ class Problem:
             f"b{self.batch}_sq{self.seqlen_q}_sk{self.seqlen_k}_hq{self.heads_q}_hkv{self.heads_kv}"
             f"_d{self.head_dim}_dv{self.head_dim_v}_{self.dtype}_{'causal' if self.causal else 'full'}"
             f"_{'det' if self.deterministic else 'nondet'}_{self.pass_}"
+            + self._feature_key()
         )
+
+    def _feature_key(self) -> str:
+        # Only the non-default features, so the keys (and study names) of plain problems stay as they were.
+        f = self.features()
+        out = ""
+        if "window_left" in f or "window_right" in f:
+            out += f"_win{self.window_left}_{self.window_right}"
+        if "softcap" in f:
+            out += f"_cap{self.softcap:g}"
+        if "sink" in f:
+            out += "_sink"
+        return out
+
+
+FEATURE_DEFAULTS = {"window_left": -1, "window_right": -1, "softcap": 0.0, "sink": False}
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, offset: int, left: int | None, right: int | None) -> int:
+    """Sum over query rows i of the keys j in [0, seqlen_k) with i + offset - left <= j <= i + offset + right."""
+    total = 0
+    for i in range(seqlen_q):
+        hi = seqlen_k - 1 if right is None else min(seqlen_k - 1, i + offset + right)
+        lo = 0 if left is None else max(0, i + offset - left)
+        total += max(0, hi - lo + 1)
+    return total

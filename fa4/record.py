@@ -123,9 +123,11 @@ def observed(pass_: str):
 def _problem(pass_: str, args):
     from fa4.tensors import problem_of
 
-    if pass_ == "fwd":  # _forward(q, k, v, softmax_scale, causal, ...)
+    if pass_ == "fwd":  # _forward(q, k, v, softmax_scale, causal, return_lse, config, out, features...)
         q, k, v, _, causal = args[:5]
-        return problem_of(q, k, v, causal)
+        given = tuple(args[8:12])
+        wl, wr, cap, sink = given + (-1, -1, 0.0, None)[len(given):]
+        return problem_of(q, k, v, causal, window_left=wl, window_right=wr, softcap=cap, sink=sink is not None)
     # _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config)
     _, q, k, v, _, _, _, causal, deterministic = args[:9]
     return problem_of(q, k, v, causal, "bwd", deterministic)

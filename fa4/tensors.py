@@ -104,10 +104,13 @@ def empty_out(q, v) -> torch.Tensor:
     return q.new_empty((*q.shape[:3], v.shape[3]))
 
 
-def problem_of(q, k, v, causal: bool, pass_: str = "fwd", deterministic: bool = False) -> Problem:
-    """The Problem q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) pose, for either pass."""
+def problem_of(q, k, v, causal: bool, pass_: str = "fwd", deterministic: bool = False, *,
+               window_left: int = -1, window_right: int = -1, softcap: float = 0.0, sink: bool = False) -> Problem:
+    """The Problem q (B, Sq, Hq, D), k and v (B, Sk, Hkv, D) pose, for either pass (features as
+    fa4.features.normalize leaves them)."""
     return Problem(
         batch=q.shape[0], seqlen_q=q.shape[1], seqlen_k=k.shape[1], heads_q=q.shape[2], heads_kv=k.shape[2],
         head_dim=q.shape[3], head_dim_v=v.shape[3], dtype=DTYPES[q.dtype], causal=bool(causal),
-        deterministic=bool(deterministic), pass_=pass_,
+        deterministic=bool(deterministic), pass_=pass_, window_left=int(window_left),
+        window_right=int(window_right), softcap=float(softcap), sink=bool(sink),
     )

@@ -25,6 +25,8 @@ class Provider:
 
     name: str = ""
     passes: tuple[str, ...] = ("fwd", "bwd")
+    # Whether it runs issue 18's window / softcap / sink problems (harness.feature_kwargs).
+    features: bool = False
     knob_cls: type | None = None
     # False only for providers that do not touch a GPU (the replay provider serves recorded
     # numbers), so the tuner can run its full logic on a CPU machine with them.
@@ -53,6 +55,8 @@ class Provider:
         """Reasons this provider cannot run the problem under any config (user errors)."""
         if problem.pass_ not in self.passes:
             return [f"{self.name} does not implement the {problem.pass_} pass"]
+        if problem.features() and not self.features:
+            return [f"{self.name} does not take {', '.join(problem.features())} (issue 18's features)"]
         return []
 
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:

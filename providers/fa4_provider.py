@@ -18,6 +18,7 @@ class Fa4Provider(Provider):
 
     name = "fa4"
     passes = ("fwd", "bwd")
+    features = True
 
     @property
     def knob_cls(self):
@@ -82,8 +83,12 @@ class Fa4Provider(Provider):
     def make_fwd(self, problem: Problem, config, q, k, v):
         import fa4
 
+        from providers.harness import feature_kwargs
+
+        feat = feature_kwargs(problem, q.device)
+
         def run():
-            return fa4.flash_attn_func(q, k, v, causal=problem.causal, config=config)
+            return fa4.flash_attn_func(q, k, v, causal=problem.causal, config=config, **feat)
 
         return run
 
@@ -95,8 +100,10 @@ class Fa4Provider(Provider):
         import fa4
 
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        from providers.harness import feature_kwargs
+
         out = fa4.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic,
-                                  bwd_config=config)
+                                  bwd_config=config, **feature_kwargs(problem, q.device))
 
         def run():
             return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
@@ -132,7 +139,8 @@ class Fa4Provider(Provider):
                                bool(getattr(problem, "sink", False)))
         from fa4.sm90.compile import compile_key
 
-        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v)
+        return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v,
+                           **problem.kernel_flags())
 
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
         """Compile the kernel ``config`` selects for ``arch`` (no GPU needed). For the backward

@@ -154,6 +154,7 @@ def _import_reference():
 class FlashAttn4Provider(Provider):
     name = "flash-attn-4"
     passes = ("fwd", "bwd")
+    features = True
     knob_cls = RefFa4FwdKnobs
 
     def available(self) -> str | None:
@@ -187,8 +188,11 @@ class FlashAttn4Provider(Provider):
 
     # ---- running -------------------------------------------------------------------
     def make_fwd(self, problem: Problem, config, q, k, v):
+        from providers.harness import feature_kwargs
+
         ref = _import_reference()
         cfg = config or fwd_default(problem)
+        feat = feature_kwargs(problem, q.device)
 
         def run():
             return ref._flash_attn_fwd(
@@ -196,6 +200,10 @@ class FlashAttn4Provider(Provider):
                 k,
                 v,
                 causal=problem.causal,
+                softcap=problem.softcap or None,
+                window_size_left=feat["window_size"][0],
+                window_size_right=feat["window_size"][1],
+                learnable_sink=feat["learnable_sink"],
                 tile_mn=(cfg.tile_m, cfg.tile_n),
                 mma_pv_is_rs=cfg.mma_pv_is_rs,
                 intra_wg_overlap=cfg.intra_wg_overlap,
@@ -208,7 +216,10 @@ class FlashAttn4Provider(Provider):
 
         ref = _import_reference()
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-        out = ref.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic)
+        from providers.harness import feature_kwargs
+
+        out = ref.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic,
+                                  **feature_kwargs(problem, q.device))
         if isinstance(out, tuple):
             out = out[0]
 

@@ -183,6 +183,26 @@ def make_inputs(problem: Problem, seed: int, device="cuda"):
     return q, k, v, do
 
 
+def sink_for(problem: Problem, device="cuda"):
+    """The learnable sink logits every measurement of ``problem`` uses, or None without sinks:
+    fixed per problem (seeded by its head count), so each provider and the reference see the same."""
+    if not problem.sink:
+        return None
+    import torch
+
+    g = torch.Generator(device=device)
+    g.manual_seed(problem.heads_q)
+    return torch.randn(problem.heads_q, generator=g, device=device, dtype=torch.float32)
+
+
+def feature_kwargs(problem: Problem, device="cuda") -> dict:
+    """The problem's window / softcap / sink as flash_attn_func's keyword arguments (ours and the
+    reference FA4's: the same names)."""
+    return {"window_size": (problem.window_left if problem.window_left >= 0 else None,
+                            problem.window_right if problem.window_right >= 0 else None),
+            "softcap": problem.softcap, "learnable_sink": sink_for(problem, device)}
+
+
 def check_slices(problem: Problem, settings: Settings):
     """(batch indices, query-head indices, kv-head indices) compared against the reference.
 
@@ -198,12 +218,13 @@ def check_slices(problem: Problem, settings: Settings):
     return batches, qheads, picks
 
 
-def reference_attention(problem: Problem, q, k, v, upcast: bool):
+def reference_attention(problem: Problem, q, k, v, upcast: bool, sink=None):
     """Attention on (b, s, h, d) tensors with k/v already expanded to q's heads.
 
     upcast=True: fp32 everywhere (the reference). upcast=False: PyTorch's own computation in
     the input dtype (matmuls in 16-bit, softmax in fp32 then rounded), whose error against
-    the reference sets the tolerance.
+    the reference sets the tolerance. The problem's softcap, window and (``sink``: the logits of
+    these heads) sinks as the reference FA4 defines them.
     """
     import torch
 
@@ -212,13 +233,22 @@ def reference_attention(problem: Problem, q, k, v, upcast: bool):
         q, k, v = q.float(), k.float(), v.float()
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # (b, h, s, d)
     s = torch.matmul(qt, kt.transpose(-1, -2)).float() * scale
+    if problem.softcap:
+        s = problem.softcap * torch.tanh(s / problem.softcap)
+    sq, sk = s.shape[-2], s.shape[-1]
+    # Bottom-right aligned: query i sees keys i + o - left <= j <= i + o (+ right), o = sk - sq.
+    i = torch.arange(sq, device=s.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=s.device)[None, :]
     if problem.causal:
-        sq, sk = s.shape[-2], s.shape[-1]
-        # Bottom-right aligned: query i sees keys j <= i + (sk - sq).
-        i = torch.arange(sq, device=s.device)[:, None]
-        j = torch.arange(sk, device=s.device)[None, :]
-        s = s.masked_fill(j > i + (sk - sq), float("-inf"))
-    p = torch.softmax(s, dim=-1)
+        s = s.masked_fill(j > i, float("-inf"))
+    if problem.window_right >= 0:
+        s = s.masked_fill(j > i + problem.window_right, float("-inf"))
+    if problem.window_left >= 0:
+        s = s.masked_fill(j < i - problem.window_left, float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.float().to(s.device)[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
+    # Rows that see no key (and no sink): zero output, as the kernels give.
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)[..., :sk]
     p = p.to(vt.dtype)
     o = torch.matmul(p, vt)
     return o.transpose(1, 2)
@@ -251,8 +281,10 @@ def fwd_errors(problem: Problem, out, q, k, v, settings: Settings) -> tuple[floa
             qs = q[b : b + 1, :, hs]
             ks = _expand_kv(k[b : b + 1, :, kvh : kvh + 1], group)
             vs = _expand_kv(v[b : b + 1, :, kvh : kvh + 1], group)
-            ref = reference_attention(problem, qs, ks, vs, upcast=True)
-            pt = reference_attention(problem, qs, ks, vs, upcast=False)
+            sink = sink_for(problem, q.device)
+            sink = sink[hs] if sink is not None else None
+            ref = reference_attention(problem, qs, ks, vs, upcast=True, sink=sink)
+            pt = reference_attention(problem, qs, ks, vs, upcast=False, sink=sink)
             err = max(err, _max_abs(out[b : b + 1, :, hs], ref))
             ref_err = max(ref_err, _max_abs(pt, ref))
     return err, ref_err
@@ -276,7 +308,9 @@ def bwd_errors(problem: Problem, grads, q, k, v, do, settings: Settings) -> tupl
                 qs = q[b : b + 1, :, hs].detach().clone().requires_grad_(True)
                 ks = k[b : b + 1, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
                 vs = v[b : b + 1, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
-                o = reference_attention(problem, qs, _expand_kv(ks, group), _expand_kv(vs, group), upcast)
+                sink = sink_for(problem, q.device)
+                o = reference_attention(problem, qs, _expand_kv(ks, group), _expand_kv(vs, group), upcast,
+                                        sink=sink[hs] if sink is not None else None)
                 dos = do[b : b + 1, :, hs]
                 results[upcast] = torch.autograd.grad(o, (qs, ks, vs), dos.to(o.dtype))
             got = (dq[b : b + 1, :, hs], dk[b : b + 1, :, kvh : kvh + 1], dv[b : b + 1, :, kvh : kvh + 1])

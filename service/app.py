@@ -515,6 +515,10 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         head_dim_v: Optional[int] = Query(None, description="default: head_dim", **_SIZE),
         causal: bool = False,
         deterministic: bool = False,
+        window_left: int = Query(-1, ge=-1, le=sch.INT32_MAX, description="sliding window, keys left; -1: unbounded"),
+        window_right: int = Query(-1, ge=-1, le=sch.INT32_MAX, description="sliding window, keys right; -1: unbounded"),
+        softcap: float = Query(0.0, ge=0, allow_inf_nan=False, description="score softcap; 0: off"),
+        sink: bool = Query(False, description="learnable attention sinks"),
         source_fingerprint: Optional[str] = Query(
             None, max_length=128, pattern=r"^[^\x00]*$",
             description="Judge staleness against this kernel source (the caller's) instead of the service's own",
@@ -531,6 +535,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             problem = Problem.standard(
                 seqlen_q, head_dim, batch=batch, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
                 head_dim_v=head_dim_v, dtype=dtype, causal=causal, deterministic=deterministic, pass_=pass_,
+                window_left=window_left, window_right=window_right, softcap=softcap, sink=sink,
             )
         prov = _provider(provider)
         errs = prov.problem_errors(problem)
@@ -628,6 +633,10 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         heads_kv: Optional[int] = Query(None, **_SIZE),
         causal: Optional[bool] = None,
         deterministic: Optional[bool] = None,
+        window_left: Optional[int] = Query(None, ge=-1, le=sch.INT32_MAX),
+        window_right: Optional[int] = Query(None, ge=-1, le=sch.INT32_MAX),
+        softcap: Optional[float] = Query(None, ge=0, allow_inf_nan=False),
+        sink: Optional[bool] = None,
         timing: Optional[sch.TimingName] = Query(None, description="only rows timed in this mode (default: any). "
                                                  + sch.TIMING_DOC),
         limit: int = Query(100, ge=1, le=MAX_PAGE),
@@ -639,6 +648,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             source_fingerprint=source_fingerprint, is_default=is_default, pass_=pass_, dtype=dtype,
             head_dim=head_dim, head_dim_v=head_dim_v, seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch=batch,
             heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic, timing=timing,
+            window_left=window_left, window_right=window_right, softcap=softcap, sink=sink,
         )
         return await state.listing(listing.results_page, limit, offset, sort, filters)
 

@@ -86,6 +86,11 @@ class ProblemIn(_Strict):
     causal: bool = False
     deterministic: bool = False
     pass_: Pass = Field("fwd", alias="pass")
+    # Issue 18's features; the defaults are the plain problem.
+    window_left: int = Field(-1, ge=-1, le=INT32_MAX, description="keys left of the diagonal a row sees; -1: unbounded")
+    window_right: int = Field(-1, ge=-1, le=INT32_MAX, description="keys right of the diagonal; -1: unbounded")
+    softcap: float = Field(0.0, ge=0, allow_inf_nan=False, description="c * tanh(s / c) on the scores; 0: off")
+    sink: bool = Field(False, description="a learnable per-head sink logit in the softmax denominator")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.sql.expression import false as sa_false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.schema import conv
 
@@ -88,7 +89,7 @@ class Problem(Base):
     __table_args__ = (
         UniqueConstraint(
             "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v",
-            "dtype", "causal", "deterministic", "pass",
+            "dtype", "causal", "deterministic", "pass", "window_left", "window_right", "softcap", "sink",
             # Spelled out: the conventional name would exceed PostgreSQL's 63 characters.
             name=conv("uq_problems_shape"),
         ),
@@ -108,6 +109,12 @@ class Problem(Base):
     causal: Mapped[bool] = mapped_column(Boolean)
     deterministic: Mapped[bool] = mapped_column(Boolean)
     pass_: Mapped[str] = mapped_column("pass", String(8))
+    # Issue 18's features (revision 0006_features): the server defaults make every older row the
+    # plain problem it was.
+    window_left: Mapped[int] = mapped_column(Integer, server_default="-1")
+    window_right: Mapped[int] = mapped_column(Integer, server_default="-1")
+    softcap: Mapped[float] = mapped_column(Float, server_default="0")
+    sink: Mapped[bool] = mapped_column(Boolean, server_default=sa_false())
 
 
 class Config(Base):

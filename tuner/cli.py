@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -73,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd", help="fwd, or bwd (the backward timed)")
     p.add_argument("--deterministic", action="store_true", help="require a deterministic backward")
+    p.add_argument("--window", metavar="L,R",
+                   help="sliding window: each query row sees L keys left and R right of its diagonal "
+                   "(bottom-right aligned); -1 or an empty side = unbounded, e.g. 1023,0 or 1023,-1")
+    p.add_argument("--softcap", type=float, default=0.0, metavar="C",
+                   help="softcap the scores: C * tanh(s / C) (default 0: off)")
+    p.add_argument("--sink", action="store_true", help="learnable attention sinks (one logit per query head)")
     p.add_argument("--provider", help="implementation to tune (default: fa4, our kernels; flash-attn-4, cudnn, fa2 are the peers)")
     p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
@@ -103,6 +110,22 @@ def _die(msg: str, code: int = EXIT_USAGE):
     raise SystemExit(code)
 
 
+def parse_window(text: str | None) -> tuple[int, int]:
+    """--window L,R as (window_left, window_right): -1 (or an empty side) is unbounded."""
+    if text is None:
+        return -1, -1
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        left, right = (int(x) if x.strip() else -1 for x in parts)
+    except ValueError:
+        _die(f"--window takes L,R (two integers, -1 = unbounded), got {text!r}")
+    if left < -1 or right < -1:
+        _die(f"--window sides must be >= 0, or -1 for unbounded, got {text!r}")
+    return left, right
+
+
 def problems_from_args(a) -> list[Problem]:
     from .shapes import ShapeError, grid, load_shapes, parse_int_list
 
@@ -117,9 +140,14 @@ def problems_from_args(a) -> list[Problem]:
             _die(f"{flag} must be a positive integer, got {v}")
     if a.deterministic and a.pass_ != "bwd":
         _die("--deterministic applies to the backward: add --pass bwd")
+    window_left, window_right = parse_window(a.window)
+    if not (a.softcap >= 0 and math.isfinite(a.softcap)):
+        _die(f"--softcap must be a finite number >= 0 (0: off), got {a.softcap}")
     defaults = {"batch": a.batch, "heads_q": a.heads, "heads_kv": a.heads_kv, "seqlen_k": a.seqlen_k,
                 "head_dim_v": a.hdim_v,
-                "dtype": a.dtype, "causal": a.causal, "deterministic": a.deterministic, "pass_": a.pass_}
+                "dtype": a.dtype, "causal": a.causal, "deterministic": a.deterministic, "pass_": a.pass_,
+                "window_left": window_left, "window_right": window_right, "softcap": float(a.softcap),
+                "sink": a.sink}
     try:
         if a.shapes:
             if a.seqlen is not None or a.hdim is not None:
@@ -242,6 +270,12 @@ def _shape_label(p: Problem) -> str:
     kv = f"/{p.heads_kv}" if p.heads_kv != p.heads_q else ""
     sk = f"x{p.seqlen_k}" if p.seqlen_k != p.seqlen_q else ""
     flags = "".join(f" {f}" for f, on in (("causal", p.causal), ("det", p.deterministic)) if on)
+    if p.has_window:
+        flags += f" win{p.window_left},{p.window_right}"
+    if p.softcap:
+        flags += f" cap{p.softcap:g}"
+    if p.sink:
+        flags += " sink"
     dv = f"/{p.head_dim_v}" if p.head_dim_v != p.head_dim else ""
     return f"b{p.batch} s{p.seqlen_q}{sk} h{p.heads_q}{kv} d{p.head_dim}{dv} {p.dtype} {p.pass_}{flags}"
 

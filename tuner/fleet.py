@@ -182,7 +182,8 @@ def compile_class(problem: Problem) -> tuple:
     counts (runtime arguments of every provider here). Shapes of one class reuse each other's
     compiled kernels within a process, so a class is best tuned by one worker."""
     return (problem.pass_, problem.dtype, problem.head_dim, problem.head_dim_v, problem.causal,
-            problem.deterministic, problem.heads_q != problem.heads_kv)
+            problem.deterministic, problem.heads_q != problem.heads_kv,
+            *sorted(problem.kernel_flags().items()))  # the features switch kernels, not their sizes
 
 
 def worker_order(shares: list[list[Problem]], k: int) -> list[Problem]:

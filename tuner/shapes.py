@@ -18,8 +18,11 @@ from fa4.problem import Problem
 
 # The command line's short names -> Problem.standard's keyword arguments.
 SHORT = {"hdim_v": "head_dim_v", "batch": "batch", "heads": "heads_q", "heads_kv": "heads_kv", "seqlen_k": "seqlen_k",
-         "causal": "causal", "dtype": "dtype", "pass": "pass_", "deterministic": "deterministic"}
-_BOOLS = ("causal", "deterministic")
+         "causal": "causal", "dtype": "dtype", "pass": "pass_", "deterministic": "deterministic",
+         "window_left": "window_left", "window_right": "window_right", "softcap": "softcap", "sink": "sink"}
+_BOOLS = ("causal", "deterministic", "sink")
+# The issue-18 features a full entry takes from the command line when it does not name them.
+_FEATURES = ("window_left", "window_right", "softcap", "sink")
 _INTS = ("seqlen", "hdim", "hdim_v", "batch", "heads", "heads_kv", "seqlen_k", "seqlen_q", "head_dim", "head_dim_v",
          "heads_q")
 
@@ -61,10 +64,21 @@ def problem_from_entry(entry: dict, defaults: dict) -> Problem:
     for k in _BOOLS:
         if k in e:
             e[k] = _bool(e[k])
+    for k in ("window_left", "window_right"):
+        if k in e:
+            try:
+                e[k] = int(str(e[k]).strip())
+            except ValueError:
+                raise ShapeError(f"{k} must be an integer (-1 = unbounded), got {e[k]!r}") from None
+    if "softcap" in e:
+        try:
+            e["softcap"] = float(str(e["softcap"]).strip())
+        except ValueError:
+            raise ShapeError(f"softcap must be a number, got {e['softcap']!r}") from None
     if "seqlen_q" in e or "head_dim" in e:
         full = {**{"dtype": defaults.get("dtype", "bf16"), "causal": defaults.get("causal", False),
                    "deterministic": defaults.get("deterministic", False), "pass": defaults.get("pass_", "fwd")},
-                **e}
+                **{k: defaults[k] for k in _FEATURES if k in defaults}, **e}
         return Problem.from_dict(full)
     unknown = sorted(set(e) - set(SHORT) - {"seqlen", "hdim"})
     if unknown:

@@ -153,15 +153,29 @@ def finalize(
     row_sum: cute.Tensor,
     lse: cute.Tensor,  # (rows,) out: natural-log LSE of each row
     scale_log2: Float32,
+    sink_log2: Float32 | None = None,  # learnable sink logit * log2(e), or None: no sink
 ):
-    """O /= row_sum with the true final statistics; rows that saw no key give O = 0, LSE = -inf."""
+    """O /= row_sum with the true final statistics; rows that saw no key give O = 0, LSE = -inf.
+
+    A sink is one more softmax column (logit sink, no value): it joins the row sum as
+    2^(sink log2 e - m scale_log2) against the same (possibly tau-stale) max as the other terms,
+    and so the LSE, never O. A row that saw no key has the sink alone: O = 0, LSE = sink (as the
+    reference FA4).
+    """
     ln2 = 0.6931471805599453
     for r in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):
         s = cute.arch.warp_reduction_sum(row_sum[r], threads_in_group=4)
+        m_scaled = row_max[r] * scale_log2
+        if cutlass.const_expr(sink_log2 is not None):
+            if row_max[r] == -Float32.inf:
+                m_scaled = sink_log2
+                s = Float32(1.0)
+            else:
+                s = s + exp2_mufu(sink_log2 - m_scaled)
         inv = Float32(0.0)
         lse[r] = -Float32.inf
         if s > Float32(0.0):
             inv = cute.arch.rcp_approx(s)
-            lse[r] = (row_max[r] * scale_log2 + cute.math.log2(s, fastmath=True)) * ln2
+            lse[r] = (m_scaled + cute.math.log2(s, fastmath=True)) * ln2
         for c in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
             o_mn[r, c] = o_mn[r, c] * inv

@@ -26,6 +26,11 @@ class FwdKernelKey:
     has_lse: bool
     config: FwdConfigSm90  # runtime knobs normalised away, see compile_key()
     head_dim_v: int = 0  # 0: head_dim (set by compile_key)
+    # Issue 18's features, compile-time (the window sizes and the cap are runtime arguments).
+    has_window_left: bool = False
+    has_window_right: bool = False
+    has_softcap: bool = False
+    has_sink: bool = False
 
 
 def ensure_target() -> None:
@@ -41,13 +46,19 @@ def ensure_target() -> None:
 
 
 def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90,
-                head_dim_v: int | None = None) -> FwdKernelKey:
+                head_dim_v: int | None = None, *, has_window_left: bool = False, has_window_right: bool = False,
+                has_softcap: bool = False, has_sink: bool = False) -> FwdKernelKey:
     """Configs that differ only in runtime knobs share one compiled kernel."""
     base = compile_time_config(config)
     if base.exp2_emu_frac == 0.0:
         # Nothing is emulated: the pattern picks no element, the kernels are the same.
         base = dataclasses.replace(base, exp2_emu_pattern=FwdConfigSm90().exp2_emu_pattern)
-    return FwdKernelKey(dtype, head_dim, causal, has_lse, base, head_dim_v or head_dim)
+    if not has_softcap:
+        # No tanh to split (violations() rejects the knob there; a key must not tell them apart).
+        base = dataclasses.replace(base, tanh_fma_frac=0.0)
+    return FwdKernelKey(dtype, head_dim, causal, has_lse, base, head_dim_v or head_dim, bool(has_window_left),
+                        bool(has_window_right), bool(has_softcap), bool(has_sink))
+
 
 
 def _fake_tensor(cutlass_dtype, rank: int, static_last: int | None = None, tma: bool = True):
@@ -78,14 +89,19 @@ def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
     v = _fake_tensor(dt, 4, head_dim_v)
     o = _fake_tensor(dt, 4, head_dim_v)
     lse = _fake_tensor(cutlass.Float32, 3, tma=False) if key.has_lse else None
-    kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config, head_dim_v)
+    sink = _fake_tensor(cutlass.Float32, 1, tma=False) if key.has_sink else None
+    kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config, head_dim_v,
+                          has_window_left=key.has_window_left, has_window_right=key.has_window_right,
+                          has_softcap=key.has_softcap, has_sink=key.has_sink)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if "--gpu-arch" not in options:
         # This kernel is sm_90a code whatever the DSL picked as default (without a GPU it
         # falls back to the newest arch, and an earlier import may have fixed that default).
         options = f"--gpu-arch=sm_90a {options}"
     return cute.compile(
-        kernel, q, k, v, o, lse,
-        cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), stream,
+        kernel, q, k, v, o, lse, sink,
+        # scale_log2, softcap_scale, window_left, window_right, then the runtime knobs and the grid.
+        cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
+        cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), stream,
         options=options,
     )

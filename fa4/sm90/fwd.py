@@ -14,6 +14,13 @@ intra-warpgroup overlap of QK(j) with PV(j-1), the MUFU/FMA exp2 split, tau for
 conditional rescaling, the tile order (LPT, head swizzle), and one CTA per tile or a
 persistent grid of one CTA per SM that walks the tile order (Q stages handed back to the
 producer after each tile's epilogue store has read them).
+
+Issue 18's features, compile-time switches with runtime sizes: a sliding window (each query tile
+loads only the KV tiles fa4.common.masking.kv_block_range gives and masks the edge tiles; a left
+window adds a third, masked loop at the far edge), softcap (t = tanh(s scale / c) in the score
+registers before the mask, on MUFU or partly on the FMA pipe, fa4.common.softcap; the softmax runs
+on t with scale_log2 = c log2(e)) and learnable sinks (one more denominator term per row after the
+KV loop; the LSE includes it).
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4.common import convert, masking, mma, scheduling, softmax
+from fa4.common import convert, masking, mma, scheduling, softcap, softmax
+from fa4.common.constants import LOG2_E
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.tma import seq_tiles
@@ -50,13 +58,20 @@ BAR_P = 10  # 10..12: a consumer's P tile is in shared memory (p_operand 'smem')
 
 class FlashFwdSm90:
     def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90,
-                 head_dim_v: int | None = None):
+                 head_dim_v: int | None = None, *, has_window_left: bool = False, has_window_right: bool = False,
+                 has_softcap: bool = False, has_sink: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v or head_dim
         self.causal = causal
         self.has_lse = has_lse
         self.config = config
+        # Issue 18's features (fa4.common.masking, fa4.common.softcap): compile-time switches, the
+        # window sizes and the cap are runtime arguments.
+        self.has_window_left = has_window_left
+        self.has_window_right = has_window_right
+        self.has_softcap = has_softcap
+        self.has_sink = has_sink
         # Derived attributes.
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
@@ -79,6 +94,11 @@ class FlashFwdSm90:
         self.emulated = frozenset(
             emulated_indices(self.tile_n // 4, config.exp2_emu_frac, config.exp2_emu_pattern)
         )
+        # Columns whose softcap tanh runs on the FMA pipe, spread over each group of 8 so that
+        # FMA-pipe and MUFU work interleave in program order.
+        self.tanh_fma = frozenset(
+            emulated_indices(self.tile_n // 4, config.tanh_fma_frac if has_softcap else 0.0, "spread")
+        )
         self.qk_tiler = (ROWS_PER_WG, self.tile_n, head_dim)
         self.pv_tiler = (ROWS_PER_WG, self.head_dim_v, self.tile_n)
 
@@ -90,7 +110,11 @@ class FlashFwdSm90:
         mV: cute.Tensor,  # (batch, seqlen_k, heads_kv, head_dim_v)
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, or None
-        scale_log2: Float32,  # softmax_scale * log2(e)
+        mSink: cute.Tensor,  # (heads_q,) fp32 sink logits, or None
+        scale_log2: Float32,  # softmax_scale * log2(e); with softcap c * log2(e)
+        softcap_scale: Float32,  # softmax_scale / c (unused without softcap)
+        window_left: Int32,  # keys left of the diagonal a row sees (unused without has_window_left)
+        window_right: Int32,  # keys right of it (unused without has_window_right)
         # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         tau: Float32,
         lpt: Int32,
@@ -185,6 +209,7 @@ class FlashFwdSm90:
         self.kernel(
             qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
             sQ_layout, sK_layout, sV_layout, sP_layout, sO_layout, scale_log2, tau, head_swizzle, lpt,
+            mSink, (window_left, window_right, softcap_scale),
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -210,6 +235,8 @@ class FlashFwdSm90:
         tau: Float32,
         head_swizzle: Int32,
         lpt: Int32,
+        mSink: cute.Tensor,  # (heads_q,) fp32, or None
+        feat: tuple,  # (window_left, window_right, softcap_scale), runtime
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -275,12 +302,12 @@ class FlashFwdSm90:
                     for tile_idx in cutlass.range(bidx, num_tiles, grid_size, unroll=1):
                         states = self.produce_tile(
                             tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
-                            tile_idx, sched, seqlen_q, seqlen_k,
+                            tile_idx, sched, seqlen_q, seqlen_k, feat,
                         )
                 else:
                     self.produce_tile(
                         tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
-                        bidx, sched, seqlen_q, seqlen_k,
+                        bidx, sched, seqlen_q, seqlen_k, feat,
                     )
         else:
             # ---------------- consumers ----------------
@@ -289,13 +316,21 @@ class FlashFwdSm90:
             ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
             self.consumer(
                 qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v,
-                cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau,
+                cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau, mSink, feat,
             )
+
+    @cute.jit
+    def kv_split(self, m_block, seqlen_q, seqlen_k, feat):
+        """(n_block_min, n_block_max, masked right, unmasked) of a query tile: fa4.common.masking."""
+        return masking.kv_mask_split(
+            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal, self.has_window_left,
+            self.has_window_right, feat[0], feat[1],
+        )
 
     @cute.jit
     def produce_tile(
         self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
-        tile_idx, sched, seqlen_q, seqlen_k,
+        tile_idx, sched, seqlen_q, seqlen_k, feat,
     ):
         """The TMA loads of one work tile: Q (one 64-row tile per consumer), then K and V from the
         last KV tile down. Returns the pipeline states, carried to the next tile."""
@@ -303,9 +338,8 @@ class FlashFwdSm90:
         num_m, num_heads, num_bh, qhead_per_kvhead, head_swizzle, lpt = sched
         m_block, head, batch = scheduling.decode_tile(tile_idx, num_m, num_heads, num_bh, head_swizzle, lpt)
         head_kv = head // qhead_per_kvhead
-        n_block_max, _ = scheduling.kv_block_range(
-            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
-        )
+        # Only the KV tiles some row of this tile sees are loaded (a window skips the rest).
+        n_block_min, n_block_max, _, _ = self.kv_split(m_block, seqlen_q, seqlen_k, feat)
         tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (ROWS_PER_WG, self.head_dim), head, batch)
         tKsK, tKgK = seq_tiles(tma_k, mK, sK, (self.tile_n, self.head_dim), head_kv, batch)
         gV = cute.flat_divide(mV, (self.head_dim_v, self.tile_n))[None, None, 0, None, head_kv, batch]
@@ -335,7 +369,7 @@ class FlashFwdSm90:
         cute.copy(tma_v, tVgV[None, n_first], tVsV[None, v_state.index],
                   tma_bar_ptr=pipe_v.producer_get_barrier(v_state))
         v_state.advance()
-        for i in cutlass.range(1, n_block_max, unroll=1):
+        for i in cutlass.range(1, n_block_max - n_block_min, unroll=1):
             n = n_first - i
             pipe_k.producer_acquire(k_state)
             cute.copy(tma_k, tKgK[None, n], tKsK[None, k_state.index],
@@ -350,7 +384,7 @@ class FlashFwdSm90:
     @cute.jit
     def consumer(
         self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v,
-        cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau,
+        cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau, mSink, feat,
     ):
         qk_thr = qk_mma.get_slice(ctid)
         pv_thr = pv_mma.get_slice(ctid)
@@ -405,30 +439,28 @@ class FlashFwdSm90:
                 k_state, v_state = self.consume_tile(
                     qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
                     q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
-                    scale_log2, tau,
+                    scale_log2, tau, mSink, feat,
                 )
                 q_phase = q_phase ^ 1
         else:
             self.consume_tile(
                 qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
                 Int32(0), frags, tSrQ_wg, pv_thr, cwg, ctid, bidx, sched, seqlen_q, seqlen_k,
-                scale_log2, tau,
+                scale_log2, tau, mSink, feat,
             )
 
     @cute.jit
     def consume_tile(
         self, qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
         q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
-        scale_log2, tau,
+        scale_log2, tau, mSink, feat,
     ):
         """One consumer's 64 rows of one work tile: the KV mainloop and the epilogue. Returns the
         K/V pipeline states, carried to the next tile."""
         acc_S, acc_O, tOA, p_out, tSrK, tOrV, tScS, s_mn, o_mn, row_max, row_sum, row_scale = frags
         num_m, num_heads, num_bh, _, head_swizzle, lpt = sched
         m_block, head, batch = scheduling.decode_tile(tile_idx, num_m, num_heads, num_bh, head_swizzle, lpt)
-        n_block_max, n_unmasked_end = scheduling.kv_block_range(
-            m_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal
-        )
+        n_block_min, n_block_max, n_masked_right, n_unmasked = self.kv_split(m_block, seqlen_q, seqlen_k, feat)
         nrow = cute.size(s_mn, mode=[0])
         row_off = m_block * self.tile_m + cwg * ROWS_PER_WG
 
@@ -436,7 +468,7 @@ class FlashFwdSm90:
         q_state = pipeline.PipelineState(self.q_stages, Int32(cwg), Int32(cwg), q_phase)
         pipe_q.consumer_wait(q_state)
 
-        # ---- first KV tile (highest n): always masked (causal diagonal or seqlen_k residue)
+        # ---- first KV tile (highest n): always masked (causal or window diagonal, seqlen_k residue)
         n_first = n_block_max - 1
         pipe_k.consumer_wait(k_state)
         self.mma_turn_wait(cwg)
@@ -446,27 +478,35 @@ class FlashFwdSm90:
         warpgroup.wait_group(0)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        masking.apply_mask(s_mn, tScS[0], row_off + tScS[1], n_first * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal)
+        self.scores_before_turn(s_mn, tScS, row_off, n_first, seqlen_q, seqlen_k, feat, True)
         self.exp_turn_wait(cwg)
+        self.scores_in_turn(s_mn, tScS, row_off, n_first, seqlen_q, seqlen_k, feat, True)
         softmax.softmax_first(s_mn, row_max, row_sum, scale_log2, self.emulated)
         self.exp_turn_pass(cwg)
         self.make_p(acc_S, p_out, cwg)
         acc_O.fill(0.0)
 
-        # Masked tiles first (n descending reaches the diagonal first), then the rest.
-        for i in cutlass.range(1, n_block_max - n_unmasked_end, unroll=1):
+        # Masked tiles first (n descending reaches the diagonal first), then the unmasked ones,
+        # then (a left window) the masked ones at its far edge.
+        for i in cutlass.range(1, 1 + n_masked_right, unroll=1):
             k_state, v_state = self.step(
                 qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
                 row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-                n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, True,
+                n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, feat, True,
             )
-        n_rest_start = cutlass.max(n_block_max - n_unmasked_end, 1)
-        for i in cutlass.range(n_rest_start, n_block_max, unroll=1):
+        for i in cutlass.range(1 + n_masked_right, 1 + n_masked_right + n_unmasked, unroll=1):
             k_state, v_state = self.step(
                 qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
                 row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-                n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, False,
+                n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, feat, False,
             )
+        if cutlass.const_expr(self.has_window_left):
+            for i in cutlass.range(1 + n_masked_right + n_unmasked, n_block_max - n_block_min, unroll=1):
+                k_state, v_state = self.step(
+                    qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
+                    row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
+                    n_first - i, row_off, seqlen_q, seqlen_k, scale_log2, tau, feat, True,
+                )
         # The last PV (with overlap it takes its ping-pong turn like every GEMM issue).
         pipe_v.consumer_wait(v_state)
         if cutlass.const_expr(self.overlap):
@@ -481,7 +521,10 @@ class FlashFwdSm90:
 
         # ---- epilogue
         lse = cute.make_rmem_tensor((nrow,), Float32)
-        softmax.finalize(o_mn, row_max, row_sum, lse, scale_log2)
+        sink_log2 = None
+        if cutlass.const_expr(self.has_sink):
+            sink_log2 = mSink[head] * Float32(LOG2_E)
+        softmax.finalize(o_mn, row_max, row_sum, lse, scale_log2, sink_log2)
         if cutlass.const_expr(self.has_lse):
             # Each row lives in the 4 threads of a quad; the first one writes it.
             if ctid % 4 == 0:
@@ -516,7 +559,7 @@ class FlashFwdSm90:
     def step_overlap(
         self, qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
         row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-        n, row_off, seqlen_q, seqlen_k, scale_log2, tau, masked: cutlass.Constexpr,
+        n, row_off, seqlen_q, seqlen_k, scale_log2, tau, feat, masked: cutlass.Constexpr,
     ):
         """Issue QK(n) and PV(previous) back to back; softmax of S(n) runs under PV."""
         pipe_k.consumer_wait(k_state)
@@ -531,9 +574,9 @@ class FlashFwdSm90:
         warpgroup.wait_group(1)
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        if cutlass.const_expr(masked):
-            masking.apply_mask(s_mn, tScS[0], row_off + tScS[1], n * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal)
+        self.scores_before_turn(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked)
         self.exp_turn_wait(cwg)
+        self.scores_in_turn(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked)
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
         self.exp_turn_pass(cwg)
         warpgroup.wait_group(0)
@@ -548,7 +591,7 @@ class FlashFwdSm90:
     def step_serial(
         self, qk_mma, pv_mma, acc_S, acc_O, tOA, p_out, tSrQ_wg, tSrK, tOrV, tScS, s_mn, o_mn,
         row_max, row_sum, row_scale, pipe_k, pipe_v, k_state, v_state, cwg,
-        n, row_off, seqlen_q, seqlen_k, scale_log2, tau, masked: cutlass.Constexpr,
+        n, row_off, seqlen_q, seqlen_k, scale_log2, tau, feat, masked: cutlass.Constexpr,
     ):
         """PV(previous) to completion, then QK(n) to completion, then softmax(n)."""
         pipe_v.consumer_wait(v_state)
@@ -564,8 +607,8 @@ class FlashFwdSm90:
         v_state.advance()
         pipe_k.consumer_release(k_state)
         k_state.advance()
-        if cutlass.const_expr(masked):
-            masking.apply_mask(s_mn, tScS[0], row_off + tScS[1], n * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal)
+        self.scores_before_turn(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked)
+        self.scores_in_turn(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked)
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
         if need:
             softmax.rescale_rows(o_mn, row_scale)
@@ -573,6 +616,28 @@ class FlashFwdSm90:
         return k_state, v_state
 
     # ---------------------------------------------------------------- helpers
+    @cute.jit
+    def mask(self, s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat):
+        masking.apply_mask(
+            s_mn, tScS[0], row_off + tScS[1], n * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal,
+            self.has_window_left, self.has_window_right, feat[0], feat[1],
+        )
+
+    @cute.jit
+    def scores_before_turn(self, s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked: cutlass.Constexpr):
+        """Without softcap the mask runs before the exp turn, as it always did."""
+        if cutlass.const_expr(masked and not self.has_softcap):
+            self.mask(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat)
+
+    @cute.jit
+    def scores_in_turn(self, s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked: cutlass.Constexpr):
+        """With softcap: t = tanh(s scale / c) inside the exp turn (MUFU work, like the exp2), then the
+        mask (after the cap: tanh(-inf) would be -1, not -inf)."""
+        if cutlass.const_expr(self.has_softcap):
+            softcap.softcap_scores(s_mn, feat[2], self.tanh_fma)
+            if cutlass.const_expr(masked):
+                self.mask(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat)
+
     @cute.jit
     def make_p(self, acc_S, p_out, cwg):
         """P = S in 16 bits, where the next PV reads it. Called only after the previous PV of this

@@ -101,6 +101,12 @@ class FwdConfigSm90:
         "Which elements of each group of 8 take the polynomial: 'block' the first k, 'spread' k evenly "
         "spaced ones (FMA-pipe and MUFU work interleaved in program order). No effect at fraction 0.",
     )
+    tanh_fma_frac: float = knob(
+        (0.0, 0.125, 0.25, 0.375, 0.5), 0.0,
+        "Softcap problems only: fraction of each thread's score tanh evaluated on the FMA pipe (2^y by the "
+        "exp2 polynomial, a Newton reciprocal, fa4.common.softcap) instead of MUFU.TANH, in 1/8 steps spread "
+        "over each group of 8 elements; with softcap every score takes two MUFU ops (tanh and exp2).",
+    )
     tau: float = knob(
         (0.0, 4.0, 8.0), 0.0,
         "Conditional rescaling threshold in log2 units of the scaled score: O and the row sum are rescaled "
@@ -200,6 +206,14 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             "value range",
             f"tau {config.tau} lets unnormalized P reach 2^{config.tau}, beyond the {problem.dtype} range")
         )
+    if config.tanh_fma_frac > 0 and problem.softcap == 0:
+        out.append(Violation("knob combination",
+            "tanh_fma_frac applies to softcap problems only (without softcap there is no tanh to split)"))
+    if config.tanh_fma_frac > 0.125 and n_wg == 3:
+        # Compiled (hd64 causal, softcap): 0.25 to 0.5 spill 2-3 registers at the 160 of three
+        # consumer warpgroups (the Newton reciprocal's temporaries); 0.125 compiled clean.
+        out.append(Violation("registers",
+            f"tanh_fma_frac {config.tanh_fma_frac} with 3 consumer warpgroups spills (at most 0.125)"))
     if config.pingpong == "mma_exp" and not config.intra_wg_overlap:
         # Without overlap the exp phase of one warpgroup already sits between its own GEMMs,
         # which the 'mma' barrier orders; the extra barrier would only serialize further.

@@ -85,14 +85,15 @@ def _probs(s, lse):
     return torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)
 
 
-def forward_math(q, k, v, scale, causal, window_left=-1, window_right=-1, softcap=0.0, sink=None):
-    """(out in q's dtype, lse fp32 (B, Hq, Sq))."""
+def forward_math(q, k, v, scale, causal, window_left=-1, window_right=-1, softcap=0.0, sink=None, out_dtype=None):
+    """(out in q's dtype (or out_dtype), lse fp32 (B, Hq, Sq)). ``sink`` (Hq,): one more softmax column
+    per head with that logit and no value (in the LSE, not in the output)."""
     rep = q.shape[2] // k.shape[2]
     s = _scores(q, k, scale, causal, window_left, window_right, softcap)
     lse = _lse(s, sink)
     vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
     out = (_probs(s, lse) @ vv).transpose(1, 2)
-    return out.to(q.dtype), lse
+    return out.to(out_dtype or q.dtype), lse
 
 
 def backward_math(dout, q, k, v, scale, causal, dlse=None, window_left=-1, window_right=-1, softcap=0.0,
@@ -133,6 +134,7 @@ class Calls:
     fwd: list = field(default_factory=list)  # (return_lse, config, out is given)
     fwd_features: list = field(default_factory=list)  # dict(window_size=..., softcap=..., learnable_sink=...)
     bwd: list = field(default_factory=list)  # dict(dout=..., deterministic=..., config=..., scale=..., causal=...)
+    features: list = field(default_factory=list)  # (causal, window_left, window_right, softcap, sink) per forward
 
 
 def install(monkeypatch) -> Calls:
@@ -144,13 +146,15 @@ def install(monkeypatch) -> Calls:
 
     calls = Calls()
 
-    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_size=(None, None),
-                     softcap=0.0, learnable_sink=None):
+    def fake_forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_left=-1, window_right=-1,
+                     softcap=0.0, sink=None):
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-        left, right = (-1 if w is None else w for w in window_size)
-        o, lse = forward_math(q, k, v, scale, causal, left, right, softcap, learnable_sink)
+        o, lse = forward_math(q, k, v, scale, causal, window_left, window_right, softcap, sink)
         calls.fwd.append((return_lse, config, out is not None))
-        calls.fwd_features.append(dict(window_size=window_size, softcap=softcap, learnable_sink=learnable_sink))
+        calls.features.append((causal, window_left, window_right, softcap, sink))
+        calls.fwd_features.append(dict(window_size=(None if window_left < 0 else window_left,
+                                                    None if window_right < 0 else window_right),
+                                       softcap=softcap, learnable_sink=sink))
         if out is None:
             out = empty_out(q, v)  # what the real launch allocates
         out.copy_(o)

@@ -90,7 +90,7 @@ def test_empty_problems_give_a_zero_sink_gradient(case, sink_dtype):
     b, sq, sk, hq, hkv, d, dv = SHAPES[case]
     q, k, v = _inputs(*SHAPES[case])
     sink = torch.randn(hq).to(sink_dtype).requires_grad_()
-    out = empty.attention(q, k, v, False, None, True, learnable_sink=sink)
+    out = empty.attention(q, k, v, False, None, True, sink=sink)
     grads = torch.autograd.grad(out, (q, k, v, sink), torch.randn_like(out))
     for g, t in zip(grads, (q, k, v, sink)):
         assert g.shape == t.shape and g.dtype == t.dtype and not g.any()

@@ -204,7 +204,8 @@ def test_changes_since_names_the_families_of_new_rows_verdicts_and_devices(store
     p = Problem.standard(4096, 128)
     pid, cid = store.upsert_problem(p), store.upsert_config("toy", {"tile_n": 64})
     gen0 = store.generation()
-    fam = (DEVICE["name"], "toy", "fwd", "bf16", 128, 128, False, False)
+    # pass, dtype, head dims, causal, deterministic, then issue 18's features (plain here).
+    fam = (DEVICE["name"], "toy", "fwd", "bf16", 128, 128, False, False, -1, -1, 0.0, False)
     # A failed trial changes no answer: no family.
     store.add_measurement(dev, pid, cid, status="compile_error", reason="x")
     gen1, families, names = store.changes_since(gen0)

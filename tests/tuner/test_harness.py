@@ -347,3 +347,27 @@ def test_close_stops_the_measuring_process_without_its_teardown(monkeypatch):
     took = time.monotonic() - t
     assert proc.exitcode == 0, f"measuring process ended with {proc.exitcode} (killed, not exited)"
     assert took < CLOSE_GRACE_S / 2, f"close() took {took:.2f} s"
+
+
+def test_reference_attention_takes_the_features_and_providers_say_which_they_run():
+    """The harness's reference (window, softcap, sinks) against the fp32 model of the kernels' tests,
+    and a provider without the features refuses such problems instead of timing plain attention."""
+    import torch
+
+    from fa4.problem import Problem
+    from providers import get_provider
+    from providers.harness import feature_kwargs, reference_attention, sink_for
+    from tests.fa4.cpu_kernels import forward_math, inputs
+
+    p = Problem(1, 70, 90, 4, 4, 64, 64, causal=True, window_left=9, softcap=15.0, sink=True)
+    q, k, v, _ = inputs(b=1, sq=70, sk=90, hq=4, hkv=4, d=64, grad=False)
+    sink = sink_for(p, "cpu")
+    assert torch.equal(sink, sink_for(p, "cpu")) and sink.shape == (4,)
+    got = reference_attention(p, q, k, v, upcast=True, sink=sink)
+    want, _ = forward_math(q, k, v, 1 / 8, True, 9, -1, 15.0, sink, out_dtype=torch.float32)
+    assert torch.allclose(got, want, atol=1e-5)
+    kw = feature_kwargs(p, "cpu")
+    assert kw["window_size"] == (9, None) and kw["softcap"] == 15.0 and torch.equal(kw["learnable_sink"], sink)
+    assert not get_provider("fa4").problem_errors(p)
+    for name in ("cudnn", "fa2"):
+        assert any("does not take window_left, softcap, sink" in e for e in get_provider(name).problem_errors(p))

@@ -101,3 +101,21 @@ def test_value_head_dim_from_the_command_line_and_from_files(tmp_path):
 def test_cli_value_head_dim_must_be_positive(tmp_path):
     r = fa4_tune("--seqlen", "1024", "--hdim", "192", "--hdim-v", "0")
     assert r.returncode == 2 and "--hdim-v must be a positive integer" in r.stderr, r.stderr
+
+
+def test_cli_parses_the_feature_flags():
+    import pytest
+
+    from tuner.cli import build_parser, problems_from_args
+
+    a = build_parser().parse_args(["--seqlen", "16384", "--hdim", "128", "--window", "1023,0", "--softcap", "30",
+                                   "--sink", "--causal"])
+    (p,) = problems_from_args(a)
+    assert (p.window_left, p.window_right, p.softcap, p.sink, p.causal) == (1023, 0, 30.0, True, True)
+    (p,) = problems_from_args(build_parser().parse_args(["--seqlen", "4096", "--hdim", "64", "--window", "128,"]))
+    assert (p.window_left, p.window_right, p.softcap, p.sink) == (128, -1, 0.0, False)
+    (p,) = problems_from_args(build_parser().parse_args(["--seqlen", "4096", "--hdim", "64"]))
+    assert p.features() == {}
+    for bad in (["--window", "5"], ["--window", "a,b"], ["--window", "-3,0"], ["--softcap", "-1"]):
+        with pytest.raises(SystemExit):
+            problems_from_args(build_parser().parse_args(["--seqlen", "4096", "--hdim", "64", *bad]))

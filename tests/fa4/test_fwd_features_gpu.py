@@ -1,0 +1,175 @@
+"""Our forward with issue 18's features on the GPU against an fp32 reference (the error rule of
+test_fwd_gpu.py: error <= 2x PyTorch's own same-dtype error + 1e-4; LSE within 1e-3).
+
+Sliding windows (causal and not, a window smaller than a tile, rows that see nothing), softcap
+(MUFU and the FMA-pipe tanh split), learnable sinks, all combined; odd seqlens, Sq != Sk, GQA,
+fp16, several head dims. The output is poisoned with NaN before each run; NaN never passes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import fa4  # noqa: E402
+from fa4.features import normalize, problem_fields  # noqa: E402
+from fa4.problem import Problem  # noqa: E402
+from fa4.sm90.fwd_config import default_config, violations  # noqa: E402
+from tests.fa4.cpu_kernels import _scores  # noqa: E402
+
+SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1)]
+
+
+def _low(q, k, v, scale, causal, wl, wr, cap, sink):
+    """PyTorch in the input dtype (QK^T and PV in 16 bits, softmax in fp32): the error yardstick."""
+    rep = q.shape[2] // k.shape[2]
+    qt = q.transpose(1, 2)
+    kt = k.transpose(1, 2).repeat_interleave(rep, dim=1)
+    vt = v.transpose(1, 2).repeat_interleave(rep, dim=1)
+    s = (qt @ kt.transpose(-1, -2)).float() * scale
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    sq, sk = q.shape[1], k.shape[1]
+    i = torch.arange(sq, device=s.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=s.device)[None, :]
+    mask = torch.zeros_like(s, dtype=torch.bool)
+    if causal:
+        mask |= j > i
+    if wr >= 0:
+        mask |= j > i + wr
+    if wl >= 0:
+        mask |= j < i - wl
+    s = s.masked_fill(mask, float("-inf"))
+    if sink is not None:
+        s = torch.cat([s, sink.float()[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
+    p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)[..., :sk]
+    return (p.to(q.dtype) @ vt).transpose(1, 2)
+
+
+def _ref(q, k, v, scale, causal, wl, wr, cap, sink):
+    rep = q.shape[2] // k.shape[2]
+    s = _scores(q, k, scale, causal, wl, wr, cap)
+    vv = v.float().transpose(1, 2).repeat_interleave(rep, dim=1)
+    if sink is None:
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+    else:
+        col = sink.float()[None, :, None, None].expand(*s.shape[:3], 1)
+        lse = torch.logsumexp(torch.cat([s, col], dim=-1), dim=-1)
+        p = torch.exp(s - lse[..., None])
+    return (p @ vv).transpose(1, 2), lse
+
+
+def check(shape, hd, causal, window=(None, None), softcap=0.0, sink=False, dtype=torch.bfloat16, change=None,
+          scale_mult=1.0, hdv=None):
+    b, sq, sk, hq, hkv = shape
+    hdv = hdv or hd
+    g = torch.Generator(device="cuda").manual_seed(1234 + sq + 7 * sk + hd)
+    q = (torch.randn(b, sq, hq, hd, device="cuda", generator=g) * scale_mult).to(dtype)
+    k = (torch.randn(b, sk, hkv, hd, device="cuda", generator=g) * scale_mult).to(dtype)
+    v = torch.randn(b, sk, hkv, hdv, device="cuda", generator=g).to(dtype)
+    s = torch.randn(hq, device="cuda", generator=g) * 2 if sink else None
+    feat = normalize(q, causal, window, s, softcap)
+    problem = Problem(b, sq, sk, hq, hkv, hd, hdv, "bf16" if dtype == torch.bfloat16 else "fp16", feat.causal,
+                      **problem_fields(feat))
+    cfg = dataclasses.replace(default_config(problem), **(change or {}))
+    assert not violations(cfg, problem), violations(cfg, problem)
+    out = torch.full((b, sq, hq, hdv), float("nan"), device="cuda", dtype=dtype)
+    o, lse = fa4.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap, learnable_sink=s,
+                                 return_lse=True, config=cfg, out=out)
+    torch.cuda.synchronize()
+    scale = 1.0 / math.sqrt(hd)
+    wl, wr = feat.window_left, feat.window_right
+    ref, ref_lse = _ref(q, k, v, scale, feat.causal, wl, wr, feat.softcap, s)
+    low = _low(q, k, v, scale, feat.causal, wl, wr, feat.softcap, s)
+    err = (o.float() - ref).abs().max().item()
+    err_pt = (low.float() - ref).abs().max().item()
+    assert not torch.isnan(o).any()
+    fin = torch.isfinite(ref_lse)
+    if fin.any():
+        assert (lse[fin] - ref_lse[fin]).abs().max().item() <= 1e-3
+    # Rows that see no key: O = 0 and LSE = -inf (no sink).
+    assert bool((lse[~fin] == float("-inf")).all())
+    empty = ~fin.any(dim=0).any(dim=0)  # (Sq,) rows no batch/head sees a key of (a mask property)
+    if empty.any():
+        assert bool((o[:, empty] == 0).all())
+    assert err <= 2 * err_pt + 1e-4, (err, err_pt)
+    return err, err_pt
+
+
+# hd128 (two consumer warpgroups) and hd64 (three): every feature alone and combined.
+FEATURES = {
+    "causal-window": dict(causal=True, window=(255, None)),
+    "window-lr": dict(causal=False, window=(100, 37)),
+    "window-right": dict(causal=False, window=(None, 5)),
+    "window-tiny": dict(causal=False, window=(3, 2)),  # smaller than a tile: both edges in one tile
+    "causal-softcap": dict(causal=True, softcap=30.0),
+    "softcap-small-cap": dict(causal=False, softcap=5.0),
+    "sink": dict(causal=False, sink=True),
+    "causal-sink": dict(causal=True, sink=True),
+    "causal-window-softcap-sink": dict(causal=True, window=(64, None), softcap=30.0, sink=True),
+    "window-lr-softcap-sink": dict(causal=False, window=(129, 300), softcap=20.0, sink=True),
+}
+
+
+# hd64: the variants whose kernels differ most (each new kernel costs a compile on the device).
+HD64 = ("causal-window", "window-tiny", "causal-softcap", "sink", "causal-window-softcap-sink",
+        "window-lr-softcap-sink")
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("hd,name", [(128, n) for n in FEATURES] + [(64, n) for n in HD64])
+def test_features_match_reference(hd, name, shape):
+    check(shape, hd, **FEATURES[name])
+
+
+@pytest.mark.parametrize("frac", [0.25, 0.5])
+@pytest.mark.parametrize("scale_mult", [1.0, 3.0])  # 3x: scores near the cap, tanh saturating
+def test_softcap_fma_split_matches_reference(frac, scale_mult):
+    check((2, 1000, 1000, 4, 2), 128, True, softcap=30.0, change={"tanh_fma_frac": frac}, scale_mult=scale_mult)
+    check((1, 777, 333, 4, 1), 128, True, window=(64, None), softcap=30.0, sink=True,
+          change={"tanh_fma_frac": frac}, scale_mult=scale_mult)
+
+
+def test_softcap_fma_split_hd64():
+    check((2, 1000, 1000, 4, 2), 64, True, softcap=30.0, change={"tanh_fma_frac": 0.125}, scale_mult=3.0)
+
+
+@pytest.mark.parametrize("hd,hdv", [(96, 96), (192, 192), (192, 128), (256, 256)])
+def test_wide_head_dims_all_features(hd, hdv):
+    check((1, 333, 777, 4, 2), hd, True, window=(64, None), softcap=30.0, sink=True, hdv=hdv)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_fp16(hd):
+    check((2, 1000, 1000, 4, 2), hd, True, window=(64, None), softcap=30.0, sink=True, dtype=torch.float16)
+
+
+def test_rows_that_see_nothing():
+    # Sq > Sk causal with a window: the first 444 rows see no key (O = 0, LSE = -inf); and a
+    # window that excludes every key of the first rows when seqlen_k is short.
+    check((1, 777, 333, 4, 1), 128, True, window=(10, None))
+    b, sq, sk, h = 1, 300, 100, 2
+    q = torch.randn(b, sq, h, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, sk, h, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, sk, h, 128, device="cuda", dtype=torch.bfloat16)
+    sink = torch.tensor([0.5, -2.0], device="cuda")
+    o, lse = fa4.flash_attn_func(q, k, v, causal=True, learnable_sink=sink, return_lse=True)
+    assert bool((o[:, :200] == 0).all())
+    # A row that sees nothing has the sink alone: LSE = sink (as the reference FA4).
+    # (the kernel's sink * log2(e) * ln(2): within an ulp or two of the logit)
+    assert torch.allclose(lse[0, :, :200], sink[:, None].expand(2, 200), rtol=1e-6, atol=1e-6)
+
+
+def test_large_scores_with_sink_and_tau():
+    # Row maxima jumping across tiles (tau's conditional rescale) with the sink folded at the end.
+    check((1, 2048, 2048, 4, 4), 128, True, sink=True, scale_mult=4.0)
+    check((1, 2048, 2048, 4, 4), 64, False, window=(500, 500), sink=True, scale_mult=4.0)

@@ -1,0 +1,144 @@
+"""The softcap tanh of fa4/common/softcap.py: the FMA-pipe sequence's bit-exact numpy model
+(fa4/common/softcap_model.py) against exact tanh, the compiled instruction sequence the model
+mirrors, and (on a GPU) the device against the model bit for bit.
+
+Stated bound: max |tanh_fma(x) - tanh(x)| <= 5e-5 for every fp32 x (measured 4.44e-5, near
+|x| = 0.03 where 1 - 2/(1 + e^{2|x|}) cancels), about 10x below what MUFU tanh.approx.f32 may be
+off (2^-10.99 relative, up to 4.9e-4 near |t| = 1). On the capped score c * t that is <= 5e-5 c
+in natural-log units: 1.5e-3 relative on P at c = 30, under bf16's half ulp (2^-9 = 2e-3) that P
+is rounded to before the PV GEMM, so the forward stays within the error rule (the GPU tests check
+it: test_fwd_features_gpu.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+import cutlass
+import cutlass.cute as cute
+import numpy as np
+import pytest
+from cutlass import Float32
+
+from fa4.common import softcap_model as sm
+from fa4.common.exp2 import emulated_indices
+
+BOUND = 5e-5
+
+
+def _grid():
+    rng = np.random.default_rng(0)
+    return np.concatenate([
+        np.linspace(-12, 12, 1_000_001), rng.standard_normal(200_000) * 3, np.geomspace(1e-30, 1e-2, 2000),
+        -np.geomspace(1e-30, 1e-2, 2000), [0.0, -0.0, 9.0, 9.02, 20.0, 1e4, 3e38, np.inf, -np.inf],
+    ]).astype(np.float32)
+
+
+def test_model_error_against_exact_tanh_is_bounded():
+    x = _grid()
+    t = sm.tanh_fma_model(x)
+    ref = np.tanh(x.astype(np.float64))
+    err = np.abs(t.astype(np.float64) - ref)
+    assert err.max() <= BOUND, (err.max(), x[err.argmax()])
+    assert np.all(np.abs(t) <= 1.0) and np.all(np.sign(t[x != 0]) == np.sign(x[x != 0]))
+    assert np.all(t[np.abs(x) >= 9.02] == np.sign(x[np.abs(x) >= 9.02]))  # saturated exactly
+    # With fewer Newton steps the bound fails: the two steps are what it rests on.
+    assert np.abs(sm.tanh_fma_model(x, newton_steps=1) - ref).max() > 10 * BOUND
+
+
+@pytest.mark.parametrize("scale,cap", [(0.125, 30.0), (0.088, 50.0), (0.125, 5.0)])
+def test_model_with_the_kernels_folded_scale(scale, cap):
+    """The kernels pass the raw q.k and k = 2 log2(e) scale / c: the capped score stays within c * BOUND."""
+    rng = np.random.default_rng(1)
+    s = (rng.standard_normal(400_000) * 60).astype(np.float32)
+    got = sm.softcapped_scores_model(s, scale, cap, fma=np.ones(s.shape, bool))
+    want = cap * np.tanh(s.astype(np.float64) * scale / cap)
+    assert np.abs(got - want).max() <= cap * BOUND + 1e-5
+
+
+def test_monotone_enough_for_softmax():
+    # The row max is taken over t: an FMA-path score may not overtake a larger exact one by more
+    # than the bound (no ordering surprise beyond it).
+    x = np.linspace(-6, 6, 200_001).astype(np.float32)
+    t = sm.tanh_fma_model(x).astype(np.float64)
+    assert np.all(np.diff(t) >= -2 * BOUND)
+
+
+# ---------------------------------------------------------------------------------- compile-only
+
+N = 16
+
+
+def _kernel(frac: float):
+    from fa4.common.softcap import tanh_fma, tanh_mufu
+
+    fma = frozenset(emulated_indices(N, frac, "spread"))
+
+    @cute.kernel
+    def kernel(src: cute.Tensor, dst: cute.Tensor, k: Float32):
+        tid, _, _ = cute.arch.thread_idx()
+        for i in cutlass.range_constexpr(N):
+            x = src[tid * N + i]
+            if cutlass.const_expr(i in fma):
+                dst[tid * N + i] = tanh_fma(x, k)
+            else:
+                dst[tid * N + i] = tanh_mufu(x * (k * Float32(float(1.0 / sm.TWO_LOG2_E))))
+
+    @cute.jit
+    def host(src: cute.Tensor, dst: cute.Tensor, k: Float32):
+        kernel(src, dst, k).launch(grid=(1, 1, 1), block=(128, 1, 1))
+
+    return host, fma
+
+
+_SEQ = ["abs.f32", "mul.rn.f32", "min.f32", "add.rm.ftz.f32", "sub.rn.f32", "sub.rn.f32", "fma.rn.f32",
+        "fma.rn.f32", "fma.rn.f32", "shl.b32", "add.s32", "add.rn.f32", "sub.s32", "fma.rn.f32", "fma.rn.f32",
+        "fma.rn.f32", "fma.rn.f32", "fma.rn.f32", "and.b32", "or.b32"]
+
+
+def test_compiled_sequence_is_the_models():
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    from fa4.common.codegen_check import compile_and_inspect, ptx_opcodes
+    from fa4.sm90.compile import ensure_target
+
+    ensure_target()
+    host, fma = _kernel(0.5)
+    a = make_fake_compact_tensor(Float32, (128 * N,))
+    b = make_fake_compact_tensor(Float32, (128 * N,))
+    rep = compile_and_inspect(host, a, b, Float32(1.0), ptx_ops=["tanh.approx.f32"],
+                              sass_ops=["MUFU.TANH", "MUFU.EX2", "MUFU.RCP", "LDL", "STL"])
+    assert rep.ptx_counts["tanh.approx.f32"] == rep.sass_counts["MUFU.TANH"] == N - len(fma)
+    assert rep.sass_counts["MUFU.EX2"] == rep.sass_counts["MUFU.RCP"] == 0  # the FMA path uses no MUFU
+    ops = []
+    for body in re.findall(r"// begin inline asm\n(.*?)// end inline asm", rep.ptx, flags=re.S):
+        ops += [op for op in ptx_opcodes(body) if not op.startswith("tanh")]
+    assert ops == _SEQ * len(fma)
+    assert rep.local_memory_instructions == 0 and not rep.spills
+
+
+@pytest.mark.gpu
+def test_device_matches_model_bitwise():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from cutlass.cute.runtime import from_dlpack
+
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal(128 * N - 64) * 4, np.linspace(-10, 10, 48),
+                        [0.0, -0.0, np.inf, -np.inf, 1e-30, -1e-30, 9.02, -20.0] * 2]).astype(np.float32)
+    host, fma = _kernel(1.0)
+    src = torch.from_numpy(x).cuda()
+    dst = torch.full_like(src, float("nan"))
+    args = (from_dlpack(src), from_dlpack(dst), Float32(float(sm.TWO_LOG2_E)))
+    cute.compile(host, *args)(*args)
+    torch.cuda.synchronize()
+    y = dst.cpu().numpy()
+    assert np.array_equal(y.view(np.uint32), sm.tanh_fma_model(x).view(np.uint32))
+    # MUFU tanh within its documented 2^-10.99 relative error.
+    host, _ = _kernel(0.0)
+    cute.compile(host, *args)(*args)
+    torch.cuda.synchronize()
+    y = dst.cpu().numpy().astype(np.float64)
+    ref = np.tanh(x.astype(np.float64))
+    assert np.all(np.abs(y - ref) <= 2.0**-10.98 * np.abs(ref) + 1e-37)
