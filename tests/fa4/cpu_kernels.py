@@ -57,10 +57,11 @@ def _raw_scores(q, k, scale, softcap=0.0):
 
 def _mask(s, sq, sk, causal, window_left=-1, window_right=-1):
     """-inf where query i may not see key j (bottom-right aligned; causal is right = 0)."""
-    i = torch.arange(sq)[:, None]
-    j = torch.arange(sk)[None, :]
+    # On the scores' device: the GPU tests build their reference from CUDA tensors.
+    i = torch.arange(sq, device=s.device)[:, None]
+    j = torch.arange(sk, device=s.device)[None, :]
     o = sk - sq
-    hidden = torch.zeros(sq, sk, dtype=torch.bool)
+    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=s.device)
     if causal or window_right >= 0:
         hidden |= j > i + o + (0 if causal else window_right)
     if window_left >= 0:
@@ -76,7 +77,7 @@ def _scores(q, k, scale, causal, window_left=-1, window_right=-1, softcap=0.0):
 def _lse(s, sink=None):
     """Log of each row's softmax denominator, the sink's exp(sink_h) term included."""
     if sink is not None:
-        s = torch.cat([s, sink.float()[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
+        s = torch.cat([s, sink.float().to(s.device)[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
     return torch.logsumexp(s, dim=-1)
 
 
