@@ -152,8 +152,9 @@ def run_ours(q, k, v, dout, out, lse, sink, dlse, causal, deterministic=False, c
 
 
 def check_case(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=False, dlse=False,
-               deterministic=False, config=None, device="cuda", **feat):
-    seed = int(time.time() * 1e6) % (2**31)
+               deterministic=False, config=None, device="cuda", seed=None, **feat):
+    if seed is None:
+        seed = int(time.time() * 1e6) % (2**31)
     feat = dict(causal=causal, **feat)
     q, k, v, dout, out, lse, s, dl = make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, seed, sink, dlse, device=device,
                                                  **feat)

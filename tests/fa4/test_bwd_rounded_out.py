@@ -75,3 +75,19 @@ def test_a_wrong_d_still_fails(shape, causal):
         misses += not F.grads_match(grads, q, k, v, dout, dl, out=out, sink=s, scale=1 / math.sqrt(128),
                                     causal=causal)[0]
     assert misses >= 3
+
+
+@pytest.mark.parametrize("dlse", [False, True])
+def test_the_gpu_tests_path_with_the_formulas_as_the_kernel(monkeypatch, dlse):
+    """check_case as test_bwd_feat_gpu.py::test_sink_single_key_over_seeds runs it (the H200's
+    failing seed among them), on CPU with launch_bwd replaced by the formulas: the config, the
+    seed, the out handed to the rule all flow as on the device."""
+    from fa4.sm90 import bwd_launch
+
+    def formulas(dout, q, k, v, out, lse, scale, causal, deterministic, config, dlse=None, sink=None):
+        return fa_formula_bwd(q, k, v, dout, out, lse, sink, dlse, causal, scale)
+
+    monkeypatch.setattr(bwd_launch, "launch_bwd", formulas)
+    for seed in (2, 6, 493543130):
+        ok, info = F.check_case(*SHAPE, 128, causal=True, sink=True, dlse=dlse, seed=seed, device="cpu")
+        assert ok and info["seed"] == seed, info
