@@ -87,19 +87,38 @@ def make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, seed, sink=False, dlse=False, devi
     return q, k, v, dout, out.to(dtype), lse.float().contiguous(), s, dl
 
 
-def grads_match(grads, q, k, v, dout, dlse, sink=None, **feat):
-    """The error rule for each gradient; NaN never passes."""
+def rounded_out_grads(q, k, v, dout, dlse, out, sink=None, **feat):
+    """The fp32 gradients a FlashAttention backward computes exactly from the ``out`` it is given
+    (in q's dtype): its D = rowsum(dO * O) - dLSE then carries dO . (out - O_fp32) per row, which
+    enters dS = P (dP - D) exactly like a change of dLSE by -dO . (out - O_fp32). PyTorch's
+    autograd never forms D, so its same-dtype error misses this term; it dominates where a row's
+    P k does not average out (few keys and a sink, e.g. causal Sk = 1: dq = P (1 - P) dP k scale
+    of one key, with |D's error| ~ |dO| |O| 2^-9 against a dq that the sink makes small)."""
+    exact, _ = attention(q.float(), k.float(), v.float(), sink=None if sink is None else sink.float(), **feat)
+    shift = (dout.float() * (out.float() - exact)).sum(-1).transpose(1, 2)  # (B, H, Sq)
+    shift = torch.nan_to_num(shift)
+    base = torch.zeros_like(shift) if dlse is None else dlse.float()
+    return reference_grads(q, k, v, dout, base - shift, torch.float32, sink=sink, **feat)
+
+
+def grads_match(grads, q, k, v, dout, dlse, sink=None, out=None, **feat):
+    """The error rule for each gradient; NaN never passes. With ``out`` (the forward's output the
+    backward was given, in q's dtype), the yardstick is the larger of PyTorch's same-dtype error
+    and the error that out's rounding alone forces on any backward using D = rowsum(dO * O)
+    (rounded_out_grads): the kernel is held to 2x whichever is larger."""
     ref = reference_grads(q, k, v, dout, dlse, torch.float32, sink=sink, **feat)
     low = reference_grads(q, k, v, dout, dlse, q.dtype, sink=sink, **feat)
+    floor = rounded_out_grads(q, k, v, dout, dlse, out, sink=sink, **feat) if out is not None else None
     names = ("dq", "dk", "dv", "dsink")[: len(ref)]
     info, ok = {}, len(grads) == len(ref)
-    for name, g, r, lo in zip(names, grads, ref, low):
+    for i, (name, g, r, lo) in enumerate(zip(names, grads, ref, low)):
         err = (g.float() - r).abs().max().item() if g.numel() else 0.0
         err_pt = (lo.float() - r).abs().max().item() if g.numel() else 0.0
+        err_out = (floor[i].float() - r).abs().max().item() if floor is not None and g.numel() else 0.0
         ulp = (r.to(q.dtype).float() - r).abs().max().item() if g.numel() else 0.0
         nan = bool(torch.isnan(g).any().item())
-        good = (not nan) and g.shape == r.shape and err <= 2 * err_pt + 2 * ulp + 1e-5
-        info[name] = dict(err=err, err_torch=err_pt, nan=nan, ok=good)
+        good = (not nan) and g.shape == r.shape and err <= 2 * max(err_pt, err_out) + 2 * ulp + 1e-5
+        info[name] = dict(err=err, err_torch=err_pt, err_rounded_out=err_out, nan=nan, ok=good)
         ok &= good
     return ok, info
 
@@ -133,8 +152,9 @@ def run_ours(q, k, v, dout, out, lse, sink, dlse, causal, deterministic=False, c
 
 
 def check_case(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=False, dlse=False,
-               deterministic=False, config=None, device="cuda", **feat):
-    seed = int(time.time() * 1e6) % (2**31)
+               deterministic=False, config=None, device="cuda", seed=None, **feat):
+    if seed is None:
+        seed = int(time.time() * 1e6) % (2**31)
     feat = dict(causal=causal, **feat)
     q, k, v, dout, out, lse, s, dl = make_inputs(B, Sq, Sk, Hq, Hkv, d, dtype, seed, sink, dlse, device=device,
                                                  **feat)
@@ -142,7 +162,7 @@ def check_case(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=False, sink=F
     grads = run_ours(q, k, v, dout, out, lse, s, dl, causal, deterministic, config, **kw)
     if device == "cuda":
         torch.cuda.synchronize()
-    ok, info = grads_match(grads, q, k, v, dout, dl, sink=s, scale=1 / math.sqrt(d), **feat)
+    ok, info = grads_match(grads, q, k, v, dout, dl, sink=s, out=out, scale=1 / math.sqrt(d), **feat)
     return ok, {"seed": seed, **info}
 
 
@@ -159,7 +179,7 @@ def check_deterministic(B, Sq, Sk, Hq, Hkv, d, dtype=torch.bfloat16, causal=Fals
     first = once()
     same = sum(all(torch.equal(a, b) for a, b in zip(first, once())) for _ in range(runs - 1))
     torch.cuda.synchronize()
-    right, info = grads_match(first, q, k, v, dout, dl, sink=s, scale=1 / math.sqrt(d), **feat)
+    right, info = grads_match(first, q, k, v, dout, dl, sink=s, out=out, scale=1 / math.sqrt(d), **feat)
     return same == runs - 1 and right, dict(identical_runs=same + 1, runs=runs, **info)
 
 

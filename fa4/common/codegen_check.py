@@ -14,7 +14,7 @@ Sources of truth:
 - Registers and stack frame per kernel: the cubin's .nv.info attributes (EIATTR_REGCOUNT,
   EIATTR_FRAME_SIZE), so no second compiler is involved.
 - Spill bytes: `ptxas -v` on the same PTX (the DSL does not report them); that is a separate ptxas
-  (the local CUDA toolkit), so numbers can differ slightly from the DSL's embedded compiler. The
+  (the newest found: find_tool), so numbers can differ slightly from the DSL's embedded compiler. The
   SASS local-memory instruction count (LDL/STL) is the check that is tied to the real cubin.
 
 Opcode counting: an op name matches an instruction whose opcode equals it or extends it by
@@ -24,10 +24,10 @@ Counts cover the whole module (all kernels).
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
@@ -84,25 +84,60 @@ class CodegenReport:
 # tools
 
 
-def find_tool(name: str) -> str | None:
-    """Path of a CUDA binary: PATH, then the CUDA toolkits under /usr/local, then nvidia-* wheels."""
-    hit = shutil.which(name)
-    if hit:
-        return hit
-    cands = sorted(glob.glob(f"/usr/local/cuda*/bin/{name}"), reverse=True)
+def tool_candidates(name: str) -> list[str]:
+    """Every executable ``name`` that could serve, in search order without duplicates: each PATH
+    entry, $CUDA_HOME / $CUDA_PATH, the toolkits under /usr/local, the nvidia-* wheels (and the
+    CuTe DSL's), Triton's bundled copy."""
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    dirs += [os.path.join(os.environ[v], "bin") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    dirs += sorted(glob.glob("/usr/local/cuda*/bin"), reverse=True)
+    roots = []
     for base in {os.path.dirname(os.path.dirname(sys.executable)), sys.prefix}:
-        cands += glob.glob(f"{base}/lib/python3*/site-packages/nvidia/*/bin/{name}")
+        roots += glob.glob(f"{base}/lib/python3*/site-packages")
     try:
         import nvidia  # namespace package of the CUDA wheels
 
-        for root in nvidia.__path__:
-            cands += glob.glob(f"{root}/*/bin/{name}")
+        roots += [os.path.dirname(r) for r in nvidia.__path__]
     except ImportError:
         pass
-    for c in cands:
-        if os.access(c, os.X_OK):
-            return c
-    return None
+    for root in roots:
+        dirs += glob.glob(f"{root}/nvidia/*/bin") + glob.glob(f"{root}/nvidia_cutlass_dsl/*/bin")
+        dirs += glob.glob(f"{root}/triton/backends/nvidia/bin")
+    out, seen = [], set()
+    for d in dirs:
+        c = os.path.join(d, name) if d else ""
+        if c and os.path.isfile(c) and os.access(c, os.X_OK) and os.path.realpath(c) not in seen:
+            seen.add(os.path.realpath(c))
+            out.append(c)
+    return out
+
+
+_RELEASE = re.compile(r"release (\d+)\.(\d+)|V(\d+)\.(\d+)")
+
+
+@functools.lru_cache(maxsize=None)
+def tool_release(path: str) -> tuple[int, int] | None:
+    """(major, minor) CUDA release of a CUDA binary from its --version, or None if it says none."""
+    try:
+        res = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _RELEASE.search(res.stdout + res.stderr)
+    if not m:
+        return None
+    major, minor = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    return int(major), int(minor)
+
+
+def find_tool(name: str) -> str | None:
+    """Path of a CUDA binary: the newest release among tool_candidates (the first found where
+    releases tie or cannot be read). Newest, not first on PATH: the CuTe DSL's embedded compiler
+    emits the PTX ISA of its own CUDA, which an older system ptxas rejects ("Unsupported .version"),
+    while pip's nvidia-cuda-nvcc or Triton's ptxas may be new enough."""
+    cands = tool_candidates(name)
+    if not cands:
+        return None
+    return max(enumerate(cands), key=lambda ic: (tool_release(ic[1]) or (-1, -1), -ic[0]))[1]
 
 
 def disassemble(cubin: bytes) -> str:
@@ -125,6 +160,23 @@ _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 _PTXAS_REGS = re.compile(r"Compiling entry function '([^']+)'|Used (\d+) registers")
 
 
+_PTX_VERSION = re.compile(r"^\s*\.version\s+(\d+)\.(\d+)", re.M)
+
+
+def ptxas_failure(ptx: str, tool: str, log: str) -> str:
+    """The error for a failed ``ptxas -v``; where the PTX's ISA is newer than the ptxas (an
+    environment problem, not the kernel's), it says so, with every ptxas found and its release."""
+    m = _PTX_VERSION.search(ptx)
+    if m and "Unsupported .version" in log:
+        found = ", ".join(f"{c} (CUDA {'.'.join(map(str, tool_release(c) or ('?',)))})"
+                          for c in tool_candidates("ptxas"))
+        return (f"environment: the CuTe DSL emitted PTX ISA {m.group(1)}.{m.group(2)}, newer than every ptxas "
+                f"found (used {tool}; found: {found}). Install a ptxas of that CUDA release or newer "
+                f"(pip install nvidia-cuda-nvcc for the DSL's CUDA major, or a CUDA toolkit) or put one first "
+                f"on PATH; the kernel itself compiled (the DSL's own compiler made its cubin).\n{log}")
+    return f"ptxas failed ({tool}):\n{log}"
+
+
 def ptxas_verbose(ptx: str, arch: str = "sm_90a") -> tuple[dict[str, KernelResources], str]:
     """Run `ptxas -v` on a PTX module; per-kernel registers and spill bytes, plus the raw log."""
     tool = find_tool("ptxas")
@@ -137,7 +189,7 @@ def ptxas_verbose(ptx: str, arch: str = "sm_90a") -> tuple[dict[str, KernelResou
                              capture_output=True, text=True)
     log = res.stdout + res.stderr
     if res.returncode != 0:
-        raise RuntimeError(f"ptxas failed:\n{log}")
+        raise RuntimeError(ptxas_failure(ptx, tool, log))
     out: dict[str, KernelResources] = {}
     current = None
     for line in log.splitlines():

@@ -1,14 +1,15 @@
 """Bit-exact numpy model of ``tanh_fma`` in fa4/common/softcap.py, for CPU tests.
 
 Each fp32 instruction of the device sequence with its rounding (the exp2 part is
-fa4/common/exp2_model.py's, minus the low clamp, which y >= 0 never needs):
+fa4/common/exp2_model.py's with the degree-5 polynomial, minus the low clamp, which y >= 0 never
+needs):
 
     abs + mul.rn.f32   y0 = fl(|x| k)
     min.f32            y  = min(y0, 64)
-    add.rm.ftz / sub.rn x2 / fma.rn x3 / shl+add.s32   e = 2^y   (exp2_poly)
+    add.rm.ftz / sub.rn x2 / fma.rn x5 / shl+add.s32   e = 2^y   (exp2_poly, degree 5)
     add.rn.f32         d  = e + 1
     sub.s32            q0 = bits(0x7EF311C3 - bits(d))
-    fma.rn.f32 x2, twice   err = 1 - d q;  q = q + q err
+    fma.rn.f32 x2, 3 times err = 1 - d q;  q = q + q err
     fma.rn.f32         m  = 1 - 2 q
     and/or.b32         t  = m with x's sign bit
 
@@ -24,13 +25,14 @@ from fa4.common.exp2_model import ROUND_MAGIC, add_f32, add_rm_ftz_f32, fma_f32
 TWO_LOG2_E = np.float32(2.8853900817779268)
 Y_MAX = np.float32(64.0)
 RCP_MAGIC = 0x7EF311C3
-NEWTON_STEPS = 2
+NEWTON_STEPS = 3
+TANH_EXP2_DEGREE = 5
 
 
-def _exp2_nonneg(y: np.ndarray) -> np.ndarray:
-    from fa4.common.exp2 import EXP2_POLY
+def _exp2_nonneg(y: np.ndarray, degree: int = TANH_EXP2_DEGREE) -> np.ndarray:
+    from fa4.common.exp2 import EXP2_POLY_COEFFS
 
-    cs = [np.float32(c) for c in EXP2_POLY]
+    cs = [np.float32(c) for c in EXP2_POLY_COEFFS[degree]]
     r = add_rm_ftz_f32(y, ROUND_MAGIC)
     rb = add_f32(r, -ROUND_MAGIC)
     f = add_f32(y, -rb)
@@ -43,13 +45,14 @@ def _exp2_nonneg(y: np.ndarray) -> np.ndarray:
     return out.astype(np.uint32).view(np.float32)
 
 
-def tanh_fma_model(x, k=TWO_LOG2_E, newton_steps: int = NEWTON_STEPS) -> np.ndarray:
-    """The device ``tanh_fma(x, k)`` on fp32 inputs: tanh(x * k / (2 log2 e)), bit-exact."""
+def tanh_fma_model(x, k=TWO_LOG2_E, newton_steps: int = NEWTON_STEPS, degree: int = TANH_EXP2_DEGREE) -> np.ndarray:
+    """The device ``tanh_fma(x, k)`` on fp32 inputs: tanh(x * k / (2 log2 e)), bit-exact (other
+    ``newton_steps`` / exp2 ``degree``: the sequence with those, for the tests' what-ifs)."""
     x = np.asarray(x, dtype=np.float32)
     shape = x.shape
     x = x.reshape(-1)
     y = np.minimum(fma_f32(np.abs(x), np.float32(k), np.float32(0.0)), Y_MAX).astype(np.float32)
-    e = _exp2_nonneg(y)
+    e = _exp2_nonneg(y, degree)
     d = add_f32(e, np.float32(1.0))
     q = (np.int64(RCP_MAGIC) - d.view(np.int32).astype(np.int64)).astype(np.int32).view(np.float32)
     for _ in range(newton_steps):

@@ -169,6 +169,27 @@ def test_rows_that_see_nothing():
     assert torch.allclose(lse[0, :, :200], sink[:, None].expand(2, 200), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sink_single_key(hd, causal):
+    """The backward's failing shape (3, 65, 1, 2, 1), forward side: one key; causal, rows 0..63 see
+    none (LSE = the sink, O = 0) and both consumer warpgroups of a tile_m 128 run the one KV tile."""
+    check((3, 65, 1, 2, 1), hd, causal, sink=True)
+    check((3, 65, 1, 2, 1), hd, causal, sink=True, softcap=5.0, change={"tanh_fma_frac": 0.5} if hd == 128 else None)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q = torch.randn(3, 65, 2, hd, device="cuda", generator=g).bfloat16()
+    k, v = (torch.randn(3, 1, 1, hd, device="cuda", generator=g).bfloat16() for _ in range(2))
+    sink = torch.tensor([0.5, -2.0], device="cuda")
+    o, lse = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_lse=True)
+    seen = 1 if causal else 65
+    assert bool((o[:, :65 - seen] == 0).all()) and not torch.isnan(o).any()
+    assert torch.allclose(lse[:, :, :65 - seen], sink[None, :, None].expand(3, 2, 65 - seen), rtol=1e-6, atol=1e-6)
+    p = torch.sigmoid((q[:, 65 - seen:].float() @ k[:, 0, 0].float()[:, :, None].unsqueeze(1)).squeeze(-1)
+                      / math.sqrt(hd) - sink)  # (3, seen, 2): the key's share against the sink
+    want = p[..., None] * v[:, 0, 0].float()[:, None, None, :]
+    assert (o[:, 65 - seen:].float() - want).abs().max().item() <= 2e-2
+
+
 def test_large_scores_with_sink_and_tau():
     # Row maxima jumping across tiles (tau's conditional rescale) with the sink folded at the end.
     check((1, 2048, 2048, 4, 4), 128, True, sink=True, scale_mult=4.0)
