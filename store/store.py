@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fa4.knobs import config_from_dict, config_to_dict, json_schema
-from fa4.decode_problem import DecodeProblem
+from fa4.decode_problem import DecodeProblem, problem_from_dict
 from fa4.problem import Problem
 from fa4.timing import DEFAULT_TIMING, canonical as canonical_timing
 
@@ -90,11 +90,7 @@ def _as_problem(problem: Problem | DecodeProblem | dict) -> Problem | DecodeProb
     if isinstance(problem, (Problem, DecodeProblem)):
         return problem
     if isinstance(problem, dict):
-        d = dict(problem)
-        kind = d.pop("kind", "attention")
-        if kind not in KINDS:
-            raise ValueError(f"problem kind must be one of {KINDS}, got {kind!r}")
-        return DecodeProblem.from_dict(d) if kind == "decode" else Problem.from_dict(d)
+        return problem_from_dict(problem)
     raise TypeError(f"expected fa4.problem.Problem, DecodeProblem or dict, got {type(problem).__name__}")
 
 
@@ -105,11 +101,6 @@ def _row_key(p: Problem | DecodeProblem) -> dict:
         return {**_ATTENTION_DEFAULTS, "head_dim_v": p.head_dim, **shared, "kind": "decode",
                 **{n: getattr(p, n) for n in _DECODE_ONLY}}
     return {name: getattr(p, name) for name in _PROBLEM_FIELDS} | _KIND_DEFAULTS
-
-
-def decode_problem_dict(p: DecodeProblem) -> dict:
-    """A decode problem as the store's dicts spell it (``kind`` says which dataclass it is)."""
-    return {"kind": "decode", **p.to_dict()}
 
 
 def _json_ready(name: str, value: Any) -> Any:

@@ -57,7 +57,7 @@ def test_decode_problems_round_trip_and_never_join_an_attention_family(tmp_path)
         dev = store.upsert_device(DEVICE)
         pid = store.upsert_problem(DECODE)
         assert store.upsert_problem(DECODE) == pid
-        assert store.upsert_problem({"kind": "decode", **DECODE.to_dict()}) == pid
+        assert store.upsert_problem(DECODE.to_dict()) == pid
         assert store.get_problem(pid) == DECODE
         # The attention problem with the same shape columns is another row.
         twin = Problem(1, 1, 8192, 32, 8, 128, 128)
@@ -71,7 +71,7 @@ def test_decode_problems_round_trip_and_never_join_an_attention_family(tmp_path)
         store.add_measurement(dev, pid, cid2, status="ok", samples_ms=[0.011], median_ms=0.011, tflops=1.25)
         best = store.best(DEVICE["name"], "fa4-decode", DECODE)
         assert best["config"] == {"num_splits": 8}
-        assert best["problem"] == {"kind": "decode", **DECODE.to_dict()}
+        assert best["problem"] == DECODE.to_dict()
         assert store.best(DEVICE["name"], "fa4-decode", other) is None
         assert store.best(DEVICE["name"], "fa4-decode", twin) is None
         assert store.family_rows(DEVICE["name"], "fa4-decode", twin) == []
