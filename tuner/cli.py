@@ -249,12 +249,18 @@ def print_no_gpu(report: dict, console) -> None:
     console.print("[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
 
 
-def _row(row: dict | None) -> str:
+def _unit(problem) -> str:
+    """What a measurement's throughput column holds: TB/s of K+V read for decode problems."""
+    kind = problem.get("kind") if isinstance(problem, dict) else getattr(problem, "kind", None)
+    return "TB/s" if kind == "decode" else "TFLOP/s"
+
+
+def _row(row: dict | None, unit: str = "TFLOP/s") -> str:
     if row is None:
         return "none measured ok"
     if row.get("tflops") is None:
         return f"{row.get('status') or 'not measured'}: {row.get('reason') or ''}".rstrip(": ")
-    return (f"{row['tflops']:.1f} TFLOP/s, median {_fmt(row['median_ms'], '.4f')} ms "
+    return (f"{row['tflops']:.{3 if unit == 'TB/s' else 1}f} {unit}, median {_fmt(row['median_ms'], '.4f')} ms "
             f"(IQR {_fmt(row['iqr_ms'], '.4f')}), max error {_fmt(row['error'], '.2e')}, trial {row['trial']}")
 
 
@@ -295,8 +301,8 @@ def print_result(res, console) -> None:
     say = lambda text: console.print(escape(text))  # noqa: E731  data may hold brackets
     say(f"{res.provider} on {res.device}: {problem_from_dict(res.problem).key()}")
     say(f"timing: {res.timing}")
-    say(f"default: {_row(res.default)}")
-    say(f"best:    {_row(res.best)}")
+    say(f"default: {_row(res.default, _unit(res.problem))}")
+    say(f"best:    {_row(res.best, _unit(res.problem))}")
     if res.default and res.default.get("status") not in (None, "ok"):
         say(f"default config failed: {res.default['status']}: {res.default['reason']}")
     say(f"speedup best/default: {'-' if res.speedup is None else f'{res.speedup:.3f}x'}")
@@ -344,7 +350,7 @@ def print_summary(results: list[dict], console) -> None:
         speed = "-" if r.speedup is None else f"{r.speedup:.3f}x"
         console.print(escape(
             f"{_shape_label(problem_from_dict(r.problem))}: default {_fmt(d.get('tflops'), '.1f')}, "
-            f"best {_fmt(b.get('tflops'), '.1f')} TFLOP/s, speedup {speed}, error {_fmt(b.get('error'), '.1e')}; "
+            f"best {_fmt(b.get('tflops'), '.3f' if _unit(r.problem) == 'TB/s' else '.1f')} {_unit(r.problem)}, speedup {speed}, error {_fmt(b.get('error'), '.1e')}; "
             f"best config: {_changes(r.best_changes)}; "
             + (f"served: {_served(r.served)}; " if r.served is not None else "")
             + f"trials: {_trial_counts(r)}"
@@ -516,7 +522,7 @@ def _run_with_progress(tuner, console):
         if trial.value is not None and (state["best"] is None or trial.value > state["best"][0]):
             cfg = t.provider.config_from_dict(t.problem, trial.params) if trial.params else None
             state["best"] = (trial.value, t.provider.describe(cfg))
-        best = f"best {state['best'][0]:.1f} TFLOP/s ({state['best'][1]})" if state["best"] else "best: none yet"
+        best = f"best {state['best'][0]:.3g} {_unit(t.problem)} ({state['best'][1]})" if state["best"] else "best: none yet"
         last = row.get("status", "?")
         progress.update(state["task"], advance=1, description=f"{best}; last: {last}")
 
