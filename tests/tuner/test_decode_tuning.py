@@ -138,6 +138,17 @@ def test_study_finds_8_splits_at_batch_1_8k_and_the_lookup_serves_it(lookup_env)
     assert lookup.resolve_decode_config(prob, SM90) is why.config
     assert lookup.explain_problem(prob, SM90).steps[0].source == "cache"
 
+    # fa4.explain_decode from the call's tensors (their shapes only) names the same source.
+    import torch
+
+    import fa4
+
+    k = torch.empty(32, 256, 8, 128, dtype=torch.bfloat16)
+    by_tensors = fa4.explain_decode(torch.empty(1, 1, 32, 128, dtype=torch.bfloat16), k, k,
+                                    torch.empty(1, dtype=torch.int32), torch.zeros(1, 32, dtype=torch.int32))
+    assert by_tensors.provenance == "cache" or by_tensors.config == why.config
+    assert by_tensors.config.num_splits == 8 and "local-db" in str(by_tensors)
+
     # Another shape, another page size or a stale kernel source: not this row.
     for other in (decode(2, 8192), decode(1, 8192, page=64)):
         assert lookup.explain_problem(other, SM90).provenance == "default"
