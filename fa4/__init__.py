@@ -3,7 +3,7 @@
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "explain", "explain_auto", "flash_attn_func", "flash_attn_varlen_func",
+__all__ = ["__version__", "explain", "explain_auto", "explain_decode", "flash_attn_func", "flash_attn_varlen_func",
            "flash_attn_with_kvcache", "record_shapes"]
 
 if TYPE_CHECKING:  # what IDEs and type checkers read; at run time __getattr__ loads it on first use
@@ -65,6 +65,27 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
         feat = normalize(q, causal, window_size, learnable_sink, softcap)
         problem = problem_of(q, k, v, feat.causal, pass_=pass_, deterministic=deterministic, **problem_fields(feat))
         if arch is None and q.device.type == "cuda":
+            arch = arch_of(q.device)
+    return lookup.explain_problem(problem, arch, device=device, config=config, timing=timing)
+
+
+def explain_decode(q=None, k_cache=None, v_cache=None, cache_seqlens=None, page_table=None, causal: bool = False, *,
+                   problem=None, arch=None, device=None, config=None, timing=None):
+    """Which config ``flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=, page_table=, causal=)``
+    would use (no ``config=``, ``num_splits=0``), and why: a :class:`fa4.lookup.Resolution` as
+    :func:`explain` returns. ``problem=`` (a :class:`fa4.decode_problem.DecodeProblem`) instead
+    of tensors works without a GPU; so do CPU tensors (their shapes are all it reads)."""
+    from fa4 import lookup
+
+    if problem is None:
+        if q is None or k_cache is None or v_cache is None:
+            raise TypeError("explain_decode() needs q, k_cache and v_cache, or problem=")
+        from fa4.decode import decode_problem_of
+
+        problem = decode_problem_of(q, k_cache, v_cache, cache_seqlens, page_table, causal, require_cuda=False)
+        if arch is None and q.device.type == "cuda":
+            from fa4.tensors import arch_of
+
             arch = arch_of(q.device)
     return lookup.explain_problem(problem, arch, device=device, config=config, timing=timing)
 

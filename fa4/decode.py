@@ -107,14 +107,19 @@ def decode_problem_of(q, k_cache, v_cache, cache_seqlens, page_table, causal, re
                          page_size=page_size, dtype=DTYPES[q.dtype], causal=bool(causal))
 
 
-def _resolve(entry, problem: DecodeProblem, config, num_splits, pack_gqa):
+def _resolve(entry, problem: DecodeProblem, config, num_splits, pack_gqa, device=None):
     from fa4.sm90.decode_config import MAX_SPLITS
 
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be an int in [0, {MAX_SPLITS}] (0 = auto), got {num_splits!r}")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise ValueError(f"pack_gqa must be None or a bool, got {pack_gqa!r}")
-    cfg = entry.default_config(problem) if config is None else as_config(entry.config_cls, config)
+    if config is None:  # the lookup chain: the local results DB's tuned config, else the default
+        from fa4.lookup import resolve_decode_config
+
+        cfg = resolve_decode_config(problem, arch_of(device))
+    else:
+        cfg = as_config(entry.config_cls, config)
     # The call's own arguments win over the config's (the reference's meanings); num_splits is taken
     # as given here (any count, not only the knob's menu), checked against MAX_SPLITS above.
     if pack_gqa is not None:
@@ -131,7 +136,7 @@ def plan_for(problem: DecodeProblem, config, num_splits, pack_gqa, has_seqlens, 
     from fa4.sm90.decode_config import num_splits_auto, rows_per_cta_head
 
     entry = decode_entry(arch_of(device))
-    cfg, splits = _resolve(entry, problem, config, num_splits, pack_gqa)
+    cfg, splits = _resolve(entry, problem, config, num_splits, pack_gqa, device)
     qh = problem.group if cfg.pack_gqa else 1
     if splits == 0:
         splits = num_splits_auto(problem.batch, problem.heads_q // qh, rows_per_cta_head(problem, cfg.pack_gqa),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fa4.problem import DTYPES
+from fa4.problem import DTYPES, Problem
 
 
 @dataclass(frozen=True)
@@ -66,12 +66,24 @@ class DecodeProblem:
         keys = self.seqlen_k_mean or self.seqlen_k
         return 2 * self.batch * keys * self.heads_kv * self.head_dim * 2
 
+    kind = "decode"  # not a field: how dicts, the store and the tuner tell it from an attention Problem
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {"kind": self.kind, **dataclasses.asdict(self)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "DecodeProblem":
+        d = dict(d)
+        kind = d.pop("kind", cls.kind)
+        if kind != cls.kind:
+            raise ValueError(f"not a decode problem (kind {kind!r})")
         return cls(**d)
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of QK^T and PV over the (mean, when known) cache: what a TFLOP/s column would count."""
+        keys = self.seqlen_k_mean or self.seqlen_k
+        return 4.0 * self.batch * self.heads_q * self.seqlen_q * keys * self.head_dim
 
     def key(self) -> str:
         """A stable human-readable identity, used for study names and caches."""
@@ -81,3 +93,13 @@ class DecodeProblem:
             f"decode_b{self.batch}_sq{self.seqlen_q}_sk{self.seqlen_k}{mean}_hq{self.heads_q}_hkv{self.heads_kv}"
             f"_d{self.head_dim}_{page}_{self.dtype}_{'causal' if self.causal else 'full'}"
         )
+
+
+def problem_from_dict(d: dict) -> "Problem | DecodeProblem":
+    """An attention Problem or (``"kind": "decode"``) a DecodeProblem from its dict."""
+    kind = d.get("kind", "attention")
+    if kind == DecodeProblem.kind:
+        return DecodeProblem.from_dict(d)
+    if kind != "attention":
+        raise ValueError(f"problem kind must be 'attention' or 'decode', got {kind!r}")
+    return Problem.from_dict({k: v for k, v in d.items() if k != "kind"})

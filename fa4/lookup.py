@@ -20,7 +20,11 @@ Order (first that answers wins):
 
 The same chain serves both passes: a Problem with ``pass_="bwd"`` (and its
 ``deterministic`` flag) resolves to the backward's knob class through
-:func:`fa4.dispatch.bwd_entry`, measurements of the "fa4" provider's bwd pass.
+:func:`fa4.dispatch.bwd_entry`, measurements of the "fa4" provider's bwd pass. It serves
+decode too: a :class:`fa4.decode_problem.DecodeProblem` resolves to the decode kernel's knob
+class (:func:`fa4.dispatch.decode_entry`) from measurements of provider "fa4-decode", exact
+shape and current kernel source only; the service is not asked for decode configs (it has
+no decode endpoint yet).
 
 Nothing here may raise into a launch: every DB or HTTP problem becomes a step of
 the provenance chain (see :func:`explain_problem`) and the default is used.
@@ -37,11 +41,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fa4.arch import SM90, Arch
-from fa4.dispatch import bwd_entry, fwd_entry
+from fa4.decode_problem import DecodeProblem
+from fa4.dispatch import bwd_entry, decode_entry, fwd_entry
 from fa4.problem import Problem
 from fa4.timing import DEFAULT_TIMING, Timing
 
 PROVIDER = "fa4"
+DECODE_PROVIDER = "fa4-decode"
 # The timing mode lookups ask for (fa4.timing: eager-cold, eager-warm, graph-cold, graph-warm); a
 # launch under CUDA-graph capture asks for graph mode with this setting's L2 state.
 TIMING_ENV = "FA4_TUNING_TIMING"
@@ -154,8 +160,10 @@ def reset() -> None:
             pass
 
 
-def entry_for(problem: Problem, arch: Arch):
+def entry_for(problem: Problem | DecodeProblem, arch: Arch):
     """The dispatch entry (knob class, feasibility, default) of ``problem``'s pass on ``arch``."""
+    if isinstance(problem, DecodeProblem):
+        return decode_entry(arch)
     return bwd_entry(arch) if problem.pass_ == "bwd" else fwd_entry(arch)
 
 
@@ -217,7 +225,15 @@ def resolve_bwd_config(problem: Problem, arch: Arch):
     return _cached_or_resolved(problem, arch)
 
 
-def explain_problem(problem: Problem, arch: Arch | None = None, *, device: str | None = None,
+def resolve_decode_config(problem: DecodeProblem, arch: Arch):
+    """The decode config a launch of ``problem`` on ``arch`` uses (no explicit config given):
+    fa4.decode asks once per plan, so a decode step pays nothing for it after its first call."""
+    if not isinstance(problem, DecodeProblem):
+        raise ValueError(f"resolve_decode_config needs a DecodeProblem, got {type(problem).__name__}")
+    return _cached_or_resolved(problem, arch)
+
+
+def explain_problem(problem: Problem | DecodeProblem, arch: Arch | None = None, *, device: str | None = None,
                     config=None, timing: str | Timing | None = None) -> Resolution:
     """Which config a launch of ``problem`` would use and the chain of sources asked for it.
 
@@ -286,7 +302,9 @@ def _resolve(problem: Problem, arch: Arch, device: str | None, timing: str = DEF
     if device is not None:
         fp = _fingerprint()
         found = _from_sources(problem, arch, entry, device, fp, timing, steps)
-        if found is None:
+        if found is None and isinstance(problem, DecodeProblem):
+            steps.append(Step("service", "skipped", "the tuning service has no decode configs yet"))
+        elif found is None:
             found, expires = _from_service(problem, arch, entry, device, fp, timing, steps)
 
     if found is not None:

@@ -69,6 +69,7 @@ register("flash-attn-4", "providers.flash_attn4:FlashAttn4Provider")
 register("cudnn", "providers.sdpa:CudnnProvider")
 register("fa2", "providers.sdpa:Fa2Provider")
 register("fa4", "providers.fa4_provider:Fa4Provider")
+register("fa4-decode", "providers.fa4_decode:Fa4DecodeProvider")
 register("replay", "providers.replay:ReplayProvider")
 
 __all__ = ["Provider", "ProviderError", "get_provider", "list_providers", "register"]

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from fa4.arch import Arch, arch_from_capability
+from fa4.decode_problem import problem_from_dict
 from fa4.problem import Problem
 
 from .base import Provider, ProviderError
@@ -38,10 +39,13 @@ class Recording:
             raise ValueError(f"{self.path}: not a recording ({FORMAT!r} expected)")
         self.data = data
         self.provider_name: str = data["provider"]
+        # "full" (the default): every config of the provider's space was recorded, so an absent one
+        # is a failure. "recorded": a sweep of some knobs only; the recorded configs are the space.
+        self.space: str = data.get("space", "full")
         self.device: dict = data["device"]
         self.entries: dict[str, dict] = {}
         for entry in data["problems"]:
-            p = Problem.from_dict(entry["problem"])
+            p = problem_from_dict(entry["problem"])
             results = {config_id(r["config"]): r for r in entry["results"]}
             self.entries[problem_id(p)] = {"problem": p, "default": entry.get("default"), "results": results}
 
@@ -110,6 +114,13 @@ class ReplayProvider(Provider):
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:
         return self.recorded.violations(config, problem, arch)
 
+    def feasible_configs(self, problem: Problem, arch: Arch) -> list:
+        if self.recording.space != "recorded":
+            return super().feasible_configs(problem, arch)
+        entry = self.recording.entries.get(problem_id(problem))
+        configs = [self.config_from_dict(problem, r["config"]) for r in (entry or {}).get("results", {}).values()]
+        return [c for c in configs if not self.violations(c, problem, arch)]
+
     def default_config(self, problem: Problem, arch: Arch):
         entry = self.recording.entries.get(problem_id(problem))
         if entry is not None and entry["default"] is not None:
@@ -148,7 +159,7 @@ class ReplayProvider(Provider):
 
 
 def recording_dict(provider: str, device: dict, versions: dict, settings: dict, problems: list[dict],
-                   date: str, note: str = "") -> dict:
+                   date: str, note: str = "", space: str = "full") -> dict:
     """A recording in the format the replay provider reads.
 
     ``problems``: [{"problem": Problem.to_dict(), "default": config dict,
@@ -163,5 +174,6 @@ def recording_dict(provider: str, device: dict, versions: dict, settings: dict, 
         "versions": versions,
         "settings": settings,
         "note": note,
+        "space": space,
         "problems": problems,
     }

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fa4.lookup import SourceAnswer
+from fa4.decode_problem import DecodeProblem
+from fa4.lookup import DECODE_PROVIDER, SourceAnswer
 from fa4.problem import Problem
 from fa4.rules import Fa4Rules
 from fa4.timing import DEFAULT_TIMING
@@ -56,6 +57,8 @@ class LocalResultsDB:
         store, why = self._open()
         if store is None:
             return SourceAnswer("skipped", why or "")
+        if isinstance(problem, DecodeProblem):
+            return self._decode_answer(store, problem, device, fingerprint, timing)
         try:
             # The service's rule, on the same rows: the same answer wherever a kernel asks.
             ans = best_config(store, Fa4Rules(), device, problem, running_fp=fingerprint, timing=timing)
@@ -70,6 +73,24 @@ class LocalResultsDB:
                             + (f"; {notes}" if notes else ""),
                             config=ans["config"], ref=ref, tflops=ans["tflops"],
                             measured_problem=ans["measured_problem"])
+
+    def _decode_answer(self, store, problem: DecodeProblem, device: str, fingerprint: str,
+                       timing: str) -> SourceAnswer:
+        """A decode problem: its exact shape's served row (the verdict's, else the fastest) of the
+        running kernel source; decode shapes have no nearest-shape rule (yet)."""
+        try:
+            row = store.best(device, DECODE_PROVIDER, problem, source_fingerprint=fingerprint, timing=timing)
+        except Exception as e:
+            return SourceAnswer("error", f"{type(e).__name__}: {e}")
+        if row is None:
+            return SourceAnswer("miss", f"no {timing} measurement of {DECODE_PROVIDER} on {problem.key()} on "
+                                        f"{device!r} from kernel source {fingerprint!r}")
+        ref = f"measurement {row['id']}"
+        verdict = row.get("verdict")
+        how = "" if verdict is None else (f", verdict {verdict['id']}: " + (
+            f"{verdict['gain']:+.1%} over the default" if verdict["significant"] else "the default kept"))
+        return SourceAnswer("used", f"exact {timing} answer, {ref} ({row['tflops']:.3f} TB/s){how} in {store.url}",
+                            config=row["config"], ref=ref, tflops=row["tflops"], measured_problem=row["problem"])
 
     def speeds(self, problem: Problem, device: str, fingerprint: str, timing: str, providers) -> dict:
         """Measured speed of each provider's plain call on this exact problem (fa4's provider="auto")."""

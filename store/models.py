@@ -83,13 +83,14 @@ class Device(Base):
 
 
 class Problem(Base):
-    """An attention shape; mirrors ``fa4.problem.Problem`` field for field."""
+    """An attention shape (``fa4.problem.Problem`` field for field) or a decode shape (``kind``)."""
 
     __tablename__ = "problems"
     __table_args__ = (
         UniqueConstraint(
             "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v",
             "dtype", "causal", "deterministic", "pass", "window_left", "window_right", "softcap", "sink",
+            "kind", "page_size", "seqlen_k_mean",
             # Spelled out: the conventional name would exceed PostgreSQL's 63 characters.
             name=conv("uq_problems_shape"),
         ),
@@ -115,6 +116,12 @@ class Problem(Base):
     window_right: Mapped[int] = mapped_column(Integer, server_default="-1")
     softcap: Mapped[float] = mapped_column(Float, server_default="0")
     sink: Mapped[bool] = mapped_column(Boolean, server_default=sa_false())
+    # Issue 19's decode problems (revision 0007_decode): "attention" rows mirror fa4.problem.Problem,
+    # "decode" rows fa4.decode_problem.DecodeProblem (its paging fields here, the attention-only
+    # fields at their defaults).
+    kind: Mapped[str] = mapped_column(String(16), server_default="attention")
+    page_size: Mapped[int] = mapped_column(Integer, server_default="0")
+    seqlen_k_mean: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class Config(Base):

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from fa4.knobs import config_from_dict, config_to_dict, json_schema
+from fa4.decode_problem import DecodeProblem, problem_from_dict
 from fa4.problem import Problem
 from fa4.timing import DEFAULT_TIMING, canonical as canonical_timing
 
@@ -32,6 +33,15 @@ STATUSES = m.STATUSES
 _DEVICE_REQUIRED = ("name", "compute_capability", "sm_count", "l2_bytes", "memory_bytes")
 _DEVICE_OPTIONAL = ("driver", "cuda", "torch", "cutlass_dsl", "provider_versions")
 _PROBLEM_FIELDS = tuple(f.name for f in dataclasses.fields(Problem))
+# Revision 0007: a problems row is an attention Problem or (kind "decode") a DecodeProblem; the
+# decode-only fields are their own columns, the attention-only ones stay at the Problem defaults.
+KINDS = ("attention", "decode")
+_DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeProblem))
+_DECODE_ONLY = tuple(n for n in _DECODE_FIELDS if n not in _PROBLEM_FIELDS)
+_KIND_DEFAULTS = {"kind": "attention", **{n: f.default for f in dataclasses.fields(DecodeProblem)
+                                          for n in _DECODE_ONLY if f.name == n}}
+_ATTENTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Problem)
+                       if f.default is not dataclasses.MISSING}
 
 # measurements() filters that match one column exactly, and where that column lives.
 _EQ_FILTERS = {
@@ -41,7 +51,7 @@ _EQ_FILTERS = {
     "source_fingerprint": m.Measurement.source_fingerprint,
     "is_default": m.Measurement.is_default,
     "timing": m.Measurement.timing,
-    **{name: getattr(m.Problem, name) for name in _PROBLEM_FIELDS},
+    **{name: getattr(m.Problem, name) for name in _PROBLEM_FIELDS + tuple(_KIND_DEFAULTS)},
 }
 
 # measurements(sort=...) keys and the columns they order by.
@@ -75,12 +85,22 @@ def _iso(ts: datetime | None) -> str | None:
     return None if ts is None else _utc(ts).isoformat()
 
 
-def _as_problem(problem: Problem | dict) -> Problem:
-    if isinstance(problem, Problem):
+def _as_problem(problem: Problem | DecodeProblem | dict) -> Problem | DecodeProblem:
+    """A Problem or DecodeProblem; a dict is a decode problem when it says ``"kind": "decode"``."""
+    if isinstance(problem, (Problem, DecodeProblem)):
         return problem
     if isinstance(problem, dict):
-        return Problem.from_dict(problem)
-    raise TypeError(f"expected fa4.problem.Problem or dict, got {type(problem).__name__}")
+        return problem_from_dict(problem)
+    raise TypeError(f"expected fa4.problem.Problem, DecodeProblem or dict, got {type(problem).__name__}")
+
+
+def _row_key(p: Problem | DecodeProblem) -> dict:
+    """The problems-table columns that identify ``p`` (the unique constraint's)."""
+    if isinstance(p, DecodeProblem):
+        shared = {n: getattr(p, n) for n in _DECODE_FIELDS if n in _PROBLEM_FIELDS}
+        return {**_ATTENTION_DEFAULTS, "head_dim_v": p.head_dim, **shared, "kind": "decode",
+                **{n: getattr(p, n) for n in _DECODE_ONLY}}
+    return {name: getattr(p, name) for name in _PROBLEM_FIELDS} | _KIND_DEFAULTS
 
 
 def _json_ready(name: str, value: Any) -> Any:
@@ -127,7 +147,9 @@ def _device_dict(d: m.Device) -> dict:
     }
 
 
-def _problem_of(p: m.Problem) -> Problem:
+def _problem_of(p: m.Problem) -> Problem | DecodeProblem:
+    if p.kind == "decode":
+        return DecodeProblem(**{name: getattr(p, name) for name in _DECODE_FIELDS})
     return Problem(**{name: getattr(p, name) for name in _PROBLEM_FIELDS})
 
 
@@ -150,7 +172,7 @@ _MEASUREMENT_COLUMNS = (
     m.Measurement.tflops, m.Measurement.error, m.Measurement.ref_error, m.Measurement.source_fingerprint,
     m.Measurement.study_name, m.Measurement.trial_number, m.Measurement.is_default, m.Measurement.created_at,
     m.Measurement.versions, m.Measurement.timing,
-    *(getattr(m.Problem, name).label(f"problem.{name}") for name in _PROBLEM_FIELDS),
+    *(getattr(m.Problem, name).label(f"problem.{name}") for name in _PROBLEM_FIELDS + tuple(_KIND_DEFAULTS)),
 )
 _OUTER = tuple(c.key for c in _MEASUREMENT_COLUMNS if not c.key.startswith("problem."))
 
@@ -177,7 +199,10 @@ _PROBLEM_KEYS = tuple((f"problem.{name}", "pass" if name == "pass_" else name) f
 def _measurement_dict(row) -> dict:
     mapping = row._mapping
     out = {k: mapping[k] for k in _OUTER}
-    out["problem"] = {key: mapping[col] for col, key in _PROBLEM_KEYS}
+    if mapping["problem.kind"] == "decode":
+        out["problem"] = {"kind": "decode", **{n: mapping[f"problem.{n}"] for n in _DECODE_FIELDS}}
+    else:  # attention rows keep Problem.to_dict's keys exactly
+        out["problem"] = {key: mapping[col] for col, key in _PROBLEM_KEYS}
     out["samples_ms"] = list(out["samples_ms"] or [])
     out["created_at"] = _iso(out["created_at"])
     return out
@@ -202,8 +227,8 @@ def _verdict_dict(row: m.Verdict) -> dict:
     }
 
 
-def _problem_conditions(problem: Problem) -> list:
-    return [getattr(m.Problem, name) == getattr(problem, name) for name in _PROBLEM_FIELDS]
+def _problem_conditions(problem: Problem | DecodeProblem) -> list:
+    return [getattr(m.Problem, name) == value for name, value in _row_key(problem).items()]
 
 
 # Measurements as plain rows of _MEASUREMENT_COLUMNS, joined to the tables we filter on; built
@@ -401,12 +426,12 @@ class ResultsStore:
 
     # -- problems ----------------------------------------------------------------
 
-    def upsert_problem(self, problem: Problem) -> int:
+    def upsert_problem(self, problem: Problem | DecodeProblem | dict) -> int:
         p = _as_problem(problem)
-        key = {name: getattr(p, name) for name in _PROBLEM_FIELDS}
+        key = {"pass_" if name == "pass" else name: v for name, v in _row_key(p).items()}
         return self._get_or_create(m.Problem, key, {})
 
-    def get_problem(self, problem_id: int) -> Problem | None:
+    def get_problem(self, problem_id: int) -> Problem | DecodeProblem | None:
         with self._read() as s:
             p = s.get(m.Problem, problem_id)
             return None if p is None else _problem_of(p)
@@ -728,10 +753,11 @@ class ResultsStore:
             m.Config.provider == provider,
             *_SERVED,
             *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS],
+            m.Problem.kind == "attention",  # decode rows share the shape columns, never a family
         ).order_by(m.Measurement.id.asc())
         vq = _verdict_query(device_name, provider,
                             [getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS]
-                            ).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
+                            + [m.Problem.kind == "attention"]).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
         with self._read() as s:
             rows = [_measurement_dict(r) for r in s.execute(q)]
             # The newest verdict of each (problem, source, timing mode) marks the row it serves, so a

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 
+from fa4.decode_problem import DecodeProblem, problem_from_dict
 from fa4.problem import DTYPES, PASSES, Problem
 from fa4.timing import DEFAULT, L2_STATES, LAUNCHES, Timing
 
@@ -66,10 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hdim-v", type=int, help="head dimension of v and the output (default: --hdim; 128 with --hdim 192 "
                                               "is the DeepSeek-style split)")
     p.add_argument("--shapes", metavar="FILE", help="tune every shape listed in a JSON or CSV file")
-    p.add_argument("--batch", type=int, help="batch size (default: 16384 tokens / seqlen)")
+    p.add_argument("--batch", type=_ints, help="batch size (default: 16384 tokens / seqlen; with --decode 1, and a "
+                                               "comma-separated list makes a grid)")
     p.add_argument("--heads", type=int, help="query heads (default: 2048 / hdim)")
     p.add_argument("--heads-kv", type=int, help="key/value heads (default: --heads; fewer = GQA)")
-    p.add_argument("--seqlen-k", type=int, help="key/value sequence length (default: --seqlen)")
+    p.add_argument("--seqlen-k", type=_ints, help="key/value sequence length (default: --seqlen); with --decode the "
+                                                  "KV cache capacity per sequence (required, a list makes a grid)")
+    p.add_argument("--decode", action="store_true",
+                   help="tune decode steps (fa4.flash_attn_with_kvcache; provider fa4-decode): --seqlen new "
+                        "tokens per sequence (default 1) against --seqlen-k cached keys in pages of --page-size")
+    p.add_argument("--page-size", type=int, default=0, help="--decode: keys per KV-cache page (0: contiguous cache)")
+    p.add_argument("--seqlen-k-mean", type=int, default=0,
+                   help="--decode: the mean of cache_seqlens where known (0: every sequence full)")
     p.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned)")
     p.add_argument("--dtype", choices=DTYPES, default="bf16")
     p.add_argument("--pass", dest="pass_", choices=PASSES, default="fwd", help="fwd, or bwd (the backward timed)")
@@ -126,8 +135,46 @@ def parse_window(text: str | None) -> tuple[int, int]:
     return left, right
 
 
+def _ints(text: str) -> list[int]:
+    """An integer, or a comma-separated list of them (a grid; decode only)."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or a comma-separated list, got {text!r}") from None
+
+
+def decode_problems_from_args(a) -> list[DecodeProblem]:
+    """--decode: a DecodeProblem per (batch, seqlen_k) of the grid."""
+    from .shapes import ShapeError, parse_int_list
+
+    if a.shapes or a.pass_ != "fwd" or a.deterministic or a.window or a.softcap or a.sink or a.hdim_v:
+        _die("--decode takes --batch, --seqlen (new tokens), --seqlen-k, --heads, --heads-kv, --hdim, "
+             "--page-size, --seqlen-k-mean, --dtype and --causal only")
+    if not a.seqlen_k or a.hdim is None or a.heads is None:
+        _die("--decode needs --seqlen-k, --hdim and --heads")
+    try:
+        seqlen_q = parse_int_list("--seqlen", a.seqlen) if a.seqlen is not None else [1]
+        hdims = parse_int_list("--hdim", a.hdim)
+        return [DecodeProblem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=a.heads, heads_kv=a.heads_kv or a.heads,
+                              head_dim=d, page_size=a.page_size, seqlen_k_mean=a.seqlen_k_mean, dtype=a.dtype,
+                              causal=a.causal)
+                for b in (a.batch or [1]) for sk in a.seqlen_k for sq in seqlen_q for d in hdims]
+    except (ShapeError, ValueError) as e:
+        _die(str(e))
+
+
 def problems_from_args(a) -> list[Problem]:
     from .shapes import ShapeError, grid, load_shapes, parse_int_list
+
+    if a.decode:
+        return decode_problems_from_args(a)
+    for flag, name in (("--batch", "batch"), ("--seqlen-k", "seqlen_k")):
+        v = getattr(a, name)
+        if v is not None and len(v) > 1:
+            _die(f"{flag} takes one value (lists make a grid with --decode only)")
+        setattr(a, name, None if v is None else v[0])
+    if a.page_size or a.seqlen_k_mean:
+        _die("--page-size and --seqlen-k-mean apply to --decode")
 
     if a.budget_s is not None and not a.budget_s > 0:
         _die(f"--budget-s must be a positive number of seconds, got {a.budget_s}")
@@ -178,7 +225,7 @@ def print_no_gpu(report: dict, console) -> None:
     from rich.markup import escape
 
     console.print(f"[bold]fa4-tune[/]: {report['provider']} on {report['arch']} (no CUDA GPU here)")
-    console.print(f"problem: {Problem.from_dict(report['problem']).key()}")
+    console.print(f"problem: {problem_from_dict(report['problem']).key()}")
     console.print(
         f"search space: {report['configs']} configs, {report['feasible']} feasible, "
         f"{report['infeasible']} infeasible"
@@ -202,12 +249,18 @@ def print_no_gpu(report: dict, console) -> None:
     console.print("[bold yellow]Timing needs a CUDA GPU:[/] nothing was measured or stored. Run on a CUDA GPU to tune.")
 
 
-def _row(row: dict | None) -> str:
+def _unit(problem) -> str:
+    """What a measurement's throughput column holds: TB/s of K+V read for decode problems."""
+    kind = problem.get("kind") if isinstance(problem, dict) else getattr(problem, "kind", None)
+    return "TB/s" if kind == "decode" else "TFLOP/s"
+
+
+def _row(row: dict | None, unit: str = "TFLOP/s") -> str:
     if row is None:
         return "none measured ok"
     if row.get("tflops") is None:
         return f"{row.get('status') or 'not measured'}: {row.get('reason') or ''}".rstrip(": ")
-    return (f"{row['tflops']:.1f} TFLOP/s, median {_fmt(row['median_ms'], '.4f')} ms "
+    return (f"{row['tflops']:.{3 if unit == 'TB/s' else 1}f} {unit}, median {_fmt(row['median_ms'], '.4f')} ms "
             f"(IQR {_fmt(row['iqr_ms'], '.4f')}), max error {_fmt(row['error'], '.2e')}, trial {row['trial']}")
 
 
@@ -246,10 +299,10 @@ def print_result(res, console) -> None:
     from rich.markup import escape
 
     say = lambda text: console.print(escape(text))  # noqa: E731  data may hold brackets
-    say(f"{res.provider} on {res.device}: {Problem.from_dict(res.problem).key()}")
+    say(f"{res.provider} on {res.device}: {problem_from_dict(res.problem).key()}")
     say(f"timing: {res.timing}")
-    say(f"default: {_row(res.default)}")
-    say(f"best:    {_row(res.best)}")
+    say(f"default: {_row(res.default, _unit(res.problem))}")
+    say(f"best:    {_row(res.best, _unit(res.problem))}")
     if res.default and res.default.get("status") not in (None, "ok"):
         say(f"default config failed: {res.default['status']}: {res.default['reason']}")
     say(f"speedup best/default: {'-' if res.speedup is None else f'{res.speedup:.3f}x'}")
@@ -266,6 +319,8 @@ def print_result(res, console) -> None:
 
 
 def _shape_label(p: Problem) -> str:
+    if isinstance(p, DecodeProblem):
+        return p.key()
     """Short enough for a table row; the full key is in the study name and --json."""
     kv = f"/{p.heads_kv}" if p.heads_kv != p.heads_q else ""
     sk = f"x{p.seqlen_k}" if p.seqlen_k != p.seqlen_q else ""
@@ -294,8 +349,8 @@ def print_summary(results: list[dict], console) -> None:
         d, b = r.default or {}, r.best or {}
         speed = "-" if r.speedup is None else f"{r.speedup:.3f}x"
         console.print(escape(
-            f"{_shape_label(Problem.from_dict(r.problem))}: default {_fmt(d.get('tflops'), '.1f')}, "
-            f"best {_fmt(b.get('tflops'), '.1f')} TFLOP/s, speedup {speed}, error {_fmt(b.get('error'), '.1e')}; "
+            f"{_shape_label(problem_from_dict(r.problem))}: default {_fmt(d.get('tflops'), '.1f')}, "
+            f"best {_fmt(b.get('tflops'), '.3f' if _unit(r.problem) == 'TB/s' else '.1f')} {_unit(r.problem)}, speedup {speed}, error {_fmt(b.get('error'), '.1e')}; "
             f"best config: {_changes(r.best_changes)}; "
             + (f"served: {_served(r.served)}; " if r.served is not None else "")
             + f"trials: {_trial_counts(r)}"
@@ -317,6 +372,8 @@ def main(argv=None) -> int:
     # Reasons and paths contain brackets (e.g. "fa4-tune[ref]"): no markup from data, no wrapping.
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if args.decode and args.provider is None:
+        args.provider = "fa4-decode"
     try:
         provider = resolve_provider(args.provider)
         for problem in problems:
@@ -465,7 +522,7 @@ def _run_with_progress(tuner, console):
         if trial.value is not None and (state["best"] is None or trial.value > state["best"][0]):
             cfg = t.provider.config_from_dict(t.problem, trial.params) if trial.params else None
             state["best"] = (trial.value, t.provider.describe(cfg))
-        best = f"best {state['best'][0]:.1f} TFLOP/s ({state['best'][1]})" if state["best"] else "best: none yet"
+        best = f"best {state['best'][0]:.3g} {_unit(t.problem)} ({state['best'][1]})" if state["best"] else "best: none yet"
         last = row.get("status", "?")
         progress.update(state["task"], advance=1, description=f"{best}; last: {last}")
 

@@ -530,8 +530,8 @@ class Tuner:
         """A new study's next trials after the default: the configs lookups serve for the
         nearest measured shapes (same device, provider and problem family: pass, head dims,
         dtype, causal, deterministic), where feasible here and not the default."""
-        if self.knob_cls is None or self.warm_neighbours <= 0:
-            return
+        if self.knob_cls is None or self.warm_neighbours <= 0 or not isinstance(self.problem, Problem):
+            return  # decode problems have no attention family to borrow from
         from store.best import neighbour_configs
 
         feasible = {_key(c) for c in self.feasible()}

@@ -15,6 +15,7 @@ import sys
 import time
 import traceback
 
+from fa4.decode_problem import problem_from_dict
 from fa4.problem import Problem
 
 from providers.harness import RUNTIME_ERROR, Measurement, Settings, is_sticky_cuda_failure
@@ -69,7 +70,7 @@ def _serve(conn) -> None:
             continue
         try:
             provider = get_provider(msg["provider"])
-            problem = Problem.from_dict(msg["problem"])
+            problem = problem_from_dict(msg["problem"])
             config = provider.config_from_dict(problem, msg["config"])
             m = provider.measure(problem, config, Settings.from_dict(msg["settings"]))
         except Exception as e:  # a provider bug must not kill the worker silently

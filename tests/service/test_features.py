@@ -60,7 +60,7 @@ def test_upgrade_keeps_every_measurement_and_verdict_and_downgrade_drops_only_fe
             after = _rows(conn)
             assert after["measurements"] == before["measurements"] and after["verdicts"] == before["verdicts"]
             assert [r[:12] for r in after["problems"]] == [tuple(r) for r in before["problems"]]
-            assert all(r[12:] == (-1, -1, 0.0, False) for r in after["problems"])
+            assert all(r[12:16] == (-1, -1, 0.0, False) for r in after["problems"])
         pid = store.upsert_problem(Problem(2, 8192, 8192, 16, 16, 128, 128, pass_="bwd", **FEATURED))
         with store.engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0005_retired_knobs")
