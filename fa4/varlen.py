@@ -111,9 +111,10 @@ def _config(problem, arch, config):
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None, seqused_k=None,
                    softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0, learnable_sink=None,
-                   return_lse=False, config=None):
+                   return_lse=False, config=None, out=None):
     """Packed-sequence forward; returns ``out`` (total_q, Hq, Dv) or ``(out, lse)``, lse (Hq, total_q)
-    fp32 natural log. Rows past a sequence's used length (seqused_q) are left as zeros."""
+    fp32 natural log. Rows past a sequence's used length (seqused_q) are zeros (in a given ``out``,
+    a contiguous (total_q, Hq, Dv) tensor of q's dtype, they are left as they were)."""
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, learnable_sink))
     if grad:
@@ -147,7 +148,11 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[2])
     # Rows no tile writes (past seqused_q) read as zeros, as the reference leaves them.
-    out = q.new_zeros((total_q, hq, dv)) if seqused_q is not None else q.new_empty((total_q, hq, dv))
+    if out is None:
+        out = q.new_zeros((total_q, hq, dv)) if seqused_q is not None else q.new_empty((total_q, hq, dv))
+    elif (out.shape != (total_q, hq, dv) or out.dtype != q.dtype or out.device != q.device
+          or not out.is_contiguous() or out.data_ptr() % 16):
+        raise ValueError(f"out must be a contiguous, 16-byte aligned ({total_q}, {hq}, {dv}) {q.dtype} tensor")
     lse = None
     if return_lse:
         lse = (torch.full((hq, total_q), -math.inf, device=q.device, dtype=torch.float32) if seqused_q is not None
