@@ -8,12 +8,12 @@ ceil(max_seqlen_q / tile_m) x heads x B. LSE comes back as (Hq, total_q), the re
 shape. Forward only: a call that needs a gradient raises (never a wrong gradient).
 
 Nothing here reads cu_seqlens on the host (no sync); the Problem that picks the config is the
-padded one (B sequences of max_seqlen), with persistent off (the varlen kernel runs a CTA per tile).
+varlen one (fa4.problem: B sequences, the longest lengths, the mean lengths total / B), whose
+violations() keep persistent off (the varlen kernel runs a CTA per tile).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -24,6 +24,13 @@ from fa4.compile_cache import compiled
 from fa4.tensors import DTYPES, arch_of
 
 _plans: dict = {}
+# The launch's device context and device test; names of their own so CPU tests of the host path
+# can stand them in (tests/fa4/test_varlen_host.py).
+_on_device = torch.cuda.device
+
+
+def _on_cuda(t) -> bool:
+    return t.device.type == "cuda"
 
 
 def _check(name, t, rank, dtypes, device):
@@ -92,23 +99,6 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, se
     return b
 
 
-def _config(problem, arch, config):
-    """The forward config of the padded problem, persistent off (the varlen kernel has no tile walk)."""
-    from fa4.lookup import resolve_config
-
-    if config is not None:
-        entry, cfg = resolve_config(problem, arch, config)
-        if cfg.persistent:
-            raise ValueError("infeasible config: varlen kernels run one CTA per tile (persistent must be off)")
-        return entry, cfg
-    entry, cfg = resolve_config(problem, arch, None)
-    cfg = dataclasses.replace(cfg, persistent=False)
-    bad = entry.violations(cfg, problem, arch)
-    if bad:  # the non-persistent twin of a feasible config fits: fewer live values, same tiles
-        raise ValueError("infeasible config: " + "; ".join(bad))
-    return entry, cfg
-
-
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None, seqused_k=None,
                    softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0, learnable_sink=None,
                    return_lse=False, config=None, out=None):
@@ -129,7 +119,7 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         out = q.new_zeros((total_q, hq, dv))
         lse = torch.full((hq, total_q), -math.inf, device=q.device, dtype=torch.float32)
         return (out, lse) if return_lse else out
-    if q.device.type != "cuda":
+    if not _on_cuda(q):
         raise ValueError(f"q is on {q.device}; fa4 kernels run on CUDA devices only")
     _check_tma("q", q)
     _check_tma("k", k)
@@ -157,30 +147,38 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if return_lse:
         lse = (torch.full((hq, total_q), -math.inf, device=q.device, dtype=torch.float32) if seqused_q is not None
                else torch.empty(hq, total_q, device=q.device, dtype=torch.float32))
+    # The kernel takes the int32 vectors from 16-byte aligned bases (a slice like cu[1:] is not).
+    cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = (
+        t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (cu_seqlens_q, cu_seqlens_k, seqused_q,
+                                                                          seqused_k))
     cap = feat.softcap
     scale_log2, softcap_scale = (cap * LOG2_E, softmax_scale / cap) if cap else (softmax_scale * LOG2_E, 1.0)
     fn_, runtime = fn
-    with torch.cuda.device(q.device):
+    with _on_device(q.device):
         fn_(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
             None if lse is None else lse.unsqueeze(0), feat.sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
             scale_log2, softcap_scale, feat.window_left, feat.window_right, max_seqlen_q, *runtime)
     return (out, lse) if return_lse else out
 
 
-def padded_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat):
-    """The dense Problem of B sequences of the maximum lengths (the config lookup's question)."""
+def problem_of(q, k, v, b, max_seqlen_q, max_seqlen_k, feat):
+    """The varlen Problem of a call (the config lookup's question): B sequences, the longest
+    lengths, and the mean lengths from the packed totals (no read of cu_seqlens)."""
     from fa4.problem import Problem
 
-    return Problem(batch=b, seqlen_q=max(max_seqlen_q, 1), seqlen_k=max(max_seqlen_k, 1), heads_q=q.shape[1],
-                   heads_kv=k.shape[1], head_dim=q.shape[2], head_dim_v=v.shape[2], dtype=DTYPES[q.dtype],
-                   causal=feat.causal, **features.problem_fields(feat))
+    sq, sk = max(max_seqlen_q, 1), max(max_seqlen_k, 1)
+    mean = lambda total, top: min(max(round(total / b), 1), top)  # noqa: E731
+    return Problem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=q.shape[1], heads_kv=k.shape[1], head_dim=q.shape[2],
+                   head_dim_v=v.shape[2], dtype=DTYPES[q.dtype], causal=feat.causal, **features.problem_fields(feat),
+                   varlen=True, varlen_mean_q=mean(q.shape[0], sq), varlen_mean_k=mean(k.shape[0], sk))
 
 
 def _plan(q, k, v, b, max_seqlen_q, max_seqlen_k, used_q, used_k, feat, return_lse, config):
     from fa4.knobs import runtime_args
+    from fa4.lookup import resolve_config
 
-    problem = padded_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat)
-    entry, cfg = _config(problem, arch_of(q.device), config)
+    problem = problem_of(q, k, v, b, max_seqlen_q, max_seqlen_k, feat)
+    entry, cfg = resolve_config(problem, arch_of(q.device), config)
     key = entry.compile_key(problem.dtype, problem.head_dim, problem.causal, return_lse, cfg, problem.head_dim_v,
                             **problem.kernel_flags(), varlen=True, seqused_q=used_q, seqused_k=used_k)
     runtime = (*runtime_args(cfg), 0)

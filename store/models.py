@@ -90,6 +90,7 @@ class Problem(Base):
         UniqueConstraint(
             "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v",
             "dtype", "causal", "deterministic", "pass", "window_left", "window_right", "softcap", "sink",
+            "varlen", "varlen_mean_q", "varlen_mean_k",
             # Spelled out: the conventional name would exceed PostgreSQL's 63 characters.
             name=conv("uq_problems_shape"),
         ),
@@ -115,6 +116,10 @@ class Problem(Base):
     window_right: Mapped[int] = mapped_column(Integer, server_default="-1")
     softcap: Mapped[float] = mapped_column(Float, server_default="0")
     sink: Mapped[bool] = mapped_column(Boolean, server_default=sa_false())
+    # Packed variable-length sequences (revision 0008_varlen), off for every older row.
+    varlen: Mapped[bool] = mapped_column(Boolean, server_default=sa_false())
+    varlen_mean_q: Mapped[int] = mapped_column(Integer, server_default="0")
+    varlen_mean_k: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class Config(Base):

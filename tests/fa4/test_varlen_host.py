@@ -126,3 +126,114 @@ def test_tile_schedule_matches_brute_force(seed):
         assert len(ns) == len(set(ns)) and (not want[t] or (max(ns) == max(want[t]) and min(ns) == min(want[t])))
         lk = lens_k[t[0]]
         assert all(n * tile_n < max(lk, 1) for n in ns)  # never a tile past the sequence's keys (bar the one)
+
+
+# -- the launch path with the GPU faked: the compiled kernel replaced by a per-sequence reference
+# that reads the arguments as the kernel does (views, scale, feature scalars, cu_seqlens).
+
+
+def _kernel_model(q4, k4, v4, o4, lse3, sink, cu_q, cu_k, used_q, used_k, scale_log2, softcap_scale, wl, wr,
+                  max_sq, *runtime, causal, softcap):
+    from tests.fa4.cpu_kernels import _scores
+
+    assert q4.shape[0] == 1 and o4.shape[0] == 1 and (lse3 is None or lse3.shape[0] == 1)
+    assert max_sq == max((used_q if used_q is not None else cu_q[1:] - cu_q[:-1]).tolist())
+    rep = q4.shape[2] // k4.shape[2]
+    # The kernel's scalars: without softcap scale_log2 = scale log2(e); with it c log2(e) and scale / c.
+    cap = scale_log2 / 1.4426950408889634 if softcap else 0.0
+    scale = softcap_scale * cap if softcap else scale_log2 / 1.4426950408889634
+    for b in range(cu_q.shape[0] - 1):
+        a, ka = int(cu_q[b]), int(cu_k[b])
+        n = int(used_q[b]) if used_q is not None else int(cu_q[b + 1]) - a
+        nk = int(used_k[b]) if used_k is not None else int(cu_k[b + 1]) - ka
+        if n == 0:
+            continue
+        s = _scores(q4[:, a:a + n], k4[:, ka:ka + nk], scale, causal, wl, wr, cap)
+        if sink is not None:
+            s = torch.cat([s, sink.float()[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)[..., :nk]
+        vv = v4[:, ka:ka + nk].float().transpose(1, 2).repeat_interleave(rep, dim=1)
+        o4[:, a:a + n] = (p @ vv).transpose(1, 2).to(o4.dtype)
+        if lse3 is not None:
+            lse3[:, :, a:a + n] = lse
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    import contextlib
+
+    from fa4 import varlen
+    from fa4.arch import SM90
+
+    keys = []
+
+    def compiled(key, build):
+        keys.append(key)
+        return lambda *a: _kernel_model(*a, causal=key.causal, softcap=key.has_softcap)
+
+    monkeypatch.setattr(varlen, "compiled", compiled)
+    monkeypatch.setattr(varlen, "arch_of", lambda device: SM90)
+    monkeypatch.setattr(varlen, "_on_cuda", lambda t: True)
+    monkeypatch.setattr(varlen, "_on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(varlen, "_plans", {})
+    return keys
+
+
+def _dense_ref(q, k, v, cq, ck, causal, window_size=(None, None), softcap=0.0, sink=None):
+    """Each sequence through the dense CPU reference (tests/fa4/cpu_kernels)."""
+    from fa4.features import normalize
+    from tests.fa4.cpu_kernels import _scores
+
+    f = normalize(q[None], causal, window_size, sink, softcap)
+    outs, lses = [], []
+    for b in range(len(cq) - 1):
+        qs, ks, vs = q[None, cq[b]:cq[b + 1]], k[None, ck[b]:ck[b + 1]], v[None, ck[b]:ck[b + 1]]
+        s = _scores(qs, ks, 1 / math.sqrt(q.shape[2]), f.causal, f.window_left, f.window_right, f.softcap)
+        if sink is not None:
+            s = torch.cat([s, sink.float()[None, :, None, None].expand(*s.shape[:3], 1)], dim=-1)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.nan_to_num(torch.exp(s - lse[..., None]), nan=0.0)[..., :ks.shape[1]]
+        rep = q.shape[1] // k.shape[1]
+        outs.append((p @ vs.float().transpose(1, 2).repeat_interleave(rep, dim=1)).transpose(1, 2)[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1)
+
+
+@pytest.mark.parametrize("feat", [dict(causal=True), dict(causal=False, window_size=(20, 3), softcap=10.0, sink=True)])
+def test_launch_path_maps_arguments(fake_launch, feat):
+    lens_q, lens_k = [37, 0, 1, 90], [50, 3, 1, 90]
+    q, k, v, cq, ck = packed(lens_q, lens_k, hq=4, hkv=2, d=64)
+    sink = torch.randn(4) if feat.pop("sink", False) else None
+    o, lse = fa4.flash_attn_varlen_func(q, k, v, cq, ck, 90, 90, return_lse=True, learnable_sink=sink, **feat)
+    want, want_lse = _dense_ref(q, k, v, cq.tolist(), ck.tolist(), sink=sink, **feat)
+    assert o.shape == (128, 4, 64) and lse.shape == (4, 128)
+    torch.testing.assert_close(o.float(), want, atol=1e-2, rtol=0)
+    fin = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse[fin], want_lse[fin], atol=1e-4, rtol=0)
+    key = fake_launch[-1]
+    assert key.varlen and not key.config.persistent and key.has_lse
+    # The plan is cached: a second call with the same shapes compiles nothing more.
+    fa4.flash_attn_varlen_func(q, k, v, cq, ck, 90, 90, return_lse=True, learnable_sink=sink, **feat)
+    assert len(fake_launch) == 1
+
+
+def test_problem_and_config_know_varlen():
+    import dataclasses
+
+    from fa4.problem import Problem
+    from fa4.sm90.fwd_config import default_config, violations
+    from fa4.varlen import problem_of
+    from fa4.features import normalize
+
+    q, k, v, _, _ = packed([300, 100, 12], [300, 200, 12])
+    p = problem_of(q, k, v, 3, 300, 300, normalize(q[None], True, (None, None), None, 0.0))
+    assert (p.varlen, p.batch, p.seqlen_q, p.varlen_mean_q, p.varlen_mean_k) == (True, 3, 300, 137, 171)
+    assert p.key().endswith("_varlen137_171") and "varlen" not in Problem.standard(4096, 128).key()
+    cfg = default_config(p)
+    assert not violations(cfg, p)
+    assert any("persistent" in r for r in violations(dataclasses.replace(cfg, persistent=True), p))
+    for bad in (dict(varlen_mean_q=5), dict(varlen=True, varlen_mean_q=0, varlen_mean_k=1),
+                dict(varlen=True, varlen_mean_q=5000, varlen_mean_k=1)):
+        with pytest.raises(ValueError, match="varlen"):
+            Problem(3, 300, 300, 4, 4, 64, 64, **bad)
