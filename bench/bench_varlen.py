@@ -43,7 +43,9 @@ def main():
     for causal in (True, False):
         f = flops(LENS, h, d, causal)
         ours = lambda: fa4.flash_attn_varlen_func(q, k, v, cu, cu, max(LENS), max(LENS), causal=causal)  # noqa: E731
-        ref = lambda: ref_varlen(q, k, v, cu, cu, max(LENS), max(LENS), causal=causal)  # noqa: E731
+        # Keywords: the reference's positional order has qv before cu_seqlens_q in some versions.
+        ref = lambda: ref_varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(LENS),  # noqa: E731
+                                 max_seqlen_k=max(LENS), causal=causal)
         o1 = ours()
         o2 = ref()
         o2 = o2[0] if isinstance(o2, tuple) else o2
