@@ -227,15 +227,28 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
                            deterministic=False, return_lse=False, **unsupported):
     """The reference's variable-length entry, its names and positional order.
 
-    Built: its paged-decode spelling, q (B, Sq, Hq, D) with ``page_table`` and ``seqused_k``
-    (= cache_seqlens), k/v the paged (or per-sequence) cache; same defaults as the reference
-    (num_splits=1). Not built yet (NotImplementedError): packed sequences (``cu_seqlens_q``/
-    ``cu_seqlens_k``, q as (total, H, D)), ``seqused_q``, and window, softcap or sinks on this
-    path. ``deterministic`` concerns a backward, which decode has none of."""
+    Built: packed sequences, q (total_q, Hq, D) with ``cu_seqlens_q``/``cu_seqlens_k`` (and
+    ``seqused_q``/``seqused_k``), causal/window/softcap/sinks, forward only (fa4.varlen; a call
+    that needs a gradient raises NotImplementedError); and the paged-decode spelling, q (B, Sq,
+    Hq, D) with ``page_table`` and ``seqused_k`` (= cache_seqlens), k/v the paged (or per-sequence)
+    cache; same defaults as the reference (num_splits=1). Not built (NotImplementedError): window,
+    softcap, sinks or seqused_q on the decode path. ``deterministic`` concerns a backward, which
+    neither path has yet."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None or q.dim() != 4:
-        raise NotImplementedError("fa4.flash_attn_varlen_func: packed variable-length sequences (cu_seqlens_q/"
-                                  "cu_seqlens_k) are not built yet; built is the paged decode spelling, q as "
-                                  "(batch, seqlen_q, heads, head_dim) with page_table/seqused_k")
+        # Packed sequences (fa4.varlen), forward only.
+        if page_table is not None:
+            raise NotImplementedError("fa4.flash_attn_varlen_func: page_table with packed sequences is not built")
+        given = sorted(k_ for k_, v_ in unsupported.items() if v_ is not None)
+        if num_splits not in (0, 1) or pack_gqa:
+            given += ["num_splits" if num_splits not in (0, 1) else "pack_gqa"]
+        if given:
+            raise NotImplementedError(f"fa4.flash_attn_varlen_func's packed path does not take {', '.join(given)}")
+        if deterministic not in (False, True):
+            raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
+        from fa4.varlen import varlen_forward
+
+        return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                              softmax_scale, causal, window_size, softcap, learnable_sink, return_lse)
     given = sorted(k_ for k_, v_ in unsupported.items() if v_ is not None)
     given += [n for n, v_, off in (("seqused_q", seqused_q, None), ("window_size", tuple(window_size), (None, None)),
                                    ("learnable_sink", learnable_sink, None), ("softcap", softcap or 0.0, 0.0))

@@ -79,7 +79,8 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_lef
     scale_log2, softcap_scale = ((softcap * LOG2_E, softmax_scale / softcap) if softcap
                                  else (softmax_scale * LOG2_E, 1.0))
     with torch.cuda.device(q.device):
-        fn(q, k, v, out, lse, sink, scale_log2, softcap_scale, window_left, window_right, *runtime)
+        fn(q, k, v, out, lse, sink, None, None, None, None, scale_log2, softcap_scale, window_left, window_right, 0,
+           *runtime)
     return (out, lse) if return_lse else out
 
 

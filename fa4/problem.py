@@ -23,6 +23,11 @@ class Problem:
     bound of 0). ``softcap`` c > 0 replaces each scaled score s by c * tanh(s / c); ``sink``
     adds a learnable per-head logit to every softmax denominator. At their defaults they
     leave the key, the dict and the DB row of a plain problem unchanged.
+
+    Packed variable-length sequences (``varlen``): ``batch`` is the number of sequences,
+    seqlen_q/seqlen_k the longest one's lengths (the grid's extent), and ``varlen_mean_q``/
+    ``varlen_mean_k`` the mean lengths (rounded; 0 when not varlen), what tells a packed batch of
+    many short documents from one of few long ones. The mask applies per sequence.
     """
 
     batch: int
@@ -40,6 +45,9 @@ class Problem:
     window_right: int = -1
     softcap: float = 0.0
     sink: bool = False
+    varlen: bool = False
+    varlen_mean_q: int = 0
+    varlen_mean_k: int = 0
 
     def __post_init__(self):
         errs = self.errors()
@@ -67,6 +75,17 @@ class Problem:
             e.append(f"softcap must be a finite number >= 0 (0 = off), got {self.softcap!r}")
         if not isinstance(self.sink, bool):
             e.append(f"sink must be a bool, got {self.sink!r}")
+        if not isinstance(self.varlen, bool):
+            e.append(f"varlen must be a bool, got {self.varlen!r}")
+        for name, top in (("varlen_mean_q", self.seqlen_q), ("varlen_mean_k", self.seqlen_k)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                e.append(f"{name} must be an integer, got {v!r}")
+            elif self.varlen is True and not (isinstance(top, int) and 1 <= v <= top):
+                e.append(f"{name} must be in [1, {'seqlen_q' if name.endswith('q') else 'seqlen_k'}] for varlen, "
+                         f"got {v!r}")
+            elif self.varlen is not True and v != 0:
+                e.append(f"{name} is a varlen field (0 when varlen is off), got {v!r}")
         return e
 
     @property
@@ -101,7 +120,11 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """FLOPs counted by the FlashAttention convention (causal halves, bwd = 2.5x fwd)."""
+        """FLOPs counted by the FlashAttention convention (causal halves, bwd = 2.5x fwd). Varlen:
+        B sequences of the mean lengths (an estimate: the lengths themselves are not kept)."""
+        if self.varlen:
+            return dataclasses.replace(self, seqlen_q=self.varlen_mean_q, seqlen_k=self.varlen_mean_k,
+                                       varlen=False, varlen_mean_q=0, varlen_mean_k=0).flops
         f = 2.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v)
         if self.has_window:
             # Windows count only the unmasked region (the reference's benchmark convention).
@@ -152,10 +175,13 @@ class Problem:
             out += f"_cap{self.softcap:g}"
         if "sink" in f:
             out += "_sink"
+        if "varlen" in f:
+            out += f"_varlen{self.varlen_mean_q}_{self.varlen_mean_k}"
         return out
 
 
-FEATURE_DEFAULTS = {"window_left": -1, "window_right": -1, "softcap": 0.0, "sink": False}
+FEATURE_DEFAULTS = {"window_left": -1, "window_right": -1, "softcap": 0.0, "sink": False, "varlen": False,
+                    "varlen_mean_q": 0, "varlen_mean_k": 0}
 
 
 def visible_pairs(seqlen_q: int, seqlen_k: int, offset: int, left: int | None, right: int | None) -> int:

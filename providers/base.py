@@ -27,6 +27,8 @@ class Provider:
     passes: tuple[str, ...] = ("fwd", "bwd")
     # Whether it runs issue 18's window / softcap / sink problems (harness.feature_kwargs).
     features: bool = False
+    # Whether its harness builds packed varlen inputs (cu_seqlens); none does yet.
+    varlen: bool = False
     knob_cls: type | None = None
     # False only for providers that do not touch a GPU (the replay provider serves recorded
     # numbers), so the tuner can run its full logic on a CPU machine with them.
@@ -57,6 +59,9 @@ class Provider:
             return [f"{self.name} does not implement the {problem.pass_} pass"]
         if problem.features() and not self.features:
             return [f"{self.name} does not take {', '.join(problem.features())} (issue 18's features)"]
+        if problem.varlen and not self.varlen:
+            # A dense harness would time B padded sequences of the longest length: a wrong number.
+            return [f"{self.name} does not measure packed variable-length (varlen) problems"]
         return []
 
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:

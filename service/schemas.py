@@ -91,6 +91,9 @@ class ProblemIn(_Strict):
     window_right: int = Field(-1, ge=-1, le=INT32_MAX, description="keys right of the diagonal; -1: unbounded")
     softcap: float = Field(0.0, ge=0, allow_inf_nan=False, description="c * tanh(s / c) on the scores; 0: off")
     sink: bool = Field(False, description="a learnable per-head sink logit in the softmax denominator")
+    varlen: bool = Field(False, description="packed variable-length sequences: batch = sequences, seqlens = the longest")
+    varlen_mean_q: int = Field(0, ge=0, le=INT32_MAX, description="varlen: mean query rows per sequence; 0 otherwise")
+    varlen_mean_k: int = Field(0, ge=0, le=INT32_MAX, description="varlen: mean keys per sequence; 0 otherwise")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

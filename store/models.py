@@ -90,7 +90,7 @@ class Problem(Base):
         UniqueConstraint(
             "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "head_dim_v",
             "dtype", "causal", "deterministic", "pass", "window_left", "window_right", "softcap", "sink",
-            "kind", "page_size", "seqlen_k_mean",
+            "kind", "page_size", "seqlen_k_mean", "varlen", "varlen_mean_q", "varlen_mean_k",
             # Spelled out: the conventional name would exceed PostgreSQL's 63 characters.
             name=conv("uq_problems_shape"),
         ),
@@ -122,6 +122,10 @@ class Problem(Base):
     kind: Mapped[str] = mapped_column(String(16), server_default="attention")
     page_size: Mapped[int] = mapped_column(Integer, server_default="0")
     seqlen_k_mean: Mapped[int] = mapped_column(Integer, server_default="0")
+    # Packed variable-length sequences (revision 0008_varlen), off for every older row.
+    varlen: Mapped[bool] = mapped_column(Boolean, server_default=sa_false())
+    varlen_mean_q: Mapped[int] = mapped_column(Integer, server_default="0")
+    varlen_mean_k: Mapped[int] = mapped_column(Integer, server_default="0")
 
 
 class Config(Base):

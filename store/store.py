@@ -179,7 +179,7 @@ _OUTER = tuple(c.key for c in _MEASUREMENT_COLUMNS if not c.key.startswith("prob
 # The rows a best-config answer is built from, and the problem fields that make a family: one
 # query serves every shape of a family (family_rows), and a new row changes that family only.
 FAMILY_FIELDS = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "deterministic",
-                 "window_left", "window_right", "softcap", "sink")
+                 "window_left", "window_right", "softcap", "sink", "varlen")
 _SERVED = (m.Measurement.status == "ok", m.Measurement.tflops.is_not(None))
 
 

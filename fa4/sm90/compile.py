@@ -31,6 +31,10 @@ class FwdKernelKey:
     has_window_right: bool = False
     has_softcap: bool = False
     has_sink: bool = False
+    # Packed variable-length sequences (cu_seqlens), and whether seqused_q / seqused_k are given.
+    varlen: bool = False
+    seqused_q: bool = False
+    seqused_k: bool = False
 
 
 def ensure_target() -> None:
@@ -47,7 +51,8 @@ def ensure_target() -> None:
 
 def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90,
                 head_dim_v: int | None = None, *, has_window_left: bool = False, has_window_right: bool = False,
-                has_softcap: bool = False, has_sink: bool = False) -> FwdKernelKey:
+                has_softcap: bool = False, has_sink: bool = False, varlen: bool = False,
+                seqused_q: bool = False, seqused_k: bool = False) -> FwdKernelKey:
     """Configs that differ only in runtime knobs share one compiled kernel."""
     base = compile_time_config(config)
     if base.exp2_emu_frac == 0.0:
@@ -56,8 +61,11 @@ def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: 
     if not has_softcap:
         # No tanh to split (violations() rejects the knob there; a key must not tell them apart).
         base = dataclasses.replace(base, tanh_fma_frac=0.0)
+    if (seqused_q or seqused_k) and not varlen:
+        raise ValueError("seqused_q/seqused_k belong to varlen kernels")
     return FwdKernelKey(dtype, head_dim, causal, has_lse, base, head_dim_v or head_dim, bool(has_window_left),
-                        bool(has_window_right), bool(has_softcap), bool(has_sink))
+                        bool(has_window_right), bool(has_softcap), bool(has_sink), bool(varlen), bool(seqused_q),
+                        bool(seqused_k))
 
 
 
@@ -90,18 +98,24 @@ def compile_fwd(key: FwdKernelKey, options: str = "--enable-tvm-ffi"):
     o = _fake_tensor(dt, 4, head_dim_v)
     lse = _fake_tensor(cutlass.Float32, 3, tma=False) if key.has_lse else None
     sink = _fake_tensor(cutlass.Float32, 1, tma=False) if key.has_sink else None
+    # Varlen: (B+1,) cumulative offsets and (B,) used lengths, int32 on the device.
+    cu_q = _fake_tensor(cutlass.Int32, 1, tma=False) if key.varlen else None
+    cu_k = _fake_tensor(cutlass.Int32, 1, tma=False) if key.varlen else None
+    used_q = _fake_tensor(cutlass.Int32, 1, tma=False) if key.seqused_q else None
+    used_k = _fake_tensor(cutlass.Int32, 1, tma=False) if key.seqused_k else None
     kernel = FlashFwdSm90(dt, key.head_dim, key.causal, key.has_lse, key.config, head_dim_v,
                           has_window_left=key.has_window_left, has_window_right=key.has_window_right,
-                          has_softcap=key.has_softcap, has_sink=key.has_sink)
+                          has_softcap=key.has_softcap, has_sink=key.has_sink, varlen=key.varlen)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     if "--gpu-arch" not in options:
         # This kernel is sm_90a code whatever the DSL picked as default (without a GPU it
         # falls back to the newest arch, and an earlier import may have fixed that default).
         options = f"--gpu-arch=sm_90a {options}"
     return cute.compile(
-        kernel, q, k, v, o, lse, sink,
-        # scale_log2, softcap_scale, window_left, window_right, then the runtime knobs and the grid.
-        cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0),
+        kernel, q, k, v, o, lse, sink, cu_q, cu_k, used_q, used_k,
+        # scale_log2, softcap_scale, window_left, window_right, max_seqlen_q, then the runtime knobs
+        # and the grid.
+        cutlass.Float32(1.0), cutlass.Float32(1.0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
         cutlass.Float32(0.0), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), stream,
         options=options,
     )

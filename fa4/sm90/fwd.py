@@ -21,6 +21,16 @@ window adds a third, masked loop at the far edge), softcap (t = tanh(s scale / c
 registers before the mask, on MUFU or partly on the FMA pipe, fa4.common.softcap; the softmax runs
 on t with scale_log2 = c log2(e)) and learnable sinks (one more denominator term per row after the
 KV loop; the LSE includes it).
+
+Packed variable-length sequences (``varlen``, compile-time): q/k/v/o arrive as one batch of packed
+rows, (1, total, heads, d), with cu_seqlens (B+1,) (and optionally seqused) on the device. The
+grid is ceil(max_seqlen_q / tile_m) x heads x B; each tile reads its sequence's offset and
+lengths (fa4.common.varlen), and a tile that starts past its sequence's end exits before the
+producer/consumer split, so the pipelines and ping-pong barriers of the tiles that run are the
+dense kernel's. Q/K/V are loaded by TMA from the packed tensors shifted to the sequence's start
+(rows past its end are masked by the per-sequence lengths); O is stored by TMA when the 64 rows
+lie inside the sequence, else by predicated stores that stop at its end (the next sequence's
+rows are never written).
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from fa4.common import convert, masking, mma, scheduling, softcap, softmax
+from fa4.common import convert, masking, mma, scheduling, softcap, softmax, varlen
 from fa4.common.constants import LOG2_E
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
@@ -59,7 +69,7 @@ BAR_P = 10  # 10..12: a consumer's P tile is in shared memory (p_operand 'smem')
 class FlashFwdSm90:
     def __init__(self, dtype, head_dim: int, causal: bool, has_lse: bool, config: FwdConfigSm90,
                  head_dim_v: int | None = None, *, has_window_left: bool = False, has_window_right: bool = False,
-                 has_softcap: bool = False, has_sink: bool = False):
+                 has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.head_dim_v = head_dim_v or head_dim
@@ -72,6 +82,7 @@ class FlashFwdSm90:
         self.has_window_right = has_window_right
         self.has_softcap = has_softcap
         self.has_sink = has_sink
+        self.varlen = varlen
         # Derived attributes.
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
@@ -87,6 +98,9 @@ class FlashFwdSm90:
         self.overlap = config.intra_wg_overlap
         self.p_smem = config.p_operand == "smem"
         self.persistent = config.persistent
+        if varlen and self.persistent:
+            # violations() rejects it: the persistent tile walk does not skip empty varlen tiles yet.
+            raise ValueError("varlen kernels run one CTA per tile (persistent off)")
         # One mainloop step, chosen at trace time: QK(j) and PV(j-1) in flight together, or serial.
         self.step = self.step_overlap if self.overlap else self.step_serial
         # Columns of a thread's S row evaluated on the FMA pipe: the row has tile_n / 4
@@ -111,10 +125,15 @@ class FlashFwdSm90:
         mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim_v)
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, or None
         mSink: cute.Tensor,  # (heads_q,) fp32 sink logits, or None
+        mCuSeqlensQ: cute.Tensor,  # varlen: (B+1,) int32 row offsets of the sequences in q, else None
+        mCuSeqlensK: cute.Tensor,  # varlen: (B+1,) int32 in k/v, else None
+        mSeqUsedQ: cute.Tensor,  # varlen: (B,) int32 rows used per sequence (<= its cu_seqlens span), or None
+        mSeqUsedK: cute.Tensor,  # varlen: (B,) int32 keys used per sequence, or None
         scale_log2: Float32,  # softmax_scale * log2(e); with softcap c * log2(e)
         softcap_scale: Float32,  # softmax_scale / c (unused without softcap)
         window_left: Int32,  # keys left of the diagonal a row sees (unused without has_window_left)
         window_right: Int32,  # keys right of it (unused without has_window_right)
+        max_seqlen_q: Int32,  # varlen: the longest sequence's rows (the grid's m extent); else unused
         # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         tau: Float32,
         lpt: Int32,
@@ -198,6 +217,12 @@ class FlashFwdSm90:
         seqlen_q = mQ.shape[0]
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
+        vl = None
+        if cutlass.const_expr(self.varlen):
+            # Tiles: the longest sequence's m extent x heads x sequences (q is one packed batch).
+            seqlen_q = max_seqlen_q
+            num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
+            vl = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_q, mO)
         num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
         num_tiles = num_m * num_bh
         grid = (num_tiles, 1, 1)
@@ -209,7 +234,7 @@ class FlashFwdSm90:
         self.kernel(
             qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
             sQ_layout, sK_layout, sV_layout, sP_layout, sO_layout, scale_log2, tau, head_swizzle, lpt,
-            mSink, (window_left, window_right, softcap_scale),
+            mSink, (window_left, window_right, softcap_scale), vl,
         ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     @cute.kernel
@@ -237,6 +262,7 @@ class FlashFwdSm90:
         lpt: Int32,
         mSink: cute.Tensor,  # (heads_q,) fp32, or None
         feat: tuple,  # (window_left, window_right, softcap_scale), runtime
+        vl: tuple,  # varlen: (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, mO), else None
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -280,12 +306,35 @@ class FlashFwdSm90:
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
-        num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
+        m_extent = seqlen_q
+        if cutlass.const_expr(self.varlen):
+            m_extent = vl[4]
+            num_bh = num_heads * (vl[0].shape[0] - 1)
+        num_m = (m_extent + self.tile_m - 1) // self.tile_m
         num_tiles = num_m * num_bh
         # (num_m, heads_q, heads_q * batch, heads_q / heads_kv, head swizzle, lpt): the tile decode.
         sched = (num_m, num_heads, num_bh, num_heads // mK.shape[2], head_swizzle, lpt)
         grid_size, _, _ = cute.arch.grid_dim()
+        roles = (qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO, mLSE, sQ, sK, sV, sP, sO,
+                 pipe_q, pipe_k, pipe_v, warp_idx, wg_idx, tidx, bidx, num_tiles, grid_size, sched,
+                 seqlen_q, seqlen_k, scale_log2, tau, mSink, feat, vl)
+        if cutlass.const_expr(self.varlen):
+            # A tile past its sequence's end (a shorter sequence than the longest, or an empty one)
+            # exits here, every thread of the CTA alike: no load, no GEMM, no store, no barrier turn.
+            m_block, _, batch = scheduling.decode_tile(bidx, num_m, num_heads, num_bh, head_swizzle, lpt)
+            _, _, seq_q, _ = varlen.seq_info(vl, batch, seqlen_q, seqlen_k)
+            if m_block * self.tile_m < seq_q:
+                self.roles(*roles)
+        else:
+            self.roles(*roles)
 
+    @cute.jit
+    def roles(
+        self, qk_mma, pv_mma, tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO, mLSE, sQ, sK, sV, sP, sO,
+        pipe_q, pipe_k, pipe_v, warp_idx, wg_idx, tidx, bidx, num_tiles, grid_size, sched,
+        seqlen_q, seqlen_k, scale_log2, tau, mSink, feat, vl,
+    ):
+        """The warp roles of the CTA: the producer warp's loads, the consumers' GEMMs and epilogue."""
         if wg_idx == 0:
             # ---------------- producer ----------------
             cute.arch.setmaxregister_decrease(self.regs_producer)
@@ -302,12 +351,12 @@ class FlashFwdSm90:
                     for tile_idx in cutlass.range(bidx, num_tiles, grid_size, unroll=1):
                         states = self.produce_tile(
                             tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
-                            tile_idx, sched, seqlen_q, seqlen_k, feat,
+                            tile_idx, sched, seqlen_q, seqlen_k, feat, vl,
                         )
                 else:
                     self.produce_tile(
                         tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
-                        bidx, sched, seqlen_q, seqlen_k, feat,
+                        bidx, sched, seqlen_q, seqlen_k, feat, vl,
                     )
         else:
             # ---------------- consumers ----------------
@@ -316,7 +365,7 @@ class FlashFwdSm90:
             ctid = tidx % THREADS_PER_WG  # thread index inside the warpgroup
             self.consumer(
                 qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v,
-                cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau, mSink, feat,
+                cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau, mSink, feat, vl,
             )
 
     @cute.jit
@@ -330,7 +379,7 @@ class FlashFwdSm90:
     @cute.jit
     def produce_tile(
         self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, states,
-        tile_idx, sched, seqlen_q, seqlen_k, feat,
+        tile_idx, sched, seqlen_q, seqlen_k, feat, vl,
     ):
         """The TMA loads of one work tile: Q (one 64-row tile per consumer), then K and V from the
         last KV tile down. Returns the pipeline states, carried to the next tile."""
@@ -338,6 +387,13 @@ class FlashFwdSm90:
         num_m, num_heads, num_bh, qhead_per_kvhead, head_swizzle, lpt = sched
         m_block, head, batch = scheduling.decode_tile(tile_idx, num_m, num_heads, num_bh, head_swizzle, lpt)
         head_kv = head // qhead_per_kvhead
+        if cutlass.const_expr(self.varlen):
+            # The packed tensors, shifted to this sequence's first row (the TMA coordinates).
+            off_q, off_k, seqlen_q, seqlen_k = varlen.seq_info(vl, batch, seqlen_q, seqlen_k)
+            mQ = cute.domain_offset((off_q, 0, 0, 0), mQ)
+            mK = cute.domain_offset((off_k, 0, 0, 0), mK)
+            mV = cute.domain_offset((0, off_k, 0, 0), mV)
+            batch = 0
         # Only the KV tiles some row of this tile sees are loaded (a window skips the rest).
         n_block_min, n_block_max, _, _ = self.kv_split(m_block, seqlen_q, seqlen_k, feat)
         tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (ROWS_PER_WG, self.head_dim), head, batch)
@@ -384,7 +440,7 @@ class FlashFwdSm90:
     @cute.jit
     def consumer(
         self, qk_mma, pv_mma, tma_o, mO, mLSE, sQ, sK, sV, sP, sO, pipe_q, pipe_k, pipe_v,
-        cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau, mSink, feat,
+        cwg, ctid, bidx, num_tiles, grid_size, sched, seqlen_q, seqlen_k, scale_log2, tau, mSink, feat, vl,
     ):
         qk_thr = qk_mma.get_slice(ctid)
         pv_thr = pv_mma.get_slice(ctid)
@@ -439,27 +495,31 @@ class FlashFwdSm90:
                 k_state, v_state = self.consume_tile(
                     qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
                     q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
-                    scale_log2, tau, mSink, feat,
+                    scale_log2, tau, mSink, feat, vl,
                 )
                 q_phase = q_phase ^ 1
         else:
             self.consume_tile(
                 qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
                 Int32(0), frags, tSrQ_wg, pv_thr, cwg, ctid, bidx, sched, seqlen_q, seqlen_k,
-                scale_log2, tau, mSink, feat,
+                scale_log2, tau, mSink, feat, vl,
             )
 
     @cute.jit
     def consume_tile(
         self, qk_mma, pv_mma, tma_o, mO, mLSE, sO, pipe_q, pipe_k, pipe_v, k_state, v_state,
         q_phase, frags, tSrQ_wg, pv_thr, cwg, ctid, tile_idx, sched, seqlen_q, seqlen_k,
-        scale_log2, tau, mSink, feat,
+        scale_log2, tau, mSink, feat, vl,
     ):
         """One consumer's 64 rows of one work tile: the KV mainloop and the epilogue. Returns the
         K/V pipeline states, carried to the next tile."""
         acc_S, acc_O, tOA, p_out, tSrK, tOrV, tScS, s_mn, o_mn, row_max, row_sum, row_scale = frags
         num_m, num_heads, num_bh, _, head_swizzle, lpt = sched
         m_block, head, batch = scheduling.decode_tile(tile_idx, num_m, num_heads, num_bh, head_swizzle, lpt)
+        off_q = 0
+        if cutlass.const_expr(self.varlen):
+            off_q, _, seqlen_q, seqlen_k = varlen.seq_info(vl, batch, seqlen_q, seqlen_k)
+            batch = 0
         n_block_min, n_block_max, n_masked_right, n_unmasked = self.kv_split(m_block, seqlen_q, seqlen_k, feat)
         nrow = cute.size(s_mn, mode=[0])
         row_off = m_block * self.tile_m + cwg * ROWS_PER_WG
@@ -531,7 +591,7 @@ class FlashFwdSm90:
                 for r in cutlass.range_constexpr(nrow):
                     row = row_off + tScS[1] + tScS[0][r, 0][0]
                     if row < seqlen_q:
-                        mLSE[row, head, batch] = lse[r]
+                        mLSE[off_q + row, head, batch] = lse[r]
         sO_wg = sO[None, None, cwg]  # this consumer's Q buffer, free now that its GEMMs retired
         tOsO = pv_thr.partition_C(sO_wg)
         rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
@@ -540,13 +600,15 @@ class FlashFwdSm90:
         # Make the generic-proxy smem writes visible to the TMA (async proxy) engine.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPILOGUE + cwg, number_of_threads=THREADS_PER_WG)
-        if ctid < 32:
-            tOsO_tma, tOgO = seq_tiles(tma_o, mO, sO, (ROWS_PER_WG, self.head_dim_v), head, batch)
-            cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * self.num_wg + cwg])
-            cute.arch.cp_async_bulk_commit_group()
-            # The CTA must not retire (nor, persistent, the producer refill this buffer with the
-            # next tile's Q) before the bulk store has read shared memory.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if cutlass.const_expr(self.varlen):
+            if row_off + ROWS_PER_WG <= seqlen_q:
+                self.store_o_tma(tma_o, cute.domain_offset((off_q, 0, 0, 0), mO), sO, ctid, head, 0, m_block, cwg)
+            else:
+                # The sequence ends inside these 64 rows: a TMA box would write into the next one.
+                varlen.store_rows(rO, pv_thr, vl[5], off_q + row_off, seqlen_q - row_off, head,
+                                  (ROWS_PER_WG, self.head_dim_v))
+        else:
+            self.store_o_tma(tma_o, mO, sO, ctid, head, batch, m_block, cwg)
         if cutlass.const_expr(self.persistent):
             # The whole warpgroup learns that the store has read the buffer, then hands the Q
             # stage back to the producer (one arrive per warp).
@@ -616,6 +678,17 @@ class FlashFwdSm90:
         return k_state, v_state
 
     # ---------------------------------------------------------------- helpers
+    @cute.jit
+    def store_o_tma(self, tma_o, mO, sO, ctid, head, batch, m_block, cwg):
+        """The TMA store of this consumer's staged 64-row O tile (one thread of its first warp)."""
+        if ctid < 32:
+            tOsO_tma, tOgO = seq_tiles(tma_o, mO, sO, (ROWS_PER_WG, self.head_dim_v), head, batch)
+            cute.copy(tma_o, tOsO_tma[None, cwg], tOgO[None, m_block * self.num_wg + cwg])
+            cute.arch.cp_async_bulk_commit_group()
+            # The CTA must not retire (nor, persistent, the producer refill this buffer with the
+            # next tile's Q) before the bulk store has read shared memory.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+
     @cute.jit
     def mask(self, s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat):
         masking.apply_mask(

@@ -214,6 +214,10 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # consumer warpgroups (the Newton reciprocal's temporaries); 0.125 compiled clean.
         out.append(Violation("registers",
             f"tanh_fma_frac {config.tanh_fma_frac} with 3 consumer warpgroups spills (at most 0.125)"))
+    if config.persistent and problem.varlen:
+        # The persistent walk would have to skip the tiles past each sequence's end in step
+        # between producer and consumers (pipeline and Q-stage phases); not built.
+        out.append(Violation("knob combination", "varlen runs one CTA per tile: persistent must be off"))
     if config.pingpong == "mma_exp" and not config.intra_wg_overlap:
         # Without overlap the exp phase of one warpgroup already sits between its own GEMMs,
         # which the 'mma' barrier orders; the extra barrier would only serialize further.

@@ -241,8 +241,9 @@ def test_varlen_spelling(fake):
     ok, info = decode_ref.errors(o, None, q, k, v, [100, 33], table, False, 1 / 8)
     assert ok, info
     assert fake.launches[0][1] == 1  # the reference's default: no split
-    with pytest.raises(NotImplementedError, match="cu_seqlens"):
-        fa4.flash_attn_varlen_func(q[:, 0], k, v, cu_seqlens_q=seqlens)
+    # cu_seqlens is the packed path (fa4.varlen), which checks its own arguments.
+    with pytest.raises(ValueError, match="cu_seqlens_k is required"):
+        fa4.flash_attn_varlen_func(q[:, 0], k[:, 0], v[:, 0], cu_seqlens_q=seqlens, max_seqlen_q=1, max_seqlen_k=1)
     with pytest.raises(NotImplementedError, match="softcap"):
         fa4.flash_attn_varlen_func(q, k, v, seqused_k=seqlens, page_table=table, softcap=1.0)
 

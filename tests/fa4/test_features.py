@@ -223,15 +223,16 @@ def test_forward_fast_path_keys_features_and_passes_runtime_arguments(monkeypatc
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, False, True, True)
     (a1, a2) = kernels[key].args
     assert a1[5] is s1 and a2[5] is s2
-    # scale_log2 = c log2(e), softcap_scale = scale / c, then the window sides.
-    assert a1[6] == pytest.approx(30.0 * math.log2(math.e)) and a1[7] == pytest.approx(0.1 / 30.0)
-    assert a1[8:10] == (255, -1)
+    assert a1[6:10] == (None,) * 4  # the varlen tensors (cu_seqlens, seqused): dense
+    # scale_log2 = c log2(e), softcap_scale = scale / c, then the window sides and max_seqlen_q (varlen).
+    assert a1[10] == pytest.approx(30.0 * math.log2(math.e)) and a1[11] == pytest.approx(0.1 / 30.0)
+    assert a1[12:15] == (255, -1, 0)
     launch._forward(q, k, v, 0.1, True, True, None, None)
     assert len(launch._launch_cache) == 2
     plain = keys[-1]
     assert not (plain.has_window_left or plain.has_softcap or plain.has_sink)
     args = kernels[plain].args[0]
-    assert args[5] is None and args[6] == pytest.approx(0.1 * math.log2(math.e))
+    assert args[5] is None and args[10] == pytest.approx(0.1 * math.log2(math.e))
 
 
 def test_explain_sees_the_features_and_the_tanh_knob_needs_softcap(monkeypatch):

@@ -129,19 +129,20 @@ def test_window_of_follows_transformers_convention():
 
 
 def test_padded_and_packed_batches_say_what_they_need(fake_fa4):
-    # fa4 has no packed varlen kernel yet: a padded batch or packed sequences must not silently
-    # attend across documents or to padding, and the error says what is missing.
+    # A padded batch or packed sequences go to fa4's packed varlen forward, never silently to the
+    # dense path; training through it says the varlen backward is missing.
     module = type("Attn", (torch.nn.Module,), {"is_causal": True})()
-    x = torch.zeros(1, 2, 6, 16, dtype=torch.bfloat16)
+    x = torch.zeros(1, 2, 6, 64, dtype=torch.bfloat16)
     mask = torch.tensor([[0, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    with pytest.raises(NotImplementedError, match="packed variable-length sequences"):
+    with pytest.raises(ValueError, match="CUDA devices only"):  # the packed kernel's own check
         fa4_hf.attention_forward(module, x, x, x, mask)
-    with pytest.raises(NotImplementedError, match="packed variable-length sequences"):
-        fa4_hf.attention_forward(module, x, x, x, None, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
+    xg = x.clone().requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="varlen backward not built yet"):
+        fa4_hf.attention_forward(module, xg, x, x, None, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
     assert fake_fa4 == []
     # A mask without padding is the dense path.
     out, w = fa4_hf.attention_forward(module, x, x, x, torch.ones(1, 6, dtype=torch.bool))
-    assert w is None and out.shape == (1, 6, 2, 16) and len(fake_fa4) == 1
+    assert w is None and out.shape == (1, 6, 2, 64) and len(fake_fa4) == 1
 
 
 def test_varlen_paths_hand_fa4_the_documents(monkeypatch):

@@ -61,6 +61,8 @@ def test_upgrade_keeps_every_measurement_and_verdict_and_downgrade_drops_only_fe
             assert after["measurements"] == before["measurements"] and after["verdicts"] == before["verdicts"]
             assert [r[:12] for r in after["problems"]] == [tuple(r) for r in before["problems"]]
             assert all(r[12:16] == (-1, -1, 0.0, False) for r in after["problems"])
+            assert all(r[16:19] == ("attention", 0, 0) for r in after["problems"])  # revision 0007's decode
+            assert all(r[19:] == (False, 0, 0) for r in after["problems"])  # revision 0008's varlen columns
         pid = store.upsert_problem(Problem(2, 8192, 8192, 16, 16, 128, 128, pass_="bwd", **FEATURED))
         with store.engine.begin() as conn:
             command.downgrade(alembic_config(conn), "0005_retired_knobs")
@@ -96,3 +98,29 @@ def test_featured_problem_round_trips_through_the_rest_api(client, toy, monkeypa
     assert best(client, seqlen_q=4096, causal=True)["config"]["tile_n"] == 128
     r = client.post("/v1/results", json=result(prob={**prob, "softcap": -1.0}), headers=AUTH)
     assert r.status_code == 422
+
+
+def test_varlen_revision_keeps_rows_and_tells_packed_from_padded(tmp_path):
+    # Revision 0008: older rows read as dense problems; a packed batch is its own problem.
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        command.upgrade(alembic_config(conn), "0006_features")
+        conn.execute(text(
+            "INSERT INTO problems (id, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, dtype, "
+            "causal, deterministic, pass) VALUES (1, 8, 4096, 4096, 16, 16, 128, 128, 'bf16', 1, 0, 'fwd')"))
+    engine.dispose()
+    dense = Problem(8, 4096, 4096, 16, 16, 128, 128, causal=True)
+    packed = Problem(8, 4096, 4096, 16, 16, 128, 128, causal=True, varlen=True, varlen_mean_q=2048,
+                     varlen_mean_k=2048)
+    with ResultsStore.open(url) as store:
+        assert store.get_problem(1) == dense and store.upsert_problem(dense) == 1
+        pid = store.upsert_problem(packed)
+        assert pid != 1 and store.get_problem(pid) == packed
+    assert dense.key() + "_varlen2048_2048" == packed.key()
+    assert packed.flops == Problem(8, 2048, 2048, 16, 16, 128, 128, causal=True).flops
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        command.downgrade(alembic_config(conn), "0006_features")
+        assert conn.execute(text("SELECT id FROM problems")).scalars().all() == [1]
+    engine.dispose()

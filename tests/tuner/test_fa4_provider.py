@@ -177,3 +177,12 @@ def test_bwd_compile_variant_carries_the_features():
     mistral = dataclasses.replace(feature_problem(128, False, False, False, "wl"), window_right=0)
     key = p.compile_variant(mistral, c)
     assert key.causal and key.has_window_left and not key.has_window_right
+
+
+def test_varlen_problems_are_refused_not_timed_dense():
+    from fa4.problem import Problem
+    from providers.fa4_provider import Fa4Provider
+
+    packed = Problem(8, 4096, 4096, 16, 16, 128, 128, causal=True, varlen=True, varlen_mean_q=2048,
+                     varlen_mean_k=2048)
+    assert any("varlen" in e for e in Fa4Provider().problem_errors(packed))

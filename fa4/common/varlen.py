@@ -1,0 +1,46 @@
+"""Packed variable-length sequences (varlen): per-tile sequence info and the ragged O store.
+
+A varlen launch packs B sequences along one row axis: sequence b's query rows are
+cu_seqlens_q[b] .. cu_seqlens_q[b+1] (its keys likewise in k/v), of which the first seqused_q[b]
+are used when seqused_q is given (the reference FA4's meaning). The kernels view the packed
+tensors as a batch of one and index sequences by the tile's batch coordinate.
+
+Plain functions called while a kernel is traced (their ``vl`` is the kernel's varlen tuple; the
+seqused entries may be None, a trace-time choice).
+"""
+
+import cutlass
+import cutlass.cute as cute
+
+
+def seq_info(vl, batch, seqlen_q, seqlen_k):
+    """(offset_q, offset_k, seqlen_q, seqlen_k) of sequence ``batch``; with ``vl`` None (dense) the
+    offsets are 0 and the lengths the given ones."""
+    if vl is None:
+        return 0, 0, seqlen_q, seqlen_k
+    cu_q, cu_k, used_q, used_k = vl[0], vl[1], vl[2], vl[3]
+    off_q = cu_q[batch]
+    off_k = cu_k[batch]
+    len_q = used_q[batch] if used_q is not None else cu_q[batch + 1] - off_q
+    len_k = used_k[batch] if used_k is not None else cu_k[batch + 1] - off_k
+    return off_q, off_k, len_q, len_k
+
+
+@cute.jit
+def store_rows(
+    rO: cute.Tensor,  # the thread's O accumulator partition, converted to the output dtype
+    pv_thr,  # the PV WGMMA's thread slice (rO's partition)
+    mO: cute.Tensor,  # (total_q, dv, heads, 1) the packed output, kernel view
+    row0,  # packed row of the tile's first row
+    rows_left,  # rows of the tile inside its sequence (< the tile's height)
+    head,
+    tile: cutlass.Constexpr,  # (rows, dv)
+):
+    """Predicated stores of a tile's rows [0, rows_left): a sequence's last, partial tile, whose
+    TMA box would run into the next sequence's rows."""
+    gO = cute.local_tile(cute.domain_offset((row0, 0), mO[None, None, head, 0]), tile, (0, 0))
+    tOgO = pv_thr.partition_C(gO)
+    tOcO = pv_thr.partition_C(cute.make_identity_tensor(tile))
+    for i in cutlass.range_constexpr(cute.size(rO)):
+        if tOcO[i][0] < rows_left:
+            tOgO[i] = rO[i]
