@@ -38,7 +38,8 @@ def test_old_database_with_rows_upgrades_and_keeps_every_row(tmp_path):
             after = _rows(conn)
         assert after["measurements"] == before["measurements"] and after["verdicts"] == before["verdicts"]
         assert [r[:16] for r in after["problems"]] == [tuple(r) for r in before["problems"]]
-        assert all(r[16:] == ("attention", 0, 0) for r in after["problems"])
+        assert all(r[16:19] == ("attention", 0, 0) for r in after["problems"])  # 0007_decode's columns
+        assert all(r[19:] == (False, 0, 0) for r in after["problems"])  # then 0008_varlen's
         old = store.get_problem(before["problems"][0][0])
         assert isinstance(old, Problem)
         assert store.upsert_problem(old) == before["problems"][0][0]  # the same row, not a new one
