@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import os
 import subprocess
 import sys
@@ -38,7 +40,7 @@ _WORKER = textwrap.dedent(
     device = {device!r}
     problem = Problem.standard(4096, 128)
     fp = get_provider("fa4").source_fingerprint()
-    cfgs = [c for c in iter_configs(FwdConfigSm90) if not violations(c, problem, SM90)][:8]
+    cfgs = list(itertools.islice((c for c in iter_configs(FwdConfigSm90) if not violations(c, problem, SM90)), 8))
     while not go.exists():
         time.sleep(0.01)
     if mode == "local":
