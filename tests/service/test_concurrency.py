@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import os
 import subprocess
 import sys
@@ -27,7 +25,7 @@ DEVICE = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "
 
 _WORKER = textwrap.dedent(
     """
-    import sys, time
+    import itertools, sys, time
     from pathlib import Path
     import httpx
     from fa4.arch import SM90
