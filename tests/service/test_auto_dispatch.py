@@ -121,8 +121,17 @@ def test_choice_from_the_db_and_the_call_runs_it(db, fp, monkeypatch):
     assert fa4.explain(problem=P, provider="auto") == c
     det = fa4.explain_auto(problem=replace(P, deterministic=True))
     assert det.train == "fa4" and "cudnn" not in det.bwd_ms
-    # LSE asked: SDPA returns none, so the reference's forward (0.85) beats ours (0.9).
+    # LSE asked: SDPA returns none, so the reference's forward (0.85) beats ours (0.9) where the
+    # reference is installed; where it is not (CI installs no flash-attn-4), it is no candidate.
+    monkeypatch.setitem(auto._installed_cache, "flash-attn-4", True)
+    auto.reset()
     assert fa4.explain_auto(problem=P, return_lse=True).fwd == "flash-attn-4"
+    monkeypatch.setitem(auto._installed_cache, "flash-attn-4", False)
+    auto.reset()
+    without = fa4.explain_auto(problem=P, return_lse=True)
+    assert without.fwd == "fa4" and any("flash_attn.cute is not installed" in n for n in without.notes)
+    monkeypatch.setitem(auto._installed_cache, "flash-attn-4", True)
+    auto.reset()
 
     ran = []
     monkeypatch.setattr(auto, "run_peer", lambda prov, q, k, v, *a: ran.append(prov) or q.new_zeros(q.shape))

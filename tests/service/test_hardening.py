@@ -204,8 +204,10 @@ def test_changes_since_names_the_families_of_new_rows_verdicts_and_devices(store
     p = Problem.standard(4096, 128)
     pid, cid = store.upsert_problem(p), store.upsert_config("toy", {"tile_n": 64})
     gen0 = store.generation()
-    # pass, dtype, head dims, causal, deterministic, then issue 18's features (plain here).
-    fam = (DEVICE["name"], "toy", "fwd", "bf16", 128, 128, False, False, -1, -1, 0.0, False)
+    # The device, the provider, then the store's family fields of the problem (plain here).
+    from store.store import FAMILY_FIELDS
+
+    fam = (DEVICE["name"], "toy", *(getattr(p, f) for f in FAMILY_FIELDS))
     # A failed trial changes no answer: no family.
     store.add_measurement(dev, pid, cid, status="compile_error", reason="x")
     gen1, families, names = store.changes_since(gen0)
