@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fa4.arch import Arch
+from fa4.auto import SDPA_BACKENDS
 from fa4.problem import Problem
 
 from .base import Provider
@@ -40,17 +41,11 @@ class SdpaProvider(Provider):
         return self.problem_errors(problem)
 
     def _call(self, problem: Problem, q, k, v):
-        import torch.nn.functional as F
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+        # The same SDPA call fa4's dispatch makes for this peer (fa4.auto.run_peer): transposed
+        # views of our (batch, seqlen, heads, dim) layout, this backend only, GQA without copies.
+        from fa4.auto import run_peer
 
-        backend = getattr(SDPBackend, self.backend_attr)
-        gqa = problem.heads_q != problem.heads_kv
-        # SDPA takes (batch, heads, seqlen, dim): transposed views of our (batch, seqlen, heads, dim),
-        # which is the memory layout both backends handle without a copy.
-        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-        with sdpa_kernel([backend]):
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=problem.causal, enable_gqa=gqa)
-        return o.transpose(1, 2)
+        return run_peer(self.name, q, k, v, None, problem.causal, False, False)
 
     def make_fwd(self, problem: Problem, config, q, k, v):
         def run():
@@ -83,9 +78,9 @@ class SdpaProvider(Provider):
 
 class CudnnProvider(SdpaProvider):
     name = "cudnn"
-    backend_attr = "CUDNN_ATTENTION"
+    backend_attr = SDPA_BACKENDS[name]
 
 
 class Fa2Provider(SdpaProvider):
     name = "fa2"
-    backend_attr = "FLASH_ATTENTION"
+    backend_attr = SDPA_BACKENDS[name]
