@@ -20,6 +20,7 @@ from fa4.decode_problem import DecodeProblem
 from fa4.knobs import Violation
 
 from .base import Provider
+from .fa4_provider import sm90_unavailable
 
 NAME = "fa4-decode"
 
@@ -117,17 +118,7 @@ class Fa4DecodeProvider(Provider):
         return self.knob_cls
 
     def available(self) -> str | None:
-        try:
-            import cutlass  # noqa: F401
-            import torch
-        except Exception as e:  # noqa: BLE001
-            return f"CuTe DSL / torch not importable: {e}"
-        if not torch.cuda.is_available():
-            return "needs a CUDA GPU (torch.cuda.is_available() is False); compile-only works without one"
-        major, _ = torch.cuda.get_device_capability()
-        if major != 9:
-            return f"fa4's decode kernel is built for sm90 only (this GPU is sm{major}x)"
-        return None
+        return sm90_unavailable("fa4's decode kernel is")
 
     def problem_errors(self, problem) -> list[str]:
         if not isinstance(problem, DecodeProblem):

@@ -11,6 +11,21 @@ from fa4.problem import Problem
 from .base import Provider
 
 
+def sm90_unavailable(what: str) -> str | None:
+    """Why our sm90 kernels (``what``: "fa4 kernels are", ...) cannot run here, or None."""
+    try:
+        import cutlass  # noqa: F401
+        import torch
+    except Exception as e:  # noqa: BLE001
+        return f"CuTe DSL / torch not importable: {e}"
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (torch.cuda.is_available() is False); compile-only works without one"
+    major, _ = torch.cuda.get_device_capability()
+    if major != 9:
+        return f"{what} built for sm90 only (this GPU is sm{major}x)"
+    return None
+
+
 class Fa4Provider(Provider):
     """Both passes: the forward (FwdConfigSm90) and the backward (BwdConfigSm90, timed alone
     after one forward, deterministic as the problem asks). The knob class, feasibility,
@@ -38,17 +53,7 @@ class Fa4Provider(Provider):
         return rules.knob_cls(problem), rules.config_module(problem)
 
     def available(self) -> str | None:
-        try:
-            import cutlass  # noqa: F401
-            import torch
-        except Exception as e:  # noqa: BLE001
-            return f"CuTe DSL / torch not importable: {e}"
-        if not torch.cuda.is_available():
-            return "needs a CUDA GPU (torch.cuda.is_available() is False); compile-only works without one"
-        major, _ = torch.cuda.get_device_capability()
-        if major != 9:
-            return f"fa4 kernels are built for sm90 only (this GPU is sm{major}x)"
-        return None
+        return sm90_unavailable("fa4 kernels are")
 
     def problem_errors(self, problem: Problem) -> list[str]:
         from fa4.sm90.fwd_config import head_dims_v
