@@ -1,0 +1,103 @@
+"""What a forward + backward call costs the host, piece by piece, and PyTorch's own floor for it.
+
+    python3 bench/host_floor.py [--calls 2000] [--shape 1,128,4,128]
+
+bench/host_cost.py measures the whole call; this splits it (us per call, 2000 calls then one
+sync, lower of 2 loops, B1 S128 H4 D128 bf16 causal by default):
+- floor: torch.autograd.grad through a do-nothing autograd.Function on CUDA tensors (the engine's
+  hand-off to its device thread and back, no kernels): no attention call can cost less;
+- floor+3: the same with three 1-element CUDA kernels in the forward and three in the backward;
+- ours fwd (no grad), ours fwd under autograd (the Function's apply, no backward);
+- ours bwd host path alone: fa4.launch._backward called directly (no autograd engine);
+- ours fwd+bwd: the full call, as bench/host_cost.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import fa4
+from fa4 import launch
+
+
+def per_call_us(fn, calls: int) -> float:
+    best = float("inf")
+    for _ in range(2):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+class Nothing(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, g, g
+
+
+class Three(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        ctx.save_for_backward(q)
+        return q.add(1), k.add(1), v.add(1)
+
+    @staticmethod
+    def backward(ctx, g1, g2, g3):
+        return g1.mul(2), g2.mul(2), g3.mul(2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--shape", default="1,128,4,128")
+    a = ap.parse_args()
+    b, s, h, d = (int(x) for x in a.shape.split(","))
+    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    small = [torch.randn(1, device="cuda", requires_grad=True) for _ in range(3)]
+    g1 = torch.ones(1, device="cuda")
+
+    out, lse = fa4.flash_attn_func(qg, kg, vg, causal=True, return_lse=True)
+    cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
+    scale = 1.0 / d ** 0.5
+    o_det, lse_det = out.detach(), lse.detach()
+
+    def fwd():
+        with torch.no_grad():
+            fa4.flash_attn_func(q, k, v, causal=True)
+
+    loops = {
+        "floor (autograd.grad, no-op Function)": lambda: torch.autograd.grad(Nothing.apply(*small), small[0], g1),
+        "floor+3 (3 kernels each way)": lambda: torch.autograd.grad(Three.apply(*small), small, (g1, g1, g1)),
+        "ours fwd, no grad": fwd,
+        "ours fwd under autograd (no backward)": lambda: fa4.flash_attn_func(qg, kg, vg, causal=True),
+        "ours bwd host path alone (_backward)": lambda: launch._backward(do, q, k, v, o_det, lse_det, scale, True,
+                                                                         False, cfg),
+        "ours fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, causal=True),
+                                                                    (qg, kg, vg), do),
+        "sdpa cudnn fwd+bwd": lambda: torch.autograd.grad(
+            fa4.flash_attn_func(qg, kg, vg, causal=True, provider="cudnn"), (qg, kg, vg), do),
+    }
+    print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops)")
+    for name, fn in loops.items():
+        try:
+            for _ in range(20):
+                fn()
+            print(f"  {name:42s} {per_call_us(fn, a.calls):8.1f}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"  {name:42s} n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
