@@ -112,13 +112,14 @@ def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config, windo
                    softcap=0.0, sink=False):
     """Resolved backward config of a launch, cached like the forward's fast path."""
     check_bwd_args(deterministic, bwd_config)
-    check_bwd_head_dims(q, v)
     features = dict(window_left=window_left, window_right=window_right, softcap=float(softcap), sink=bool(sink))
     key = (q.shape, k.shape, v.shape[3], q.dtype, q.device, bool(causal), deterministic,
            bwd_config if not isinstance(bwd_config, dict) else tuple(sorted(bwd_config.items())),
            *features.values())
     hit = _bwd_configs.get(key)
     if hit is None:
+        # Head dims are in the key: checked once per key, as the rest of the validation.
+        check_bwd_head_dims(q, v)
         validate(q, k, v)
         problem = with_features(problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic), **features)
         hit = resolve_config(problem, arch_of(q.device), bwd_config)[1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fa4.arch import Arch, arch_from_capability
@@ -80,10 +82,15 @@ def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def bwd_head_dim_error(q, v) -> str | None:
     """Why the backward kernel cannot take these head dims (it covers fewer than the forward)."""
+    return _bwd_head_dim_error(q.shape[3], v.shape[3])
+
+
+@functools.lru_cache(maxsize=64)
+def _bwd_head_dim_error(d: int, dv: int) -> str | None:
+    # Cached: asked on every call with grad (a pure function of the two head dims).
     from fa4.sm90.bwd_config import HEAD_DIMS as BWD_HEAD_DIMS
     from fa4.sm90.bwd_config import HEAD_DIMS_V as BWD_HEAD_DIMS_V
 
-    d, dv = q.shape[3], v.shape[3]
     if d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS_V.get(d, (d,)):
         return None
     return (f"fa4's backward supports head_dim {BWD_HEAD_DIMS} with head_dim_v == head_dim (and 192 with 128), "

@@ -136,9 +136,9 @@ class _Plan:
         # three, the dQ accumulator's zeros included): (sizes, shapes) of its views. Each starts at
         # a multiple of SEQ_PAD elements, so every view keeps the 16-byte alignment TMA needs.
         rows = b * hq * sq_pad
-        self.ws = (rows * (2 + d), ((b, hq, sq_pad), (b, hq, sq_pad), (b, hq, sq_pad, d)))
+        self.ws = (rows * (2 + d), _layout(((b, hq, sq_pad), (b, hq, sq_pad), (b, hq, sq_pad, d))))
         # GQA: dK and dV accumulate in fp32 over a group's query heads (zeroed), then are converted.
-        self.acc = (b * hkv * sk_pad * (d + dv), ((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv))) if gqa else None
+        self.acc = (b * hkv * sk_pad * (d + dv), _layout(((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv)))) if gqa else None
         self.sems = None
         if deterministic:
             nq = b * hq * _round4(-(-sq // config.tile_m))
@@ -148,13 +148,23 @@ class _Plan:
         self.f32 = torch.float32
 
 
-def _views(buf: torch.Tensor, shapes) -> list[torch.Tensor]:
+def _layout(shapes) -> tuple:
+    """(shape, stride, offset) of contiguous views of ``shapes`` laid end to end in one buffer:
+    computed once per plan, so a launch makes each view with one as_strided (a slice then a
+    view cost the host twice as much, per call)."""
     out, at = [], 0
     for shape in shapes:
-        n = math.prod(shape)
-        out.append(buf[at:at + n].view(shape))
-        at += n
-    return out
+        stride, acc = [], 1
+        for n in reversed(shape):
+            stride.append(acc)
+            acc *= n
+        out.append((tuple(shape), tuple(reversed(stride)), at))
+        at += acc
+    return tuple(out)
+
+
+def _views(buf: torch.Tensor, layout) -> list[torch.Tensor]:
+    return [buf.as_strided(shape, stride, offset) for shape, stride, offset in layout]
 
 
 _plans: dict = {}

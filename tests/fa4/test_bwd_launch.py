@@ -1,5 +1,7 @@
 """Host side of the backward (CPU): config resolution, input checks, the dispatch entry."""
 
+import math
+
 import pytest
 import torch
 
@@ -239,3 +241,21 @@ def test_feature_check_harness_on_cpu(monkeypatch):
     monkeypatch.setattr(bwd_launch, "launch_bwd", wrong)
     ok, info = feat.check_case(1, 45, 70, 4, 2, 64, causal=True, **kw)
     assert not ok and not info["dsink"]["ok"] and info["dq"]["ok"]
+
+
+def test_workspace_views_are_contiguous_disjoint_and_cover_the_buffer():
+    """The plan's (shape, stride, offset) views of one workspace: each is the contiguous tensor of
+    its shape, they follow each other without gap or overlap, and each keeps 16-byte alignment."""
+    from fa4.sm90.bwd_launch import _layout, _views
+
+    shapes = ((1, 4, 128), (1, 4, 128), (1, 4, 128, 96))
+    layout = _layout(shapes)
+    buf = torch.arange(sum(math.prod(s) for s in shapes), dtype=torch.float32)
+    views = _views(buf, layout)
+    at = 0
+    for shape, view in zip(shapes, views):
+        assert view.shape == shape and view.is_contiguous()
+        assert torch.equal(view.reshape(-1), buf[at:at + math.prod(shape)])
+        assert (view.data_ptr() - buf.data_ptr()) % 16 == 0
+        at += math.prod(shape)
+    assert at == buf.numel()
