@@ -13,7 +13,7 @@ from fa4.arch import SM90, Arch
 from fa4.decode_problem import DecodeProblem
 from fa4.knobs import RuntimeKnobNames, Violation, knob
 
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 96, 128, 192, 256)
 # One consumer warpgroup: one WGMMA atom of 64 query rows per CTA.
 ROWS_PER_CTA = 64
 # Warps 0-3: the consumer warpgroup (WGMMA needs it aligned at thread 0 of a warpgroup);

@@ -4,7 +4,7 @@ Page sizes 16/64/256 and a contiguous cache; ragged cache_seqlens with 0 and 1 i
 1/2/4/16 new tokens; GQA ratios 1/4/8 (16 tokens x 8 heads = two 64-row blocks); causal
 bottom-right or not; split counts 1, 3, auto and the maximum (most splits then empty). The output
 is poisoned with NaN first, and so is the memory the split workspace is carved from, and every
-cache slot past a sequence's length (a cache from torch.empty); NaN never passes. Then: pack_gqa off, fp16, hd64, no cache_seqlens, and one decode step captured in a CUDA
+cache slot past a sequence's length (a cache from torch.empty); NaN never passes. Then: pack_gqa off, fp16, hd64, hd 96/192/256, no cache_seqlens, and one decode step captured in a CUDA
 graph and replayed with new cache_seqlens (and query) contents.
 """
 
@@ -76,6 +76,21 @@ def test_decode_hd64_fp16(page_size, splits):
     ok, info = run_case([5, 1000, 0], 1, 16, 2, 64, page_size, True, splits, dtype=torch.float16)
     assert ok, info
     ok, info = run_case([5, 1000, 0], 4, 16, 2, 64, page_size, False, splits)
+    assert ok, info
+
+
+@pytest.mark.parametrize("splits", [1, 3, 0])
+@pytest.mark.parametrize("hd", [96, 192, 256])
+@pytest.mark.parametrize("page_size", [0, 64, 256])
+def test_decode_other_head_dims(hd, page_size, splits):
+    """Phi-3's 96, 192 and Gemma's 256: the widest tile the smem and register budgets take (hd256:
+    64 keys x 3 stages), packed GQA and unpacked, causal and not, bf16 and fp16."""
+    import torch
+
+    causal = (hd // 32 + page_size // 64 + splits) % 2 == 0
+    ok, info = run_case(LENS, 2, 16, 4, hd, page_size, causal, splits)
+    assert ok, info
+    ok, info = run_case([1, 0, 777], 1, 8, 8, hd, page_size, not causal, splits, dtype=torch.float16)
     assert ok, info
 
 

@@ -82,7 +82,7 @@ def test_violations_name_page_size_smem_and_head_dim():
     (why,) = violations(DecodeConfigSm90(tile_n=128, kv_stages=4), _problem())
     assert why.kind == "shared memory"
     assert violations(DecodeConfigSm90(tile_n=16, kv_stages=8), _problem(page_size=16)) == []
-    assert any(v.kind == "problem" for v in violations(DecodeConfigSm90(), _problem(head_dim=96)))
+    assert any(v.kind == "problem" for v in violations(DecodeConfigSm90(), _problem(head_dim=80)))
     # Pages of 8 keys hold no whole tile: no config takes them.
     p8 = _problem(page_size=8)
     assert all(any(v.kind == "tile shape" for v in violations(DecodeConfigSm90(tile_n=t, kv_stages=2), p8))
