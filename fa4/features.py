@@ -82,7 +82,9 @@ def normalize(q: torch.Tensor, causal, window_size, learnable_sink, softcap) -> 
             raise ValueError(f"learnable_sink must be float32, bfloat16 or float16, got {sink.dtype}")
         if sink.device != q.device:
             raise ValueError(f"learnable_sink is on {sink.device}, q on {q.device}: they must share a device")
-        if sink.dtype != torch.float32 or not sink.is_contiguous() or sink.data_ptr() % 16:
+        # Under torch.compile a tensor has no address to check: always copy (heads_q floats).
+        if (torch.compiler.is_compiling() or sink.dtype != torch.float32 or not sink.is_contiguous()
+                or sink.data_ptr() % 16):
             # The kernel reads (heads_q,) fp32 from a 16-byte aligned base (a slice may not be).
             sink = sink.to(torch.float32, copy=True).contiguous()
     return Features(causal, left, right, float(softcap), sink)

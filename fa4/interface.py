@@ -64,11 +64,8 @@ def flash_attn_func(
         # only a torch.compile run needs, and by then it is loaded anyway.
         from fa4.ops import traced_flash_attn
 
-        if not feat.plain:
-            raise NotImplementedError(f"fa4 under torch.compile does not take {', '.join(feat.names())} yet "
-                                      "(the custom ops carry plain attention only); call it eagerly")
         return traced_flash_attn(q, k, v, softmax_scale, feat.causal, return_lse, config, out, deterministic,
-                                 bwd_config)
+                                 bwd_config, feat.window_left, feat.window_right, feat.softcap, feat.sink)
     grad = _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                 or (learnable_sink is not None and learnable_sink.requires_grad))
     if provider != "fa4":

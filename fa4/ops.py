@@ -58,16 +58,24 @@ def fwd(
     config: Optional[str],
     deterministic: bool,
     bwd_config: Optional[str],
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sink: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     from fa4 import launch
 
     # deterministic / bwd_config are here for fa4::fwd's backward (register_autograd hands
-    # the backward only the forward op's inputs); the forward kernel ignores them.
-    return launch._forward(q, k, v, softmax_scale, causal, True, decode_config(config), None)
+    # the backward only the forward op's inputs); the forward kernel ignores them. The features
+    # come canonical (fa4.features.normalize): -1 for an unbounded side, 0 for no softcap, the
+    # sink (heads_q,) fp32.
+    return launch._forward(q, k, v, softmax_scale, causal, True, decode_config(config), None, window_left,
+                           window_right, softcap, sink)
 
 
 @fwd.register_fake
-def _fwd_fake(q, k, v, softmax_scale, causal, config, deterministic, bwd_config):
+def _fwd_fake(q, k, v, softmax_scale, causal, config, deterministic, bwd_config, window_left=-1, window_right=-1,
+              softcap=0.0, sink=None):
     from fa4.tensors import empty_out, validate
 
     validate(q, k, v, layout=False)
@@ -88,16 +96,30 @@ def bwd(
     deterministic: bool,
     bwd_config: Optional[str],
     dlse: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sink: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink); an op's outputs are fixed, so without a sink dsink is an empty tensor."""
     from fa4 import launch
 
-    config = launch.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config))
+    config = launch.bwd_config_for(q, k, v, causal, deterministic, decode_config(bwd_config),
+                                   window_left=window_left, window_right=window_right, softcap=softcap,
+                                   sink=sink is not None)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
-    return tuple(launch._backward(dout, q, k, v, out, lse, scale, causal, deterministic, config, dlse=dlse))
+    grads = launch._backward(dout, q, k, v, out, lse, scale, causal, deterministic, config, dlse=dlse,
+                             window_left=window_left, window_right=window_right, softcap=softcap, sink=sink)
+    return (*grads[:3], grads[3] if sink is not None else _no_dsink(q))
+
+
+def _no_dsink(q: torch.Tensor) -> torch.Tensor:
+    return q.new_empty((0,), dtype=torch.float32)
 
 
 @bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_config, dlse=None):
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd_config, dlse=None,
+              window_left=-1, window_right=-1, softcap=0.0, sink=None):
     from fa4.tensors import validate
 
     validate(q, k, v, layout=False)
@@ -107,34 +129,38 @@ def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, bwd
             raise ValueError(f"{name} must be {o_shape} with q's dtype: {tuple(t.shape)} {t.dtype}")
     if lse.shape != (q.shape[0], q.shape[2], q.shape[1]) or lse.dtype != torch.float32:
         raise ValueError(f"lse must be fp32 of shape {(q.shape[0], q.shape[2], q.shape[1])}")
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dsink = torch.empty_like(sink) if sink is not None else _no_dsink(q)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, _config, deterministic, bwd_config = inputs
+    q, k, v, softmax_scale, causal, _config, deterministic, bwd_config, wl, wr, softcap, sink = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, sink)
     ctx.bwd_args = (softmax_scale, causal, deterministic, bwd_config)
+    ctx.features = dict(window_left=wl, window_right=wr, softcap=softcap)
 
 
 def _fwd_backward(ctx, dout, dlse):
     # The LSE's gradient (zeros where the loss does not use it) enters D in the preprocess.
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.fa4.bwd(dout, q, k, v, out, lse, *ctx.bwd_args, dlse)
-    return dq, dk, dv, None, None, None, None, None
+    q, k, v, out, lse, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = torch.ops.fa4.bwd(dout, q, k, v, out, lse, *ctx.bwd_args, dlse, sink=sink, **ctx.features)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, (dsink if sink is not None else None)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_setup_context)
 
 
-def traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config):
-    """flash_attn_func while torch.compile traces (same arguments, same results)."""
+def traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, deterministic, bwd_config,
+                      window_left=-1, window_right=-1, softcap=0.0, sink=None):
+    """flash_attn_func while torch.compile traces (same arguments, same results; the features
+    canonical as fa4.features.normalize leaves them)."""
     from fa4.launch import check_bwd_args
 
     check_bwd_args(deterministic, bwd_config)
     scale = None if softmax_scale is None else float(softmax_scale)
     o, lse = torch.ops.fa4.fwd(q, k, v, scale, bool(causal), encode_config(config), deterministic,
-                               encode_config(bwd_config))
+                               encode_config(bwd_config), int(window_left), int(window_right), float(softcap), sink)
     if out is not None:
         out.copy_(o)
         o = out

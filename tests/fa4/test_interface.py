@@ -259,9 +259,13 @@ def test_fake_outputs_follow_the_kernels_allocation():
         out, lse = torch.ops.fa4.fwd(q, k, v, None, True, None, False, None)
         assert (out.shape, out.stride(), out.dtype, out.device.type) == (q.shape, q.stride(), q.dtype, "cuda")
         assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32 and lse.is_contiguous()
-        dq, dk, dv = torch.ops.fa4.bwd(torch.empty_like(q), q, k, v, out, lse, 0.1, True, True, None)
+        dq, dk, dv, dsink = torch.ops.fa4.bwd(torch.empty_like(q), q, k, v, out, lse, 0.1, True, True, None)
         assert (dq.shape, dq.stride()) == (q.shape, q.stride())
         assert dk.shape == k.shape == dv.shape == (2, 500, 2, 128) and dk.dtype == torch.float16
+        assert dsink.shape == (0,)  # no sink: the op's fixed fourth output is empty
+        sink = torch.empty(8, dtype=torch.float32, device="cuda")
+        *_, dsink = torch.ops.fa4.bwd(torch.empty_like(q), q, k, v, out, lse, 0.1, True, True, None, sink=sink)
+        assert dsink.shape == (8,) and dsink.dtype == torch.float32
 
 
 @pytest.mark.parametrize(
@@ -295,6 +299,14 @@ def test_opcheck_with_cpu_launches(calls):
     out, lse = torch.ops.fa4.fwd(q.detach(), k.detach(), v.detach(), None, True, None, True, None)
     torch.library.opcheck(torch.ops.fa4.bwd, (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, True,
                                               True, None))
+    # With issue 18's features: the window, softcap and a learnable sink (whose gradient is the
+    # backward op's fourth output).
+    sink = torch.randn(4, requires_grad=True)
+    torch.library.opcheck(torch.ops.fa4.fwd, (q, k, v, None, True, None, False, None, 5, -1, 2.5, sink))
+    out, lse = torch.ops.fa4.fwd(q.detach(), k.detach(), v.detach(), None, True, None, False, None, 5, -1, 2.5,
+                                 sink.detach())
+    torch.library.opcheck(torch.ops.fa4.bwd, (dout, q.detach(), k.detach(), v.detach(), out, lse, 0.125, True,
+                                              False, None, None, 5, -1, 2.5, sink.detach()))
 
 
 def test_config_encoding_round_trips():
@@ -395,3 +407,53 @@ def test_rows_that_see_no_key_get_zero_grads(calls):
     out.backward(dout)
     assert not any(torch.isnan(t.grad).any() for t in (q, k, v))
     assert torch.equal(q.grad[:, :32], torch.zeros_like(q.grad[:, :32])) and q.grad[:, 32:].abs().sum() > 0
+
+
+@pytest.mark.parametrize("feat", [dict(window_size=(7, 2)), dict(window_size=(4, 0), softcap=3.0),
+                                  dict(learnable_sink="bf16"), dict(window_size=(6, 1), softcap=3.0,
+                                                                    learnable_sink="fp32")],
+                         ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_compile_fullgraph_carries_the_features_and_matches_eager(calls, feat):
+    """Window, softcap and a learnable sink under torch.compile(fullgraph=True): both custom ops
+    are in the graphs, they get the features, and the output, LSE and every gradient (the sink's
+    in its own dtype) equal the eager call's bit for bit."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+
+    torch._dynamo.reset()
+    q, k, v, dout = inputs(2, 29, 41, 4, 2)
+    kw = dict(feat)
+    sink = None
+    if "learnable_sink" in kw:
+        dt = torch.float32 if kw["learnable_sink"] == "fp32" else torch.bfloat16
+        sink = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(5)).to(dt).requires_grad_()
+        kw["learnable_sink"] = sink
+    w = torch.randn(q.shape[0], q.shape[2], q.shape[1], generator=torch.Generator().manual_seed(6))
+
+    def f(q, k, v, sink, w):
+        args = dict(kw, learnable_sink=sink) if sink is not None else kw
+        o, lse = fa4.flash_attn_func(q, k, v, causal=True, return_lse=True, **args)
+        return (o.float() * dout.float()).sum() + (lse * w).sum(), o, lse
+
+    leaves = (q, k, v) + ((sink,) if sink is not None else ())
+    loss, o, lse = f(q, k, v, sink, w)
+    loss.backward()
+    eager = [o.detach(), lse.detach(), *(t.grad.clone() for t in leaves)]
+    for t in leaves:
+        t.grad = None
+    n_eager = len(calls.bwd)
+    backend = AotEagerAndRecordGraphs()
+    loss_c, o_c, lse_c = torch.compile(f, backend=backend, fullgraph=True)(q, k, v, sink, w)
+    loss_c.backward()
+    fw_ops = {n.target for g in backend.fw_graphs for n in g.graph.nodes}
+    bw_ops = {n.target for g in backend.bw_graphs for n in g.graph.nodes}
+    assert torch.ops.fa4.fwd.default in fw_ops and torch.ops.fa4.bwd.default in bw_ops
+    assert torch.equal(o_c, eager[0]) and torch.equal(lse_c, eager[1])
+    for a, t in zip(eager[2:], leaves):
+        assert t.grad is not None and t.grad.dtype == t.dtype and torch.equal(a, t.grad)
+    # The backward launch got what the eager one got (causal=True: the right side is causal's).
+    (got,), want = calls.bwd[n_eager:], calls.bwd[n_eager - 1]
+    left = kw.get("window_size", (None, None))[0]
+    assert got["window_left"] == want["window_left"] == (-1 if left is None else left)
+    assert got["window_right"] == want["window_right"] and got["causal"] and want["causal"]
+    assert got["softcap"] == want["softcap"] == kw.get("softcap", 0.0)
+    assert (got["sink"] is None) == (sink is None) and (sink is None or torch.equal(got["sink"], want["sink"]))
