@@ -3,9 +3,9 @@
     python3 bench/auto_dispatch.py --db sqlite:///auto.db --measure     # store each provider's default
     python3 bench/auto_dispatch.py --db sqlite:///auto.db               # then: auto vs every provider
 
-``--measure`` runs ``fa4-tune --shapes FILE --provider P --trials 1`` for fa4, flash-attn-4, cudnn
-and fa2 (each one's default configuration, forward and backward rows, correctness-gated) into the
-DB. Without it, each shape of FILE is timed as a plain call of every provider and with
+``--measure`` runs ``fa4-tune --shapes FILE --provider P --trials 1 --l2 cold|warm`` for fa4,
+flash-attn-4, cudnn and fa2 (each one's default configuration, forward and backward rows,
+correctness-gated, in both L2 modes) into the DB. Without it, each shape of FILE is timed as a plain call of every provider and with
 provider="auto" (FA4_DB pointing at the DB): the forward without grad, and forward + backward
 with grad; do_bench medians on fresh inputs. A line per shape names auto's choice and auto / the
 fastest provider; "SLOWER" marks a ratio above 1 + --noise.
@@ -24,11 +24,14 @@ PROVIDERS = ("fa4", "flash-attn-4", "cudnn", "fa2")
 
 
 def measure(db: str, shapes: str) -> None:
-    for p in PROVIDERS:
-        cmd = ["fa4-tune", "--shapes", shapes, "--provider", p, "--trials", "1", "--db", db]
-        print("$ " + " ".join(cmd), flush=True)
-        rc = subprocess.call(cmd)
-        print(f"rc={rc}", flush=True)
+    # Both L2 modes: eager-warm (back-to-back calls) is where a host-bound provider shows its host
+    # cost per call, which fa4.auto charges on top of the cold-L2 numbers.
+    for l2 in ("cold", "warm"):
+        for p in PROVIDERS:
+            cmd = ["fa4-tune", "--shapes", shapes, "--provider", p, "--trials", "1", "--l2", l2, "--db", db]
+            print("$ " + " ".join(cmd), flush=True)
+            rc = subprocess.call(cmd)
+            print(f"rc={rc}", flush=True)
 
 
 def rows(shapes: str) -> list[dict]:
