@@ -96,8 +96,8 @@ def test_fused_combine_over_repeated_calls():
     import fa4
     from fa4 import decode
 
-    lens = [3000, 1, 0, 700]
-    q, k, v, seqlens, table = decode_ref.make_case(4, 4, 16, 2, 128, lens, 256, torch.bfloat16, "cuda", 5,
+    # Every sequence owns 3000 keys of pages (NaN past them); the calls use any length up to that.
+    q, k, v, seqlens, table = decode_ref.make_case(4, 4, 16, 2, 128, [3000] * 4, 256, torch.bfloat16, "cuda", 5,
                                                    poison_tail=True)
     config = config_with(q, k, v, seqlens, table, True, "fused")
     for step, new_lens in enumerate(([3000, 1, 0, 700], [1, 2999, 256, 0], [0, 0, 0, 0], [257, 3000, 1, 1],
