@@ -25,6 +25,10 @@ from fa4.knobs import as_config
 from fa4.tensors import DTYPES, arch_of
 
 _plans: dict = {}
+MAX_PLANS = 4096  # the plan cache starts over past this many keys
+# Tickets of fused plans dropped from the cache: a CUDA graph captured with one still updates it
+# at each replay, so its memory must never go back to the allocator (a few int32 per plan).
+_retired_tickets: list = []
 # The launches' device context; a name of its own so CPU tests of the host path can stand it in.
 _on_device = torch.cuda.device
 
@@ -204,7 +208,8 @@ def flash_attn_with_kvcache(
         problem = decode_problem_of(q, k_cache, v_cache, cache_seqlens, page_table, causal)
         plan = plan_for(problem, config, num_splits, pack_gqa, cache_seqlens is not None, bool(return_lse),
                         q.device)
-        if len(_plans) > 4096:
+        if len(_plans) > MAX_PLANS:
+            _retired_tickets.extend(p.tickets for p in _plans.values() if p.tickets is not None)
             _plans.clear()
         _plans[fast_key] = plan
     elif q.data_ptr() % 16 or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:

@@ -334,6 +334,23 @@ def test_auto_splits_and_the_fast_path(fake, monkeypatch):
     assert fake.keys[-2].config == DecodeConfigSm90(tile_n=64, kv_stages=4, pack_gqa=True)
 
 
+def test_fused_tickets_outlive_the_plan_cache(fake, monkeypatch):
+    """A graph captured with a fused plan keeps updating its tickets: when the cache starts over, the
+    dropped plans' tickets are kept (never handed back to the allocator for other tensors)."""
+    from fa4 import decode
+
+    monkeypatch.setattr(decode, "MAX_PLANS", 1)
+    monkeypatch.setattr(decode, "_retired_tickets", [])
+    q, k, v, seqlens, table = decode_ref.make_case(1, 1, 8, 2, 64, [1000], 64)
+    decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=4)
+    (first,) = decode._plans.values()
+    assert first.tickets is not None
+    for splits in (5, 6):  # two more keys: the cache (max 1) starts over
+        decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=splits)
+    assert any(t is first.tickets for t in decode._retired_tickets)
+    assert all(p.tickets is not first.tickets for p in decode._plans.values())
+
+
 def test_varlen_spelling(fake):
     import fa4
 
