@@ -4,8 +4,10 @@ One new token per sequence, pages of 256, GQA 32/8, hd128, bf16, every sequence 
 KV length; batch 1/4/16/64 x KV 8k/32k/128k (shapes over --max-gb of K+V skipped). Bandwidth =
 K and V bytes read / time (triton do_bench median, L2 flushed between runs); the copy's is
 read + write bytes / time, as the issue quotes it. Ours at num_splits auto (what a plain call
-does) and 1; at batch 1 and 4 also a sweep of split counts. Then the host cost per call of a
-tiny decode step (2000 calls, one sync), ours and the reference's.
+does) and 1; at batch 1 and 4 also a sweep of split counts, and each combine (--combines: the
+separate kernel, the PDL kernel, fused into the decode) at the auto split count and over
+--combine-sweep split counts. Then the host cost per call of a tiny decode step (2000 calls, one
+sync), ours and the reference's.
 
 Prints one "BENCH {json}" line per shape and a summary against the issue's bars.
 """
@@ -13,6 +15,7 @@ Prints one "BENCH {json}" line per shape and a summary against the issue's bars.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -21,6 +24,7 @@ import torch
 
 import fa4
 from fa4 import decode as fa4_decode
+from fa4.sm90.decode_config import default_config
 
 PAGE = 256
 HQ, HKV, D = 32, 8, 128
@@ -70,6 +74,8 @@ def main():
     ap.add_argument("--kv", default="8192,32768,131072")
     ap.add_argument("--sweep", default="2,4,8,12,16,24,32,48,64")
     ap.add_argument("--max-gb", type=float, default=48.0)
+    ap.add_argument("--combines", default="kernel,pdl,fused", help="combine variants timed at batch <= 4")
+    ap.add_argument("--combine-sweep", default="8,12,16,24,32", help="split counts per combine at batch <= 4")
     args = ap.parse_args()
     ref = reference_fn()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -111,6 +117,21 @@ def main():
                 row["sweep"] = {s: round(x, 3) for s, x in sweep.items()}
                 best = max(sweep, key=sweep.get)
                 row["best_splits"], row["best_over_auto"] = best, sweep[best] / row["ours"]
+                row["default_combine"] = plan.config.combine
+                prob = fa4_decode.decode_problem_of(q, k, v, seqlens, table, False)
+                base = default_config(prob)
+                per_combine, combine_sweep = {}, {}
+                for c in filter(None, args.combines.split(",")):
+                    cfg = dataclasses.replace(base, combine=c)
+                    per_combine[c] = kv_bytes / bench_ms(
+                        lambda: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table,
+                                                            config=cfg)) / 1e9
+                    combine_sweep[c] = {s: round(kv_bytes / bench_ms(
+                        lambda: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table,
+                                                            num_splits=s, config=cfg)) / 1e9, 3)
+                        for s in map(int, filter(None, args.combine_sweep.split(",")))}
+                row["combine"] = {c: round(x, 3) for c, x in per_combine.items()}
+                row["combine_sweep"] = combine_sweep
             rows.append(row)
             print("BENCH " + json.dumps({k_: (round(x, 4) if isinstance(x, float) else x) for k_, x in row.items()}),
                   flush=True)
@@ -139,6 +160,21 @@ def main():
             print(f"host cost of {name} failed: {e}"[:300])
     print("HOSTCOST " + json.dumps({k_: round(x, 2) for k_, x in cost.items()}) + " us per call (bar ~25)", flush=True)
 
+    print("COMBINE (TB/s at the auto split count; best over the combine sweep)")
+    for r in rows:
+        if "combine" not in r:
+            continue
+        parts = []
+        for c, x in r["combine"].items():
+            sw = r["combine_sweep"][c]
+            best = max(sw, key=sw.get) if sw else None
+            parts.append(f"{c} {x:.2f}" + (f" (best {sw[best]:.2f} @ {best})" if best else ""))
+        bar = ""
+        if r["kv"] >= 32768:
+            top = max([*r["combine"].values(), *(v for sw in r["combine_sweep"].values() for v in sw.values())])
+            bar = (f"default({r['default_combine']}) {'PASS' if r['ours'] >= 2.5 else 'FAIL'} 2.5, "
+                   f"best {'PASS' if top >= 2.5 else 'FAIL'}")
+        print(f"  batch {r['batch']:3d} kv {r['kv']:6d}: " + "; ".join(parts) + f"  {bar}")
     print("SUMMARY (issue 19 bars: >= 2.5 TB/s at batch 1/4 with KV 32k/128k; >= 0.95x ref at batch 16/64)")
     for r in rows:
         bar = ""

@@ -44,6 +44,8 @@ def main() -> int:
         "auto": {}, "s1": {"num_splits": 1},
         "t64k4": {"tile_n": 64, "kv_stages": 4}, "t64k6": {"tile_n": 64, "kv_stages": 6},
         "t32k8": {"tile_n": 32, "kv_stages": 8},
+        # The split combine (DecodeConfigSm90.combine), the other knobs at their defaults.
+        "kernel": {"combine": "kernel"}, "pdl": {"combine": "pdl"}, "fused": {"combine": "fused"},
     }
     for shape in a.shapes.split(","):
         batch, kv = (int(x) for x in shape.split("x"))
@@ -51,7 +53,7 @@ def main() -> int:
         kv_bytes = 2 * batch * kv * HKV * D * 2
         ref = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=1).float()
         cfgs = [(n, named[n]) for n in a.configs.split(";")]
-        cfgs += [(f"t64k4s{s}", {"tile_n": 64, "kv_stages": 4, "num_splits": s}) for s in map(int, a.sweep64.split(","))]
+        cfgs += [(f"t64k4s{s}", {"tile_n": 64, "kv_stages": 4, "num_splits": s}) for s in map(int, filter(None, a.sweep64.split(",")))]
         for name, cfg in cfgs:
             splits = cfg.get("num_splits", 0)
             knobs = {k_: x for k_, x in cfg.items() if k_ != "num_splits"}

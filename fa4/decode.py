@@ -4,7 +4,10 @@
 Fast path: a call with the same shapes, strides, dtypes, devices and knobs as an earlier one
 looks its plan up in one dict (kernels, split count, workspace shapes) and launches; nothing
 reads cache_seqlens or page_table on the host, and the workspace has a size fixed by the
-shapes, so a step captures into a CUDA graph and replays with new cache_seqlens contents.
+shapes, so a step captures into a CUDA graph and replays with new cache_seqlens contents. A
+fused combine's tickets (one int32 per sequence and row block) are allocated zeroed once per plan
+and left at zero by every launch, so replays need no memset; two streams must not run the same
+plan at once (they would share the tickets).
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from fa4.knobs import as_config
 from fa4.tensors import DTYPES, arch_of
 
 _plans: dict = {}
+MAX_PLANS = 4096  # the plan cache starts over past this many keys
+# Tickets of fused plans dropped from the cache: a CUDA graph captured with one still updates it
+# at each replay, so its memory must never go back to the allocator (a few int32 per plan).
+_retired_tickets: list = []
 # The launches' device context; a name of its own so CPU tests of the host path can stand it in.
 _on_device = torch.cuda.device
 
@@ -31,12 +38,13 @@ class DecodePlan:
     """Everything a launch needs beyond the tensors, derived once per fast-path key."""
 
     decode: object  # the compiled decode kernel
-    combine: object | None  # the compiled combine kernel (split only)
+    combine: object | None  # the compiled combine kernel (split, combine "kernel" or "pdl")
     num_splits: int
     qh_per_cta: int
     workspace: tuple | None  # (num_splits, B, Hq, Sq, D) of the fp32 partial O; None unsplit
     problem: DecodeProblem
     config: object
+    tickets: torch.Tensor | None = None  # (B, row blocks x CTA heads) int32 zeros; fused combine only
 
 
 def _sm_count(device) -> int:
@@ -147,11 +155,16 @@ def plan_for(problem: DecodeProblem, config, num_splits, pack_gqa, has_seqlens, 
     decode = compiled(key, lambda: entry.compile(key))
     combine = None
     workspace = None
+    tickets = None
     if split:
-        ckey = CombineKernelKey(problem.dtype, problem.head_dim, return_lse)
-        combine = compiled(ckey, lambda: entry.compile_combine(ckey))
         workspace = (splits, problem.batch, problem.heads_q, problem.seqlen_q, problem.head_dim)
-    return DecodePlan(decode, combine, splits, qh, workspace, problem, cfg)
+        if cfg.combine == "fused":
+            blocks = math.ceil(rows_per_cta_head(problem, cfg.pack_gqa) / 64) * (problem.heads_q // qh)
+            tickets = torch.zeros(problem.batch, blocks, dtype=torch.int32, device=device)
+        else:
+            ckey = CombineKernelKey(problem.dtype, problem.head_dim, return_lse, cfg.combine == "pdl")
+            combine = compiled(ckey, lambda: entry.compile_combine(ckey))
+    return DecodePlan(decode, combine, splits, qh, workspace, problem, cfg, tickets)
 
 
 def flash_attn_with_kvcache(
@@ -195,7 +208,8 @@ def flash_attn_with_kvcache(
         problem = decode_problem_of(q, k_cache, v_cache, cache_seqlens, page_table, causal)
         plan = plan_for(problem, config, num_splits, pack_gqa, cache_seqlens is not None, bool(return_lse),
                         q.device)
-        if len(_plans) > 4096:
+        if len(_plans) > MAX_PLANS:
+            _retired_tickets.extend(p.tickets for p in _plans.values() if p.tickets is not None)
             _plans.clear()
         _plans[fast_key] = plan
     elif q.data_ptr() % 16 or k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
@@ -209,15 +223,19 @@ def flash_attn_with_kvcache(
     b, sq, hq, _ = q.shape
     lse = torch.empty(b, hq, sq, device=q.device, dtype=torch.float32) if return_lse else None
     with _on_device(q.device):
-        if plan.combine is None:
-            plan.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, None, None,
+        if plan.workspace is None:
+            plan.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, None, None, None,
                         softmax_scale * LOG2_E, 1, plan.qh_per_cta)
         else:
             o_part = torch.empty(plan.workspace, device=q.device, dtype=torch.float32)
             lse_part = torch.empty(plan.workspace[:4], device=q.device, dtype=torch.float32)
-            plan.decode(q, k_cache, v_cache, None, None, page_table, cache_seqlens, o_part, lse_part,
-                        softmax_scale * LOG2_E, plan.num_splits, plan.qh_per_cta)
-            plan.combine(o_part, lse_part, out, lse)
+            if plan.combine is None:  # fused: the last split CTA of each row block writes out
+                plan.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, o_part, lse_part,
+                            plan.tickets, softmax_scale * LOG2_E, plan.num_splits, plan.qh_per_cta)
+            else:
+                plan.decode(q, k_cache, v_cache, None, None, page_table, cache_seqlens, o_part, lse_part, None,
+                            softmax_scale * LOG2_E, plan.num_splits, plan.qh_per_cta)
+                plan.combine(o_part, lse_part, out, lse)
     return (out, lse) if return_lse else out
 
 

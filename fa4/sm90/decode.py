@@ -16,7 +16,12 @@ sees keys j <= t + seqlen_k - seqlen_q with seqlen_k = cache_seqlens[b].
 
 Split-KV: a sequence's KV tiles are cut into ``num_splits`` contiguous ranges of
 ceil(tiles / num_splits); a CTA whose range is empty writes O = 0 and LSE = -inf, which the
-combine kernel (fa4.sm90.decode_combine) weighs by zero. The valid lengths are read on the
+combine weighs by zero. The combine is a second kernel (fa4.sm90.decode_combine; with
+combine="pdl" launched as a programmatic dependent, which this kernel triggers as it starts), or
+with combine="fused" the last CTA of each row block to finish: after its partials it takes a
+ticket (an atomic add on one int32 per (sequence, row block)); the CTA that draws num_splits - 1
+has every split's partials visible and combines them into O, then stores 0 back so the next
+launch (or CUDA-graph replay) starts from zero without a memset. The valid lengths are read on the
 device only, so a launch never syncs with the host and its grid depends on shapes alone. Keys
 past a sequence's end are masked in S and, in its last tile, zeroed in V (the cache may hold NaN
 there).
@@ -37,10 +42,12 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from fa4.common import convert, masking, mma, softmax
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.tma import seq_tiles
+from fa4.sm90.decode_combine import SplitCombiner
 from fa4.sm90.decode_config import CONSUMER_THREADS, NUM_THREADS, ROWS_PER_CTA, DecodeConfigSm90
 
 BAR_Q = 1  # the consumer warpgroup's Q tile is in shared memory
 BAR_V_TAIL = 2  # the last V tile's keys past the sequence end are zeroed
+BAR_TICKET = 3  # fused combine: the partials are stored (then: the ticket is drawn)
 PRODUCER_WARP = CONSUMER_THREADS // 32
 
 
@@ -55,6 +62,9 @@ class FlashDecodeSm90:
         self.split = split
         self.has_lse = has_lse
         # Derived attributes.
+        self.fused = split and config.combine == "fused"
+        self.pdl_primary = split and config.combine == "pdl"
+        self.combiner = SplitCombiner(dtype, head_dim, has_lse)
         self.tile_n = config.tile_n
         self.kv_stages = config.kv_stages
         self.qk_tiler = (ROWS_PER_CTA, self.tile_n, head_dim)
@@ -68,12 +78,13 @@ class FlashDecodeSm90:
         mQ: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim)
         mK: cute.Tensor,  # (num_pages, page_size, heads_kv, head_dim), or (batch, seqlen_k, heads_kv, head_dim)
         mV: cute.Tensor,  # same as mK
-        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim), or None when split
+        mO: cute.Tensor,  # (batch, seqlen_q, heads_q, head_dim), or None when split unfused
         mLSE: cute.Tensor,  # (batch, heads_q, seqlen_q) fp32, or None
         mPageTable: cute.Tensor,  # (batch, max_pages) int32, or None (contiguous cache)
         mSeqlens: cute.Tensor,  # (batch,) int32 valid keys per sequence, or None (all of the cache)
         mOp: cute.Tensor,  # (num_splits, batch, heads_q, seqlen_q, head_dim) fp32, or None unless split
         mLSEp: cute.Tensor,  # (num_splits, batch, heads_q, seqlen_q) fp32, or None unless split
+        mTicket: cute.Tensor,  # (batch, row blocks x CTA heads) int32, all 0 between launches; None unless fused
         scale_log2: Float32,  # softmax_scale * log2(e)
         num_splits: Int32,
         qh_per_cta: Int32,  # query heads per CTA head: heads_q / heads_kv packed, else 1
@@ -108,6 +119,7 @@ class FlashDecodeSm90:
         class SharedStorage:
             mbar_k: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
             mbar_v: cute.struct.MemRange[cutlass.Int64, self.kv_stages * 2]
+            ticket: cute.struct.MemRange[Int32, 1]  # fused combine: the CTA's ticket, for all consumers
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sV_layout)], 1024]
@@ -119,7 +131,7 @@ class FlashDecodeSm90:
         num_m = (rows + ROWS_PER_CTA - 1) // ROWS_PER_CTA
         cta_heads = mQ.shape[2] // qh_per_cta
         self.kernel(
-            qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mPageTable, mSeqlens, mOp, mLSEp,
+            qk_mma, pv_mma, tma_k, mK_tma, tma_v, mV_tma, mQ, mO, mLSE, mPageTable, mSeqlens, mOp, mLSEp, mTicket,
             sQ_layout, sK_layout, sV_layout, scale_log2, num_splits, qh_per_cta, mK.shape[2],
         ).launch(grid=(num_m * cta_heads, num_splits, batch), block=[NUM_THREADS, 1, 1], stream=stream,
                  min_blocks_per_mp=1)
@@ -140,6 +152,7 @@ class FlashDecodeSm90:
         mSeqlens: cute.Tensor,
         mOp: cute.Tensor,
         mLSEp: cute.Tensor,
+        mTicket: cute.Tensor,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -151,6 +164,10 @@ class FlashDecodeSm90:
         tidx, _, _ = cute.arch.thread_idx()
         bidx, split, batch = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if cutlass.const_expr(self.pdl_primary):
+            # The combine kernel may launch now and wait (griddepcontrol.wait) beside this grid, so its
+            # launch latency hides under the mainloop; it takes no smem and a few registers.
+            cute.arch.griddepcontrol_launch_dependents()
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -222,6 +239,9 @@ class FlashDecodeSm90:
                 qk_mma, pv_mma, sQ, sK, sV, pipe_k, pipe_v, mO, mLSE, mOp, mLSEp, tidx, batch, split,
                 m_block, head0, rows, seqlen_q, seqlen_k, n_lo, n_hi, scale_log2,
             )
+            if cutlass.const_expr(self.fused):
+                self.fused_combine(mO, mLSE, mOp, mLSEp, mTicket, storage.ticket.get_tensor(cute.make_layout(1)),
+                                   tidx, batch, bidx, m_block, head0, rows, seqlen_q, num_splits)
 
     @cute.jit
     def load_q(self, mQ, sQ, tidx, batch, m_block, head0, rows, seqlen_q):
@@ -326,6 +346,29 @@ class FlashDecodeSm90:
             softmax.finalize(o_mn, row_max, row_sum, lse, scale_log2)
         self.epilogue(pv_thr, o_mn, lse, c0_mn, row0, mO, mLSE, mOp, mLSEp, tidx, batch, split, m_block,
                       head0, rows, seqlen_q)
+
+    @cute.jit
+    def fused_combine(self, mO, mLSE, mOp, mLSEp, mTicket, sTicket, tidx, batch, bidx, m_block, head0, rows,
+                      seqlen_q, num_splits):
+        """After this CTA's partials: draw the row block's ticket; the last of its num_splits CTAs
+        combines the block's rows (a warp per row) and resets the ticket to 0."""
+        # Every thread's partial stores are ordered before the ticket (the fence, made cumulative over
+        # the CTA by the barrier), so the CTA that draws the last ticket sees all splits' partials.
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=BAR_TICKET, number_of_threads=CONSUMER_THREADS)
+        if tidx == 0:
+            sTicket[0] = cute.arch.atomic_add(mTicket[batch, None].iterator + bidx, Int32(1), sem="acq_rel",
+                                              scope="gpu")
+        cute.arch.barrier(barrier_id=BAR_TICKET, number_of_threads=CONSUMER_THREADS)
+        if sTicket[0] == num_splits - 1:
+            if tidx == 0:
+                # Every split has drawn: nothing else touches the ticket in this launch.
+                mTicket[batch, bidx] = Int32(0)
+            for r in cutlass.range(tidx // 32, ROWS_PER_CTA, CONSUMER_THREADS // 32, unroll=1):
+                row = m_block * ROWS_PER_CTA + r
+                if row < rows:
+                    self.combiner.row(mOp, mLSEp, mO, mLSE, batch, head0 + row // seqlen_q, row % seqlen_q,
+                                      tidx % 32, num_splits)
 
     @cute.jit
     def zero_v_tail(self, sV, stage, n, seqlen_k, tidx):

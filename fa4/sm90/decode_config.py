@@ -54,6 +54,13 @@ class DecodeConfigSm90:
         "Depth of the K and V shared-memory rings: how many KV tiles the producer's TMA keeps in flight "
         "(decode is bound by HBM bandwidth, so bytes in flight per SM are what matters).",
     )
+    combine: str = knob(
+        ("kernel", "pdl", "fused"), "kernel",
+        "How a split launch merges its partial (O, LSE): 'kernel' = a second kernel after the decode; 'pdl' = "
+        "that kernel launched as a programmatic dependent (its launch overlaps the decode's tail); 'fused' = "
+        "the last split CTA of each row block (an atomic ticket per block, reset by that CTA) combines them "
+        "itself: one launch. No effect unsplit.",
+    )
     page_load: str = knob(
         ("tma",), "tma",
         "How a page's KV tile is loaded: 'tma' = one bulk-tensor copy per K and V tile, its page looked up "
@@ -132,11 +139,32 @@ def num_splits_auto(batch: int, heads: int, rows: int, kv_len: int, sm_count: in
     return next(s for s in range(1, most + 1) if efficiency(s) >= 0.95 * best)
 
 
+# The most query rows per CTA head that the fused combine takes by default: its last CTA combines
+# them with 4 warps, a row each at a time, one L2 round trip for the LSEs and one per 8 splits of
+# partial O per row; past 4 rows a warp the serial tail outgrows the combine kernel's launch gap.
+FUSED_COMBINE_MAX_ROWS = 16
+
+
+def combine_auto(problem: DecodeProblem, pack_gqa: bool) -> str:
+    """The default ``combine`` of a problem (a pure function; it only matters once split).
+
+    Prediction (H200, split decode at batch 1-4): the combine kernel costs its launch gap plus a
+    few us of dependent loads; fusing it into the last split CTA removes the launch and the gap
+    (~3-5 us of the ~20 us fixed cost), so 'fused' while a CTA head has at most
+    FUSED_COMBINE_MAX_ROWS rows (one token x GQA group up to 16, or a few speculative tokens);
+    more rows (long appends, unpacked wide groups) keep a separate kernel, launched as a
+    programmatic dependent so its launch hides under the decode.
+    """
+    return "fused" if rows_per_cta_head(problem, pack_gqa) <= FUSED_COMBINE_MAX_ROWS else "pdl"
+
+
 def default_config(problem: DecodeProblem, arch: Arch = SM90) -> DecodeConfigSm90:
-    """The widest tile the page size takes, as many stages as fit (bytes in flight), auto splits."""
+    """The widest tile the page size takes, as many stages as fit (bytes in flight), auto splits,
+    the combine by :func:`combine_auto`."""
+    pack = problem.group > 1
     for tn in (128, 64, 32, 16):
         for stages in (8, 6, 4, 3, 2):
-            cand = DecodeConfigSm90(tile_n=tn, kv_stages=stages, pack_gqa=problem.group > 1)
+            cand = DecodeConfigSm90(tile_n=tn, kv_stages=stages, pack_gqa=pack, combine=combine_auto(problem, pack))
             if not violations(cand, problem, arch):
                 return cand
-    return DecodeConfigSm90(pack_gqa=problem.group > 1)
+    return DecodeConfigSm90(pack_gqa=pack, combine=combine_auto(problem, pack))

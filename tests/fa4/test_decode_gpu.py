@@ -4,8 +4,12 @@ Page sizes 16/64/256 and a contiguous cache; ragged cache_seqlens with 0 and 1 i
 1/2/4/16 new tokens; GQA ratios 1/4/8 (16 tokens x 8 heads = two 64-row blocks); causal
 bottom-right or not; split counts 1, 3, auto and the maximum (most splits then empty). The output
 is poisoned with NaN first, and so is the memory the split workspace is carved from, and every
-cache slot past a sequence's length (a cache from torch.empty); NaN never passes. Then: pack_gqa off, fp16, hd64, hd 96/192/256, no cache_seqlens, and one decode step captured in a CUDA
-graph and replayed with new cache_seqlens (and query) contents.
+cache slot past a sequence's length (a cache from torch.empty); NaN never passes. The default
+combine is fused for the shapes of at most 16 rows per KV head and PDL for 16 tokens x 8 heads;
+each combine (kernel, pdl, fused) is also forced over the shapes and split counts 2..max, fused
+with two row blocks per KV head, and over repeated calls (the tickets must be back at 0). Then:
+pack_gqa off, fp16, hd64, hd 96/192/256, no cache_seqlens, and a decode step captured in a CUDA graph (for each
+combine) and replayed with new cache_seqlens (and query) contents.
 """
 
 from __future__ import annotations
@@ -33,8 +37,20 @@ def _poison_workspace(q, splits):
         torch.full((splits, b, hq, sq), float("nan"), device="cuda")
 
 
+def config_with(q, k, v, seqlens, table, causal, combine):
+    """The default config of the call's problem with ``combine`` forced (None: the default's own)."""
+    import dataclasses
+
+    from fa4.decode import decode_problem_of
+    from fa4.sm90.decode_config import default_config
+
+    if combine is None:
+        return None
+    return dataclasses.replace(default_config(decode_problem_of(q, k, v, seqlens, table, causal)), combine=combine)
+
+
 def run_case(batch_lens, sq, hq, hkv, d, page_size, causal, num_splits, dtype=None, pack_gqa=None,
-             with_seqlens=True, seed=0):
+             with_seqlens=True, seed=0, combine=None):
     import torch
 
     import fa4
@@ -46,7 +62,8 @@ def run_case(batch_lens, sq, hq, hkv, d, page_size, causal, num_splits, dtype=No
     _poison_workspace(q, num_splits or 128)
     o, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens if with_seqlens else None,
                                          page_table=table, causal=causal, num_splits=num_splits,
-                                         pack_gqa=pack_gqa, return_lse=True, out=out)
+                                         pack_gqa=pack_gqa, return_lse=True, out=out,
+                                         config=config_with(q, k, v, seqlens, table, causal, combine))
     torch.cuda.synchronize()
     lens = batch_lens if with_seqlens else [k.shape[1] * (table.shape[1] if table is not None else 1)] * len(batch_lens)
     return decode_ref.errors(o, lse, q, k, v, lens, table, causal, 1 / math.sqrt(d))
@@ -59,6 +76,42 @@ def test_decode_matches_reference(page_size, sq, hq, hkv, splits):
     causal = (page_size // 16 + sq + splits) % 2 == 0  # both, spread over the grid
     ok, info = run_case(LENS, sq, hq, hkv, 128, page_size, causal, splits)
     assert ok, info
+
+
+@pytest.mark.parametrize("splits", [2, 128])
+@pytest.mark.parametrize("sq,hq,hkv", SHAPES)
+@pytest.mark.parametrize("combine", ["kernel", "pdl", "fused"])
+def test_decode_each_combine(combine, sq, hq, hkv, splits):
+    # Fused at 16 tokens x 8 heads: two row blocks per KV head, each with its own ticket.
+    causal = (sq + splits) % 2 == 1
+    ok, info = run_case(LENS, sq, hq, hkv, 128, 64, causal, splits, combine=combine)
+    assert ok, info
+
+
+def test_fused_combine_over_repeated_calls():
+    """One plan called again and again (new lengths each time, 0 and 1 among them): every call must find
+    its tickets at 0 and leave them so; a stale ticket would skip or double a combine (NaN output)."""
+    import torch
+
+    import fa4
+    from fa4 import decode
+
+    # Every sequence owns 3000 keys of pages (NaN past them); the calls use any length up to that.
+    q, k, v, seqlens, table = decode_ref.make_case(4, 4, 16, 2, 128, [3000] * 4, 256, torch.bfloat16, "cuda", 5,
+                                                   poison_tail=True)
+    config = config_with(q, k, v, seqlens, table, True, "fused")
+    for step, new_lens in enumerate(([3000, 1, 0, 700], [1, 2999, 256, 0], [0, 0, 0, 0], [257, 3000, 1, 1],
+                                     [3000, 3000, 3000, 3000])):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        out = torch.full_like(q, float("nan"))
+        _poison_workspace(q, 24)
+        fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, causal=True, num_splits=24,
+                                    out=out, config=config)
+        torch.cuda.synchronize()
+        ok, info = decode_ref.errors(out, None, q, k, v, new_lens, table, True, 1 / math.sqrt(128))
+        assert ok, (step, info)
+    (plan,) = [p for p in decode._plans.values() if p.tickets is not None and p.num_splits == 24]
+    assert plan.combine is None and plan.tickets.shape == (4, 2) and int(plan.tickets.abs().sum()) == 0
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -106,24 +159,30 @@ def test_decode_long_append_and_large_scores():
     assert ok, info
 
 
-def test_decode_step_in_a_cuda_graph():
+@pytest.mark.parametrize("combine", [None, "kernel", "pdl", "fused"])
+def test_decode_step_in_a_cuda_graph(combine):
     import torch
 
     import fa4
 
     lens = [4000, 17, 0, 2500]
     q, k, v, seqlens, table = decode_ref.make_case(4, 1, 32, 8, 128, lens, 256, torch.bfloat16, "cuda", 3)
+    config = config_with(q, k, v, seqlens, table, False, combine)
     out = torch.full_like(q, float("nan"))
-    fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, out=out)  # plan + compile
+    fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, out=out,
+                                config=config)  # plan + compile
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, out=out)
+        fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, out=out, config=config)
     from fa4 import decode
 
-    (plan,) = [p for p in decode._plans.values() if p.problem.batch == 4 and p.problem.seqlen_k == 4096
-               and p.problem.heads_q == 32]
+    (plan,) = [p for key, p in decode._plans.items() if p.problem.batch == 4 and p.problem.seqlen_k == 4096
+               and p.problem.heads_q == 32 and key[-1] == config]
     assert plan.num_splits > 1  # the graph holds the combine too
+    if combine is not None:  # (None: whatever the lookup chain serves; the default is fused here)
+        assert plan.config.combine == combine
+    assert (plan.tickets is not None) == (plan.config.combine == "fused")
     for step, new_lens in enumerate(([4001, 18, 1, 2501], [1, 4096, 255, 256], [0, 0, 0, 3])):
         seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
         q.copy_(torch.randn_like(q, dtype=torch.float32).to(q.dtype))
@@ -132,6 +191,8 @@ def test_decode_step_in_a_cuda_graph():
         torch.cuda.synchronize()
         ok, info = decode_ref.errors(out, None, q, k, v, new_lens, table, False, 1 / math.sqrt(128))
         assert ok, (step, info)
+    if plan.tickets is not None:  # the replays left the self-resetting tickets at 0
+        assert int(plan.tickets.abs().sum()) == 0
 
 
 @pytest.mark.parametrize("page_size", [0, 16])

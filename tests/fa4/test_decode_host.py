@@ -1,9 +1,11 @@
 """The decode host path on CPU: the split heuristic, the knob declaration's feasibility rules,
 DecodeProblem, argument validation, and fa4.flash_attn_with_kvcache with the two kernel launches
 stood in by a CPU model of what they compute (per-split partial attention over the kernel's
-contiguous ranges of KV tiles, LSE = -inf for an empty range; the LSE-weighted combine), checked
-against the fp32 reference with the forward's error rule. Also: workspace shapes, the fast path
-taken on repeated calls, and the host cost per call with the launch faked."""
+contiguous ranges of KV tiles, LSE = -inf for an empty range; the LSE-weighted combine, as a
+second kernel or fused: split CTAs finishing in a shuffled order, each drawing its row block's
+ticket, the last one combining and resetting it), checked against the fp32 reference with the
+forward's error rule. Also: workspace shapes, the fast path taken on repeated calls, the default
+combine, and the host cost per call with the launch faked."""
 
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import torch
 
 from fa4.decode_problem import DecodeProblem
 from fa4.sm90.decode_config import (
+    FUSED_COMBINE_MAX_ROWS,
     MAX_SPLITS,
     DecodeConfigSm90,
+    combine_auto,
     default_config,
     num_splits_auto,
     violations,
@@ -108,6 +112,8 @@ class FakeKernels:
     def __init__(self):
         self.keys = []
         self.launches = []
+        self.order = torch.Generator().manual_seed(0)  # the fused model's CTA completion orders
+        self.stored = {}  # (split, batch) -> the split's partial (O, LSE), until its combine
 
     def compiled(self, key, build):
         self.keys.append(key)
@@ -115,9 +121,21 @@ class FakeKernels:
             return lambda *a: self.decode(key, *a)
         return lambda *a: self.combine(key, *a)
 
-    def decode(self, key, q, k, v, out, lse, page_table, seqlens, o_part, lse_part, scale_log2, splits, qh):
+    def decode(self, key, q, k, v, out, lse, page_table, seqlens, o_part, lse_part, tickets, scale_log2, splits,
+               qh):
         self.launches.append(("decode", splits, qh, None if o_part is None else tuple(o_part.shape)))
         assert key.split == (o_part is not None) and key.paged == (page_table is not None)
+        fused = key.split and key.config.combine == "fused"
+        assert fused == (tickets is not None) and (out is not None) == (fused or not key.split)
+        if fused:
+            # The partials land on garbage: a combine that ran before every split had stored would show.
+            o_part.fill_(float("nan"))
+            lse_part.fill_(float("nan"))
+        self.partials(key, q, k, v, out, lse, page_table, seqlens, o_part, lse_part, scale_log2, splits)
+        if fused:
+            self.fused_tickets(key, q, out, lse, o_part, lse_part, tickets, splits, qh)
+
+    def partials(self, key, q, k, v, out, lse, page_table, seqlens, o_part, lse_part, scale_log2, splits):
         b_, sq, hq, d = q.shape
         scale = scale_log2 / math.log2(math.e)
         tile = key.config.tile_n
@@ -140,7 +158,9 @@ class FakeKernels:
                     sc = sc.masked_fill(j > i + n - sq, float("-inf"))
                 part_lse = torch.logsumexp(sc, -1)  # -inf for an empty range
                 o = torch.nan_to_num(torch.softmax(sc, -1), nan=0.0) @ vs
-                if o_part is not None:
+                if key.split and key.config.combine == "fused":
+                    self.stored[s, b] = (o, part_lse)  # stored by its CTA in fused_tickets' order
+                elif o_part is not None:
                     o_part[s, b] = o
                     lse_part[s, b] = part_lse
                 else:
@@ -148,8 +168,47 @@ class FakeKernels:
                     if lse is not None:
                         lse[b] = part_lse
 
+    def fused_tickets(self, key, q, out, lse, o_part, lse_part, tickets, splits, qh):
+        """The fused combine's protocol, CTA by CTA in a shuffled completion order: a CTA stores its
+        partials, then draws its row block's ticket (the kernel's acq_rel atomic add); the CTA that draws
+        splits - 1 combines the block's rows from what is stored by then and stores 0 back."""
+        b_, sq, hq, _ = q.shape
+        rows = qh * sq
+        num_m = math.ceil(rows / 64)
+        assert tickets.shape == (b_, num_m * (hq // qh)) and tickets.dtype == torch.int32
+        assert not tickets.any(), "a launch must find every ticket at 0"
+        ctas = [(bidx, s, b) for b in range(b_) for bidx in range(num_m * (hq // qh)) for s in range(splits)]
+        combined = []
+        for i in torch.randperm(len(ctas), generator=self.order).tolist():
+            bidx, s, b = ctas[i]
+            o, part_lse = self.stored[s, b]
+            m_block, head0 = bidx % num_m, (bidx // num_m) * qh
+            block_rows = [r for r in range(m_block * 64, min(rows, m_block * 64 + 64))]
+            for r in block_rows:
+                o_part[s, b, head0 + r // sq, r % sq] = o[head0 + r // sq, r % sq]
+                lse_part[s, b, head0 + r // sq, r % sq] = part_lse[head0 + r // sq, r % sq]
+            ticket = int(tickets[b, bidx])
+            tickets[b, bidx] = ticket + 1
+            if ticket == splits - 1:
+                tickets[b, bidx] = 0
+                combined.append((b, bidx))
+                for r in block_rows:
+                    h, t = head0 + r // sq, r % sq
+                    self.combine_rows(o_part[:, b:b + 1, h:h + 1, t:t + 1], lse_part[:, b:b + 1, h:h + 1, t:t + 1],
+                                      out[b:b + 1, t:t + 1, h:h + 1], None if lse is None else lse[b:b + 1, h:h + 1,
+                                                                                                   t:t + 1])
+        # Exactly one CTA combined each row block, and every ticket is back at 0 for the next launch.
+        assert sorted(combined) == sorted({(b, bidx) for bidx, _, b in ctas})
+        assert not tickets.any()
+        self.stored.clear()
+
     def combine(self, key, o_part, lse_part, out, lse):
         self.launches.append(("combine", tuple(o_part.shape), tuple(lse_part.shape)))
+        self.combine_rows(o_part, lse_part, out, lse)
+
+    @staticmethod
+    def combine_rows(o_part, lse_part, out, lse):
+        assert not lse_part.isnan().any() and not o_part.isnan().any(), "a partial read before it was stored"
         m = lse_part.max(0).values
         total = torch.logsumexp(lse_part, 0)
         w = torch.nan_to_num(torch.exp(lse_part - total), nan=0.0)  # all -inf: weight 0
@@ -185,27 +244,69 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("combine", [None, "kernel", "pdl", "fused"])
 @pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_host_path_matches_reference(fake, case):
+def test_host_path_matches_reference(fake, case, combine):
     import fa4
 
     b, sq, hq, hkv, d, lens, page, causal, splits = case
     q, k, v, seqlens, table = decode_ref.make_case(b, sq, hq, hkv, d, lens, page, poison_tail=True)
-    out = torch.full_like(q, float("nan"))
-    o, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, causal=causal,
-                                         num_splits=splits, return_lse=True, out=out)
-    assert o is out
-    ok, info = decode_ref.errors(o, lse, q, k, v, lens, table, causal, 1 / math.sqrt(d))
-    assert ok, info
-    kind, n_splits, qh, ws = fake.launches[0]
-    assert qh == hq // hkv  # pack_gqa=None packs whenever there is a group
-    if n_splits > 1:
-        assert ws == (n_splits, b, hq, sq, d)
-        assert fake.launches[1] == ("combine", ws, ws[:4])
-    else:
-        assert ws is None and len(fake.launches) == 1
-    if splits:
-        assert n_splits == splits
+    prob = fa4.decode.decode_problem_of(q, k, v, seqlens, table, causal)  # the fixture takes CPU tensors
+    config = None if combine is None else dataclasses.replace(default_config(prob), combine=combine)
+    combine = combine or default_config(prob).combine
+    for step in range(2):  # the second call takes the fast path (and the fused tickets left at 0)
+        fake.launches.clear()
+        out = torch.full_like(q, float("nan"))
+        o, lse = fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, causal=causal,
+                                             num_splits=splits, return_lse=True, out=out, config=config)
+        assert o is out
+        ok, info = decode_ref.errors(o, lse, q, k, v, lens, table, causal, 1 / math.sqrt(d))
+        assert ok, (step, info)
+        kind, n_splits, qh, ws = fake.launches[0]
+        assert qh == hq // hkv  # pack_gqa=None packs whenever there is a group
+        if n_splits > 1:
+            assert ws == (n_splits, b, hq, sq, d)
+            if combine == "fused":
+                assert len(fake.launches) == 1
+            else:
+                assert fake.launches[1] == ("combine", ws, ws[:4])
+                assert fake.keys[-1].pdl == (combine == "pdl")
+        else:
+            assert ws is None and len(fake.launches) == 1
+        if splits:
+            assert n_splits == splits
+
+
+def test_default_combine_is_fused_for_a_few_rows_per_cta_head():
+    """combine_auto as a pure function: fused while a (sequence, KV head) has at most
+    FUSED_COMBINE_MAX_ROWS rows (decode, short speculation), the PDL kernel past that."""
+    assert FUSED_COMBINE_MAX_ROWS == 16
+    for sq, hq, hkv, pack, want in [(1, 32, 8, True, "fused"), (1, 64, 8, True, "fused"), (4, 32, 8, True, "fused"),
+                                    (2, 64, 8, True, "fused"), (16, 8, 8, True, "fused"), (16, 32, 8, True, "pdl"),
+                                    (2, 128, 8, True, "pdl"), (1, 128, 8, True, "fused"), (16, 32, 8, False, "fused"), (200, 8, 2, True, "pdl")]:
+        p = _problem(seqlen_q=sq, heads_q=hq, heads_kv=hkv)
+        assert combine_auto(p, pack) == want, (sq, hq, hkv, pack)
+    assert default_config(_problem()).combine == "fused"
+    assert default_config(_problem(seqlen_q=200)).combine == "pdl"
+    # The knob's own default (a config named without it) stays the plain second kernel.
+    assert DecodeConfigSm90().combine == "kernel"
+
+
+def test_fused_tickets_stay_zero_over_many_launches(fake):
+    """The fused protocol over repeated launches of one plan (a replayed graph): the model asserts at
+    each launch that the tickets start at 0, one CTA per row block combines, and all end at 0."""
+    from fa4 import decode
+
+    q, k, v, seqlens, table = decode_ref.make_case(2, 16, 16, 2, 64, [900, 1], 64)
+    for n in ([900, 1], [0, 0], [1, 640], [37, 899]):  # 128 rows per KV head: two row blocks each
+        seqlens.copy_(torch.tensor(n, dtype=torch.int32))
+        o = decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=6,
+                                           config={"tile_n": 64, "kv_stages": 4, "combine": "fused"})
+        ok, info = decode_ref.errors(o, None, q, k, v, n, table, False, 1 / 8)
+        assert ok, (n, info)
+    (plan,) = decode._plans.values()
+    assert plan.tickets.shape == (2, 2 * 2) and not plan.tickets.any()
+    assert [launch[:2] for launch in fake.launches] == [("decode", 6)] * 4
 
 
 def test_auto_splits_and_the_fast_path(fake, monkeypatch):
@@ -219,7 +320,7 @@ def test_auto_splits_and_the_fast_path(fake, monkeypatch):
         decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table)
     assert len(plans) == 1 and len(decode._plans) == 1
     # 4000 keys = 32 tiles of 128: 8 splits (4 tiles each) x 8 KV heads.
-    assert [launch[:2] for launch in fake.launches[::2]] == [("decode", 8)] * 3
+    assert [launch[:2] for launch in fake.launches] == [("decode", 8)] * 3  # fused: one launch a call
     # New contents of cache_seqlens (a decode step later) take the same plan: nothing is read on the host.
     seqlens.fill_(3999)
     o = decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table)
@@ -231,6 +332,23 @@ def test_auto_splits_and_the_fast_path(fake, monkeypatch):
                                    config={"tile_n": 64, "kv_stages": 4, "num_splits": 2})
     assert len(plans) == 2 and fake.launches[-2][:3] == ("decode", 2, 1)
     assert fake.keys[-2].config == DecodeConfigSm90(tile_n=64, kv_stages=4, pack_gqa=True)
+
+
+def test_fused_tickets_outlive_the_plan_cache(fake, monkeypatch):
+    """A graph captured with a fused plan keeps updating its tickets: when the cache starts over, the
+    dropped plans' tickets are kept (never handed back to the allocator for other tensors)."""
+    from fa4 import decode
+
+    monkeypatch.setattr(decode, "MAX_PLANS", 1)
+    monkeypatch.setattr(decode, "_retired_tickets", [])
+    q, k, v, seqlens, table = decode_ref.make_case(1, 1, 8, 2, 64, [1000], 64)
+    decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=4)
+    (first,) = decode._plans.values()
+    assert first.tickets is not None
+    for splits in (5, 6):  # two more keys: the cache (max 1) starts over
+        decode.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=splits)
+    assert any(t is first.tickets for t in decode._retired_tickets)
+    assert all(p.tickets is not first.tickets for p in decode._plans.values())
 
 
 def test_varlen_spelling(fake):
@@ -297,7 +415,7 @@ def test_host_cost_per_call_with_the_launch_faked(fake, monkeypatch):
         return None
 
     for key, plan in list(decode._plans.items()):
-        assert plan.combine is not None  # batch 4 at 4k keys: 4 splits, the combine runs too
+        assert plan.workspace is not None  # batch 4 at 4k keys: 4 splits, the combine runs too
         decode._plans[key] = dataclasses.replace(plan, decode=noop, combine=noop)
     n = 2000
     t = time.perf_counter()
