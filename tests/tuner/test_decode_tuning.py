@@ -67,7 +67,8 @@ def test_space_is_the_knob_declaration_and_feasibility_is_its_violations():
     # Page 64 takes no 128-key tile; the default is the widest tile that fits the page.
     assert p.default_config(decode(4, 32768, page=64), SM90).tile_n == 64
     assert p.problem_errors(Problem(1, 1, 8192, 32, 8, 128, 128)) != []
-    assert p.problem_errors(DecodeProblem(1, 1, 8192, 32, 8, 96)) != []
+    assert p.problem_errors(DecodeProblem(1, 1, 8192, 32, 8, 80)) != []  # no decode kernel at hd80
+    assert p.problem_errors(DecodeProblem(1, 1, 8192, 32, 8, 256)) == []
     assert p.violations(decode_config.DecodeConfigSm90(tile_n=128), decode(1, 8192, page=64), SM90)
 
 
