@@ -15,7 +15,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 git log --oneline -1 > "$out/decfuse_tests.log" 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader >> "$out/decfuse_tests.log" 2>&1
 t=$SECONDS
-timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/fa4/test_decode_gpu.py 2>&1 | tail -60 | tee -a "$out/decfuse_tests.log"
+timeout 170 python3 -m pytest -q -x -n 8 -p no:cacheprovider tests/fa4/test_decode_gpu.py 2>&1 | tail -60 | tee -a "$out/decfuse_tests.log"
 echo "tests rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s" | tee -a "$out/decfuse_tests.log"
 t=$SECONDS
 timeout 130 python3 bench/bench_decode.py --batches 1,4 --kv 8192,32768,131072 --sweep 8,12,16,24,32 \
