@@ -183,6 +183,13 @@ FAMILY_FIELDS = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "determin
 _SERVED = (m.Measurement.status == "ok", m.Measurement.tflops.is_not(None))
 
 
+def family_key(problem: Problem | DecodeProblem) -> tuple:
+    """The FAMILY_FIELDS values of ``problem``'s row, in that order: what ``changes_since`` names a
+    family by (a decode problem's are the attention-only columns' defaults, its head_dim_v its head_dim)."""
+    row = _row_key(_as_problem(problem))
+    return tuple(row[name] for name in FAMILY_FIELDS)
+
+
 def problem_fields() -> list[dict]:
     """FAMILY_FIELDS as the REST API spells them, each with the value a Problem takes when the field
     is not set (None: it has no default), for clients that filter on them (the dashboard)."""
@@ -748,16 +755,17 @@ class ResultsStore:
         family in memory (see ``store.best``); oldest row first.
         """
         p = _as_problem(problem)
+        # A decode problem's family is the decode rows with its family columns: decode and attention
+        # rows share the shape columns, never a family.
+        same = [getattr(m.Problem, name) == value for name, value in zip(FAMILY_FIELDS, family_key(p))]
+        same.append(m.Problem.kind == (DecodeProblem.kind if isinstance(p, DecodeProblem) else "attention"))
         q = _measurement_query().where(
             m.Device.name == device_name,
             m.Config.provider == provider,
             *_SERVED,
-            *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS],
-            m.Problem.kind == "attention",  # decode rows share the shape columns, never a family
+            *same,
         ).order_by(m.Measurement.id.asc())
-        vq = _verdict_query(device_name, provider,
-                            [getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS]
-                            + [m.Problem.kind == "attention"]).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
+        vq = _verdict_query(device_name, provider, same).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
         with self._read() as s:
             rows = [_measurement_dict(r) for r in s.execute(q)]
             # The newest verdict of each (problem, source, timing mode) marks the row it serves, so a
