@@ -170,3 +170,29 @@ def test_an_unusable_answer_is_refused(monkeypatch):
         res = fa4.explain_decode(problem=DP)
         assert res.provenance == "default" and "no_such_knob" in [s.detail for s in res.steps
                                                                    if s.source == "service"][0]
+
+
+def test_a_pushed_decode_study_reaches_another_hosts_launches(tmp_path, monkeypatch):
+    """Fleet mode end to end: a decode study tuned on one host (the split sweep recorded on the H200,
+    replayed) is pushed to the service (fa4-tune --decode --push), and a launch on another host, with
+    no local results DB, gets its 8 splits from the service."""
+    from tests.tuner.test_decode_tuning import SPEC
+    from tuner.push import push_results
+    from tuner.study import Tuner
+    from tuner.worker import InProcessRunner
+
+    prob = DecodeProblem(batch=1, seqlen_q=1, seqlen_k=8192, heads_q=32, heads_kv=8, head_dim=128, page_size=256)
+    with ResultsStore.open(f"sqlite:///{tmp_path / 'tuner.db'}") as store:
+        res = Tuner(SPEC, prob, store=store, trials=12, runner=InProcessRunner(), verify_rounds=3).run()
+        assert res.best["config"]["num_splits"] == 8
+        device = store.devices()[0]["name"]
+        app = CountingApp(create_app(f"sqlite:///{tmp_path / 'central.db'}", token=TOKEN))
+        with serve(app) as base:
+            report = push_results(store, [res.study_name], base, TOKEN)
+            assert report["failed"] == 0 and report["created"] == res.measured, report
+            monkeypatch.setenv(lookup.DEVICE_ENV, device)
+            monkeypatch.setenv(lookup.URL_ENV, base)
+            why = fa4.explain_decode(problem=prob)
+    assert why.provenance == "service:exact", str(why)
+    assert why.config.num_splits == 8 and why.tflops == 1.291
+    assert app.calls[PATH] == 1
