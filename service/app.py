@@ -42,7 +42,7 @@ from service.cache import Invalidations, SingleFlight, TaggedLRU
 from service.listing import Listings
 from store.best import best_config, index_rows
 from store import ResultsStore, canonical_json
-from store.store import SORT_KEYS, family_key, problem_fields
+from store.store import KINDS, SORT_KEYS, family_key, problem_fields
 from service.settings import Settings
 
 API_VERSION = "v1"
@@ -673,6 +673,9 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         window_right: Optional[int] = Query(None, ge=-1, le=sch.INT32_MAX),
         softcap: Optional[float] = Query(None, ge=0, allow_inf_nan=False),
         sink: Optional[bool] = None,
+        kind: Optional[Literal[KINDS]] = Query(  # type: ignore[valid-type]
+            None, description="attention or decode problems only (default: both); a decode row keeps the "
+            "attention-only columns at their defaults, so the other filters alone do not tell them apart"),
         timing: Optional[sch.TimingName] = Query(None, description="only rows timed in this mode (default: any). "
                                                  + sch.TIMING_DOC),
         limit: int = Query(100, ge=1, le=MAX_PAGE),
@@ -684,7 +687,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             source_fingerprint=source_fingerprint, is_default=is_default, pass_=pass_, dtype=dtype,
             head_dim=head_dim, head_dim_v=head_dim_v, seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch=batch,
             heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic, timing=timing,
-            window_left=window_left, window_right=window_right, softcap=softcap, sink=sink,
+            window_left=window_left, window_right=window_right, softcap=softcap, sink=sink, kind=kind,
         )
         return await state.listing(listing.results_page, limit, offset, sort, filters)
 

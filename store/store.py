@@ -634,8 +634,9 @@ class ResultsStore:
         Each is the verdict's fields (``rounds`` as stored) plus ``device``, ``provider``, ``problem`` (a
         Problem dict) and ``measurement_id``: the row a lookup serves for that problem.
         """
+        columns = _PROBLEM_FIELDS + tuple(n for n in _DECODE_ONLY + ("kind",) if n not in _PROBLEM_FIELDS)
         q = (
-            select(m.Verdict, m.Device.name, *(getattr(m.Problem, name) for name in _PROBLEM_FIELDS))
+            select(m.Verdict, m.Device.name, *(getattr(m.Problem, name) for name in columns))
             .join(m.Device, m.Device.id == m.Verdict.device_id)
             .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
         )
@@ -651,7 +652,11 @@ class ResultsStore:
         newest: dict[tuple, dict] = {}
         with self._read() as s:
             for v, device_name, *fields in s.execute(q):
-                problem = {key: value for (_, key), value in zip(_PROBLEM_KEYS, fields)}
+                row = dict(zip(columns, fields))
+                if row["kind"] == "decode":  # as _measurement_dict spells a decode row's problem
+                    problem = {"kind": "decode", **{n: row[n] for n in _DECODE_FIELDS}}
+                else:
+                    problem = {("pass" if n == "pass_" else n): row[n] for n in _PROBLEM_FIELDS}
                 # Oldest first: a later verdict of the same key replaces an earlier one.
                 newest[(device_name, v.problem_id, v.provider, v.timing)] = _verdict_dict(v) | {
                     "device": device_name, "provider": v.provider, "problem": problem,
@@ -659,8 +664,10 @@ class ResultsStore:
 
         def order(v: dict) -> tuple:
             p = v["problem"]
-            return (v["device"], v["provider"], p["pass"], p["dtype"], p["head_dim"], p["causal"], p["deterministic"],
-                    p["seqlen_q"], p["seqlen_k"], p["batch"], p["heads_q"], p["heads_kv"], p["head_dim_v"], v["timing"])
+            return (v["device"], v["provider"], p.get("pass", "decode"), p["dtype"], p["head_dim"], p["causal"],
+                    p.get("deterministic", False), p["seqlen_q"], p["seqlen_k"], p["batch"], p["heads_q"],
+                    p["heads_kv"], p.get("head_dim_v", p["head_dim"]), p.get("page_size", 0),
+                    p.get("seqlen_k_mean", 0), v["timing"])
 
         return sorted(newest.values(), key=order)
 

@@ -244,3 +244,25 @@ def test_providers_list_the_decode_knob_class(client):
     knobs = client.get("/v1/providers/fa4-decode/knobs").json()["passes"]["decode"]
     assert knobs["knob_class"] == "DecodeConfigSm90"
     assert {k["name"] for k in knobs["knobs"]} == {f.name for f in dataclasses.fields(DecodeConfigSm90)}
+
+
+def test_listings_tell_decode_rows_apart(client):
+    """What the dashboard reads: GET /v1/results?kind= keeps attention views free of decode rows (whose
+    attention-only columns sit at their defaults), and a decode verdict lists its decode problem."""
+    from tests.service.test_app import problem, result
+
+    post(client, result(prob=problem(1024), provider="fa4", config={}, tflops=400.0))
+    mid = post(client, decode_result())["id"]
+    rows = client.get("/v1/results", params={"pass": "fwd", "head_dim": 128}).json()["items"]
+    assert len(rows) == 2  # both match the attention filters alone
+    (att,) = client.get("/v1/results", params={"pass": "fwd", "head_dim": 128, "kind": "attention"}).json()["items"]
+    assert att["provider"] == "fa4" and "kind" not in att["problem"]
+    (dec,) = client.get("/v1/results", params={"kind": "decode"}).json()["items"]
+    assert dec["id"] == mid and dec["problem"] == DP.to_dict()
+    assert_error(client.get("/v1/results", params={"kind": "other"}), 422, "query.kind")
+    with ResultsStore.open(client.app.state.fa4.settings.db_url) as store:
+        store.add_verdict(store.upsert_device(DEVICE), store.upsert_problem(DP), "fa4-decode", measurement_id=mid,
+                          significant=True, gain=0.03, spread=0.01, rounds={"tflops": [[1.2, 1.16]]},
+                          source_fingerprint=FP)
+    (v,) = client.get("/v1/verdicts", params={"provider": "fa4-decode"}).json()
+    assert v["problem"] == DP.to_dict() and v["measurement_id"] == mid
