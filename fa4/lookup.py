@@ -13,8 +13,8 @@ Order (first that answers wins):
      or the default file when it exists), the best current measurement of provider "fa4"
      for this device and exact problem, used only when its source fingerprint matches the
      running kernel code (fa4.fingerprint);
-  4. the tuning service when $FA4_TUNING_URL is set: one HTTP call per problem class
-     per process, 0.5 s timeout ($FA4_TUNING_TIMEOUT_S); after a failure the service is
+  4. the tuning service when $FA4_TUNING_URL is set (GET /v1/configs/best, or /best-decode
+     for a DecodeProblem): one HTTP call per problem class per process, 0.5 s timeout ($FA4_TUNING_TIMEOUT_S); after a failure the service is
      left alone for 60 s;
   5. the heuristic default of the kernel's knob declaration.
 
