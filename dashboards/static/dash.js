@@ -455,7 +455,8 @@ class Determinism extends View {
     const fill = ["fa4-tune --seqlen 8192 --hdim 128 --pass bwd",
       "fa4-tune --seqlen 8192 --hdim 128 --pass bwd --deterministic"];
     const timing = this.timingControls();
-    const base = { device: this.device, status: "ok", kind: "attention", pass: "bwd", timing: this.filters.timing };
+    // pass=bwd excludes decode rows already (theirs is the column's default, fwd).
+    const base = { device: this.device, status: "ok", pass: "bwd", timing: this.filters.timing };
     const all = this.device ? await allResults(base) : [];
     if (stale()) return;
     if (!all.length) {
