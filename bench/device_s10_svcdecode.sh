@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 10, helper "svcdecode" (issue 19's decode configs in fleet mode): a tuning service
 # (fa4-serve, empty DB, on loopback) takes the results of fa4-tune --decode --push (batch 1 and 4 x
-# KV 8k and 32k, pages of 256, GQA 32/8, hd128, bf16, 10 trials each, 120 s budget), then
+# KV 8k and 32k, pages of 256, GQA 32/8, hd128, bf16, 10 trials each, 100 s budget), then
 # bench/decode_tuned.py --service: flash_attn_with_kvcache with the config the launch-time lookup
 # gets from GET /v1/configs/best-decode (local DB skipped) vs the heuristic and the reference FA4,
 # one process. First the feature's tests (CPU tests: they run on the GPU host too). Writes ONE file
@@ -34,8 +34,8 @@ done
 echo "== service at $url: $(python3 -c "import httpx; print(httpx.get('$url/healthz').text)" 2>&1)" >> "$log"
 t=$SECONDS
 echo "== fa4-tune --decode --push" >> "$log"
-timeout 170 python3 -m tuner.cli --decode --batch 1,4 --seqlen-k 8192,32768 --heads 32 --heads-kv 8 --hdim 128 \
-  --page-size 256 --trials 10 --verify-rounds 3 --budget-s 120 --db "sqlite:///$tmp/tuner.db" \
+timeout 140 python3 -m tuner.cli --decode --batch 1,4 --seqlen-k 8192,32768 --heads 32 --heads-kv 8 --hdim 128 \
+  --page-size 256 --trials 10 --verify-rounds 3 --budget-s 100 --db "sqlite:///$tmp/tuner.db" \
   --storage "$tmp/optuna.journal" --push "$url" 2>&1 | tail -40 | tee -a "$log"
 echo "tune rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s" | tee -a "$log"
 echo "== GET /v1/configs/best-decode, batch 1 KV 32k" >> "$log"
@@ -51,7 +51,7 @@ print(r.status_code, json.dumps({k: b.get(k) for k in ("provenance", "stale", "c
 PY
 t=$SECONDS
 echo "== served by the service vs heuristic (and the reference)" >> "$log"
-timeout 90 python3 bench/decode_tuned.py --service "$url" --rounds 5 2>&1 | tee -a "$log"
+timeout 80 python3 bench/decode_tuned.py --service "$url" --rounds 5 2>&1 | tee -a "$log"
 echo "bench rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s" | tee -a "$log"
 echo "== service log (tail)" >> "$log"
 tail -20 "$tmp/serve.log" >> "$log"
