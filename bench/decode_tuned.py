@@ -1,7 +1,9 @@
 """Decode steps with the config the launch-time lookup serves from a tuned results DB vs the split
 heuristic (and the reference FA4), one process.
 
-Run after ``fa4-tune --decode ... --db URL`` (bench/device_s9_dectune.sh does both). Per shape (one
+Run after ``fa4-tune --decode ... --db URL`` (bench/device_s9_dectune.sh does both), or with
+``--service URL`` after ``fa4-tune --decode ... --push URL`` (bench/device_s10_svcdecode.sh): the
+configs then come from the tuning service (fleet mode, the local DB skipped). Per shape (one
 token, pages of 256, GQA 32/8, hd128, bf16, every sequence at the full KV length): the lookup's
 explanation (where the config came from, which split count), then fa4.flash_attn_with_kvcache
 timed with no config (the lookup's answer, what a serving engine's call gets) and with the
@@ -47,13 +49,22 @@ def ensure_local_db_source() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--db", required=True, help="the tuned results DB (SQLAlchemy URL)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--db", help="the tuned results DB (SQLAlchemy URL)")
+    src.add_argument("--service", help="the tuning service the results were pushed to (FA4_TUNING_URL)")
     ap.add_argument("--batch", default="1,4")
     ap.add_argument("--kv", default="8192,32768")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
-    os.environ["FA4_DB"] = a.db
-    ensure_local_db_source()
+    if a.service:
+        # Fleet mode: no local DB, every decode config from GET /v1/configs/best-decode.
+        os.environ["FA4_TUNING_URL"] = a.service
+        os.environ["FA4_LOOKUP_LOCAL_DB"] = "0"
+        os.environ.setdefault("FA4_TUNING_TIMEOUT_S", "10")
+        lookup.reset()
+    else:
+        os.environ["FA4_DB"] = a.db
+        ensure_local_db_source()
     try:
         from flash_attn.cute import flash_attn_varlen_func as ref
     except Exception as e:  # noqa: BLE001

@@ -13,8 +13,8 @@ Order (first that answers wins):
      or the default file when it exists), the best current measurement of provider "fa4"
      for this device and exact problem, used only when its source fingerprint matches the
      running kernel code (fa4.fingerprint);
-  4. the tuning service when $FA4_TUNING_URL is set: one HTTP call per problem class
-     per process, 0.5 s timeout ($FA4_TUNING_TIMEOUT_S); after a failure the service is
+  4. the tuning service when $FA4_TUNING_URL is set (GET /v1/configs/best, or /best-decode
+     for a DecodeProblem): one HTTP call per problem class per process, 0.5 s timeout ($FA4_TUNING_TIMEOUT_S); after a failure the service is
      left alone for 60 s;
   5. the heuristic default of the kernel's knob declaration.
 
@@ -23,8 +23,8 @@ The same chain serves both passes: a Problem with ``pass_="bwd"`` (and its
 :func:`fa4.dispatch.bwd_entry`, measurements of the "fa4" provider's bwd pass. It serves
 decode too: a :class:`fa4.decode_problem.DecodeProblem` resolves to the decode kernel's knob
 class (:func:`fa4.dispatch.decode_entry`) from measurements of provider "fa4-decode", exact
-shape and current kernel source only; the service is not asked for decode configs (it has
-no decode endpoint yet).
+shape and current kernel source only, the service's through GET /v1/configs/best-decode (its
+query: the DecodeProblem's fields) under the same rules as attention's.
 
 Nothing here may raise into a launch: every DB or HTTP problem becomes a step of
 the provenance chain (see :func:`explain_problem`) and the default is used.
@@ -32,6 +32,7 @@ the provenance chain (see :func:`explain_problem`) and the default is used.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -302,9 +303,7 @@ def _resolve(problem: Problem, arch: Arch, device: str | None, timing: str = DEF
     if device is not None:
         fp = _fingerprint()
         found = _from_sources(problem, arch, entry, device, fp, timing, steps)
-        if found is None and isinstance(problem, DecodeProblem):
-            steps.append(Step("service", "skipped", "the tuning service has no decode configs yet"))
-        elif found is None:
+        if found is None:
             found, expires = _from_service(problem, arch, entry, device, fp, timing, steps)
 
     if found is not None:
@@ -447,10 +446,15 @@ def _from_service(problem, arch, entry, device, fp, timing, steps) -> tuple[tupl
             steps.append(Step("service", "skipped", "already asked once for this problem in this process"))
             return None, math.inf
         st.asked.add(key)
-    params = {**problem.to_dict(), "device": device, "provider": PROVIDER, "arch": arch.name, "timing": timing}
+    if isinstance(problem, DecodeProblem):
+        # The decode endpoint's parameters are the DecodeProblem's fields (its "kind" is the path).
+        fields, provider, path = dataclasses.asdict(problem), DECODE_PROVIDER, "/v1/configs/best-decode"
+    else:
+        fields, provider, path = problem.to_dict(), PROVIDER, "/v1/configs/best"
+    params = {**fields, "device": device, "provider": provider, "arch": arch.name, "timing": timing}
     if fp is not None:
         params["source_fingerprint"] = fp
-    url = base.rstrip("/") + "/v1/configs/best"
+    url = base.rstrip("/") + path
     timeout = _http_timeout(steps)
     try:
         import httpx

@@ -38,3 +38,25 @@ class Fa4Rules:
 
     def default_config(self, problem: Problem, arch: Arch):
         return config_module(problem).default_config(problem, arch)
+
+
+class Fa4DecodeRules:
+    """The decode kernel's knob rules (fa4.sm90.decode_config), in the same shape: what the results
+    store's rule asks of provider "fa4-decode" to judge a DecodeProblem's measured configs."""
+
+    name = "fa4-decode"
+
+    def knob_cls_for(self, problem) -> type:
+        from fa4.sm90.decode_config import DecodeConfigSm90
+
+        return DecodeConfigSm90
+
+    def violations(self, config, problem, arch: Arch) -> list[str]:
+        from fa4.sm90 import decode_config
+
+        return decode_config.violations(config, problem, arch)
+
+    def default_config(self, problem, arch: Arch):
+        from fa4.sm90 import decode_config
+
+        return decode_config.default_config(problem, arch)

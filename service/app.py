@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException
 
 import dashboards
 from fa4.arch import ARCHES
+from fa4.decode_problem import DecodeProblem
 from fa4.knobs import config_from_dict, knob_specs
 from fa4.problem import Problem
 from fa4.timing import ALL as ALL_TIMINGS, DEFAULT_TIMING
@@ -41,7 +42,7 @@ from service.cache import Invalidations, SingleFlight, TaggedLRU
 from service.listing import Listings
 from store.best import best_config, index_rows
 from store import ResultsStore, canonical_json
-from store.store import FAMILY_FIELDS, SORT_KEYS, problem_fields
+from store.store import KINDS, SORT_KEYS, family_key, problem_fields
 from service.settings import Settings
 
 API_VERSION = "v1"
@@ -68,6 +69,8 @@ def _validation_detail(errors) -> tuple[str, list[dict]]:
     detail, parts = [], []
     for e in errors:
         loc = [str(x) for x in e.get("loc", ())]
+        # A posted problem's kind tag (schemas.AnyProblemIn) is not a key of the JSON sent.
+        loc = [x for i, x in enumerate(loc) if not (i and loc[i - 1] == "problem" and x in sch.PROBLEM_KINDS)]
         msg = str(e.get("msg", "invalid"))
         # The offending input is left out: it may be huge or not JSON-serialisable.
         detail.append({"loc": loc, "msg": msg, "type": str(e.get("type", ""))})
@@ -92,9 +95,9 @@ class _State:
         # Keyed by registered provider names only (_provider refuses any other).
         self._fingerprints: dict[str, str | None] = {}
         self.inv = Invalidations()
-        # Answers of /v1/configs/best as JSON bytes, by validated key and by raw query string
-        # (for _BestFastPath: repeat queries skip validation). Both are bounded: a client can
-        # vary a query string without end.
+        # Answers of /v1/configs/best and /v1/configs/best-decode as JSON bytes, by validated key
+        # and by (path, raw query string) (for _BestFastPath: repeat queries skip validation).
+        # Both are bounded: a client can vary a query string without end.
         self._best = TaggedLRU(settings.best_cache_size, self.inv)
         self._by_query = TaggedLRU(settings.best_cache_size, self.inv)
         # The rows behind the answers, per (device, provider, *FAMILY_FIELDS): one query serves
@@ -233,10 +236,12 @@ class _State:
     # -- answers --------------------------------------------------------------------------
 
     @staticmethod
-    def family_of(device: str, provider: str, problem: Problem) -> tuple:
-        return (device, provider, *(getattr(problem, f) for f in FAMILY_FIELDS))
+    def family_of(device: str, provider: str, problem: Problem | DecodeProblem) -> tuple:
+        """The cache tag of ``problem``'s family: as ``ResultsStore.changes_since`` names a written one."""
+        return (device, provider, *family_key(problem))
 
-    def _read_family(self, device: str, provider: str, problem: Problem, known: dict) -> tuple[dict, list[dict]]:
+    def _read_family(self, device: str, provider: str, problem: Problem | DecodeProblem,
+                     known: dict) -> tuple[dict, list[dict]]:
         """(rows by problem, device rows they name that ``known`` lacks); in the thread pool."""
         # Samples are dropped: answers report n_samples only, and a family may hold thousands of rows.
         rows = [{**r, "samples_ms": None} for r in self.store.family_rows(device, provider, problem)]
@@ -244,7 +249,7 @@ class _State:
         missing = {r["device_id"] for r in rows} - set(known)
         return index_rows(rows), [d for d in map(self.store.get_device, sorted(missing)) if d is not None]
 
-    async def _family_rows(self, fam: tuple, device: str, prov, problem: Problem) -> dict:
+    async def _family_rows(self, fam: tuple, device: str, prov, problem: Problem | DecodeProblem) -> dict:
         rows = self._family.get(fam)
         if rows is not None:
             return rows
@@ -262,9 +267,10 @@ class _State:
 
         return await self._flights.run(("family", fam), tags, build)
 
-    async def answer(self, key: tuple, prov, device: str, problem: Problem, running: str | None,
+    async def answer(self, key: tuple, prov, device: str, problem: Problem | DecodeProblem, running: str | None,
                      arch: str | None, timing: str = DEFAULT_TIMING) -> tuple[bytes, tuple, int]:
-        """(JSON answer, its tags, the generation it was built at), built once for concurrent askers."""
+        """(JSON answer, its tags, the generation it was built at), built once for concurrent askers:
+        the one answer path of both config endpoints (attention and decode problems)."""
         cached = self._best.get(key)
         if cached is not None:
             return cached
@@ -297,22 +303,23 @@ def _route_path(scope) -> str:
 
 
 class _BestFastPath:
-    """Answers a repeated GET /v1/configs/best from the cache before routing and validation.
+    """Answers a repeated GET /v1/configs/best (or /best-decode) from the cache before routing and validation.
 
     Only query strings that the route itself answered with 200 since the last change of their
     family or device are in the cache, so this serves exactly what the route would; when a
     database check is due, the request goes to the route, which makes it.
     """
 
-    PATH = f"/{API_VERSION}/configs/best"
+    PATHS = (f"/{API_VERSION}/configs/best", f"/{API_VERSION}/configs/best-decode")
 
     def __init__(self, app, state: _State):
         self.app = app
         self.state = state
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] == "GET" and _route_path(scope) == self.PATH:
-            body = self.state._by_query.get(scope["query_string"])
+        path = _route_path(scope) if scope["type"] == "http" and scope["method"] == "GET" else None
+        if path in self.PATHS:
+            body = self.state._by_query.get((path, scope["query_string"]))
             if body is not None and not self.state.refresh_due():
                 await send({"type": "http.response.start", "status": 200,
                             "headers": [(b"content-type", b"application/json"),
@@ -393,9 +400,23 @@ def _invalid_problem():
         raise ApiError(422, f"invalid problem: {e}") from None
 
 
+def _check_problem(prov, problem: Problem | DecodeProblem) -> None:
+    """422 when ``prov`` cannot run ``problem`` (a decode problem needs a provider of the decode pass)."""
+    if isinstance(problem, DecodeProblem) and "decode" not in prov.passes:
+        raise ApiError(422, f"{prov.name} cannot run this problem: it does not tune decode problems "
+                            "(the decode provider is fa4-decode)")
+    errs = prov.problem_errors(problem)
+    if errs:
+        raise ApiError(422, f"{prov.name} cannot run this problem: {'; '.join(errs)}")
+
+
 def _problem(**fields) -> Problem:
     with _invalid_problem():
         return Problem.from_dict(fields)
+
+
+# A problem of each pass that no attention Problem has: the decode provider's ("decode").
+_PASS_SAMPLES = {"decode": DecodeProblem(batch=1, seqlen_q=1, seqlen_k=4096, heads_q=32, heads_kv=8, head_dim=128)}
 
 
 def _knob_classes(provider) -> dict[str, type | None]:
@@ -403,7 +424,7 @@ def _knob_classes(provider) -> dict[str, type | None]:
     out = {}
     for p in provider.passes:
         try:
-            out[p] = provider.knob_cls_for(Problem.standard(1024, 128, pass_=p))
+            out[p] = provider.knob_cls_for(_PASS_SAMPLES.get(p) or Problem.standard(1024, 128, pass_=p))
         except Exception:
             out[p] = None
     return out
@@ -537,16 +558,31 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
                 head_dim_v=head_dim_v, dtype=dtype, causal=causal, deterministic=deterministic, pass_=pass_,
                 window_left=window_left, window_right=window_right, softcap=softcap, sink=sink,
             )
+        return await serve_best(request, device, provider, problem, source_fingerprint, arch, timing)
+
+    @app.get(f"/{API_VERSION}/configs/best-decode", response_model=sch.BestConfig, tags=["configs"],
+             responses={404: {"model": sch.Error}})
+    async def get_best_decode(request: Request, query: Annotated[sch.DecodeConfigQuery, Query()]):
+        """The config to use for a decode step (fa4.flash_attn_with_kvcache; provider fa4-decode), as
+        GET /v1/configs/best answers for attention: its exact shape measured from the running kernel
+        source (provenance exact), else the provider's heuristic (default). Its parameters are the
+        fields of fa4.decode_problem.DecodeProblem."""
+        with _invalid_problem():
+            problem = query.to_problem()
+        return await serve_best(request, query.device, query.provider, problem, query.source_fingerprint,
+                                query.arch, query.timing)
+
+    async def serve_best(request: Request, device: str, provider: str, problem: Problem | DecodeProblem,
+                         source_fingerprint: str | None, arch: str | None, timing: str) -> Response:
+        """The answer of both config endpoints: one cache, one rule (store.best.best_config)."""
         prov = _provider(provider)
-        errs = prov.problem_errors(problem)
-        if errs:
-            raise ApiError(422, f"{provider} cannot run this problem: {'; '.join(errs)}")
+        _check_problem(prov, problem)
         running = source_fingerprint if source_fingerprint is not None else await state.fingerprint_async(prov)
         key = (device, provider, problem, running, arch, timing)
         if state.refresh_due():
             await state.refresh()
         body, tags, since = await state.answer(key, prov, device, problem, running, arch, timing)
-        state._by_query.put(request.scope["query_string"], body, tags, since)
+        state._by_query.put((_route_path(request.scope), request.scope["query_string"]), body, tags, since)
         # Served as cached bytes: the hot path skips re-validating an answer built from the schema.
         return Response(content=body, media_type="application/json")
 
@@ -637,6 +673,9 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
         window_right: Optional[int] = Query(None, ge=-1, le=sch.INT32_MAX),
         softcap: Optional[float] = Query(None, ge=0, allow_inf_nan=False),
         sink: Optional[bool] = None,
+        kind: Optional[Literal[KINDS]] = Query(  # type: ignore[valid-type]
+            None, description="attention or decode problems only (default: both); a decode row keeps the "
+            "attention-only columns at their defaults, so the other filters alone do not tell them apart"),
         timing: Optional[sch.TimingName] = Query(None, description="only rows timed in this mode (default: any). "
                                                  + sch.TIMING_DOC),
         limit: int = Query(100, ge=1, le=MAX_PAGE),
@@ -648,7 +687,7 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
             source_fingerprint=source_fingerprint, is_default=is_default, pass_=pass_, dtype=dtype,
             head_dim=head_dim, head_dim_v=head_dim_v, seqlen_q=seqlen_q, seqlen_k=seqlen_k, batch=batch,
             heads_q=heads_q, heads_kv=heads_kv, causal=causal, deterministic=deterministic, timing=timing,
-            window_left=window_left, window_right=window_right, softcap=softcap, sink=sink,
+            window_left=window_left, window_right=window_right, softcap=softcap, sink=sink, kind=kind,
         )
         return await state.listing(listing.results_page, limit, offset, sort, filters)
 
@@ -694,18 +733,21 @@ def create_app(db_url: str | None = None, token: str | None = None, *, settings:
 
     def store_result(body: sch.ResultIn, idempotency_key: str | None) -> tuple[int, bool, str]:
         prov = _provider(body.provider, status=422)
-        problem = _problem(**body.problem.to_problem_dict())
-        errs = prov.problem_errors(problem)
-        if errs:
-            raise ApiError(422, f"{body.provider} cannot run this problem: {'; '.join(errs)}")
+        if isinstance(body.problem, sch.DecodeProblemIn):
+            with _invalid_problem():
+                problem = body.problem.to_problem()
+        else:
+            problem = _problem(**body.problem.to_problem_dict())
+        _check_problem(prov, problem)
         knob_cls = prov.knob_cls_for(problem)
+        pass_ = "decode" if isinstance(problem, DecodeProblem) else problem.pass_
         if knob_cls is None and body.config:
-            raise ApiError(422, f"{body.provider} has no knobs for the {problem.pass_} pass; config must be empty")
+            raise ApiError(422, f"{body.provider} has no knobs for the {pass_} pass; config must be empty")
         if knob_cls is not None:
             try:
                 config_from_dict(knob_cls, body.config or {})
             except (ValueError, TypeError) as e:
-                raise ApiError(422, f"invalid config for {body.provider} ({problem.pass_}): {e}") from None
+                raise ApiError(422, f"invalid config for {body.provider} ({pass_}): {e}") from None
         if body.status == "ok" and (body.median_ms is None or body.tflops is None):
             raise ApiError(422, "an 'ok' measurement needs median_ms and tflops")
 

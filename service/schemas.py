@@ -8,13 +8,17 @@ knob models are built from the providers' knob dataclasses at run time
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from datetime import datetime
 from functools import lru_cache
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model, field_validator
 
+from fa4.arch import ARCHES
+from fa4.decode_problem import DecodeProblem
 from fa4.knobs import knob_specs
 from fa4.problem import DTYPES, PASSES
 from fa4.timing import ALL as ALL_TIMINGS, DEFAULT_TIMING, TIMINGS
@@ -101,6 +105,79 @@ class ProblemIn(_Strict):
         return self.model_dump(by_alias=True)
 
 
+def _decode_fields() -> dict:
+    """Pydantic fields of fa4.decode_problem.DecodeProblem, one per dataclass field and typed as it is.
+
+    Only the types and the database's column widths are checked here; the problem's own rules
+    (positive sizes, GQA divisibility, ...) are ``DecodeProblem.errors()``, applied when the
+    service builds the problem (a 422 naming the rule).
+    """
+    hints = typing.get_type_hints(DecodeProblem)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(DecodeProblem):
+        kind = hints[f.name]
+        default = ... if f.default is dataclasses.MISSING else f.default
+        doc = f"DecodeProblem.{f.name}" + ("" if default is ... else f" (default {default!r})")
+        if kind is int:
+            fields[f.name] = (int, Field(default, ge=0, le=INT32_MAX, description=doc))
+        elif f.name == "dtype":
+            fields[f.name] = (Dtype, Field(default, description=doc))
+        else:
+            fields[f.name] = (kind, Field(default, description=doc))
+    return fields
+
+
+class _DecodeProblemBase(_Strict):
+    def to_problem(self) -> DecodeProblem:
+        """The DecodeProblem (ValueError with its rules' reasons when it is not one)."""
+        return DecodeProblem(**{f.name: getattr(self, f.name) for f in dataclasses.fields(DecodeProblem)})
+
+
+DecodeProblemIn = create_model(
+    "DecodeProblemIn",
+    __base__=_DecodeProblemBase,
+    __doc__="A decode step's shape (``fa4.decode_problem.DecodeProblem``), as its ``to_dict()`` spells it.",
+    kind=(Literal["decode"], Field(description="Tells a decode problem from an attention one")),
+    **_decode_fields(),
+)
+
+
+# The query of GET /v1/configs/best-decode: who asks (as GET /v1/configs/best's first parameters),
+# then the problem's fields, generated from the dataclass so that a new field is a new parameter.
+# Unknown parameters are refused: a misspelt field would otherwise answer its default's problem.
+DecodeConfigQuery = create_model(
+    "DecodeConfigQuery",
+    __base__=_DecodeProblemBase,
+    __doc__="The query of GET /v1/configs/best-decode: the device, provider and caller, then DecodeProblem's fields.",
+    device=(str, Field(min_length=1, max_length=255, pattern=r"^[^\x00]*$", description="GPU name, e.g. 'NVIDIA H200'",
+                       examples=["NVIDIA H200"])),
+    provider=(str, Field("fa4-decode", min_length=1, max_length=64, pattern=r"^[^\x00]*$", examples=["fa4-decode"])),
+    source_fingerprint=(Optional[str], Field(
+        None, max_length=128, pattern=r"^[^\x00]*$",
+        description="Judge staleness against this kernel source (the caller's) instead of the service's own")),
+    arch=(Optional[Literal[tuple(ARCHES)]], Field(  # type: ignore[valid-type]
+        None, description="Arch for feasibility checks; default: the device's, from the database")),
+    timing=(TimingName, Field(DEFAULT_TIMING, description="The timing mode the caller runs in; answered from "
+                              "measurements of this mode only. " + TIMING_DOC)),
+    **_decode_fields(),
+)
+
+
+def _problem_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("kind", "attention")
+    return "decode" if isinstance(value, DecodeProblemIn) else "attention"
+
+
+# A posted problem: attention (ProblemIn, no "kind") or decode ("kind": "decode"). The tag is no
+# part of the JSON path: the service's validation messages leave it out of their locations.
+PROBLEM_KINDS = ("attention", "decode")
+AnyProblemIn = Annotated[
+    Union[Annotated[ProblemIn, Tag("attention")], Annotated[DecodeProblemIn, Tag("decode")]],
+    Discriminator(_problem_kind),
+]
+
+
 class DeviceIn(_Strict):
     """A GPU and its software stack, as ``ResultsStore.upsert_device`` takes it."""
 
@@ -135,7 +212,7 @@ class ResultIn(_Strict):
 
     device: DeviceIn
     provider: str = Field(min_length=1, max_length=64)
-    problem: ProblemIn
+    problem: AnyProblemIn
     config: Optional[dict[str, Any]] = Field(
         None, description="Knob values; validated against the provider's knob dataclass for this pass "
         "(see GET /v1/providers/{name}/knobs). Omitted knobs take their defaults.",

@@ -1,5 +1,7 @@
 """Which config to serve for a problem: exact measurement, nearest measured shape, or the heuristic.
 
+Decode problems (fa4.decode_problem) follow the same rule without the nearest-shape steps.
+
 Kept apart from the HTTP layer so the launch-time lookup and tests can reason
 about the same rules.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import math
 
 from fa4.arch import SM90, Arch, arch_from_capability
+from fa4.decode_problem import DecodeProblem, problem_from_dict
 from fa4.knobs import config_from_dict, config_to_dict
 from fa4.problem import Problem
 from fa4.timing import DEFAULT_TIMING, canonical as canonical_timing
@@ -154,11 +157,11 @@ def _fastest(rows: list[dict], fp: str | None) -> dict | None:
     return best
 
 
-def index_rows(rows: list[dict]) -> dict[Problem, list[dict]]:
-    """A family's rows grouped by the problem they measured."""
-    by_problem: dict[Problem, list[dict]] = {}
+def index_rows(rows: list[dict]) -> dict[Problem | DecodeProblem, list[dict]]:
+    """A family's rows grouped by the problem they measured (attention or decode)."""
+    by_problem: dict[Problem | DecodeProblem, list[dict]] = {}
     for r in rows:
-        by_problem.setdefault(Problem.from_dict(r["problem"]), []).append(r)
+        by_problem.setdefault(problem_from_dict(r["problem"]), []).append(r)
     return by_problem
 
 
@@ -222,6 +225,9 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
 
     ``timing`` (a mode of fa4.timing) is the mode the caller runs in: only rows of that mode
     count; rows of other modes are named in the notes of a default answer, never served.
+
+    A :class:`DecodeProblem` (GET /v1/configs/best-decode) takes step 1 only: its exact shape's
+    row of the running source, else the heuristic (provenance exact or default, never nearest).
     """
     name = provider.name
     timing = canonical_timing(timing)
@@ -266,6 +272,13 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                 f"{stale_exact['source_fingerprint']!r}, not the running {running_fp!r}: stale, never served as exact"
             )
 
+    # A decode problem is answered by its exact shape of the running source only: its best split
+    # count depends on batch and context length too steeply for a neighbour's (or an older
+    # kernel's, whose split heuristic and tiles may differ) to beat the heuristic.
+    if isinstance(problem, DecodeProblem):
+        return _default_answer(provider, problem, arch, notes, by_problem, other_modes, device, running_fp, timing,
+                               "decode problems are served from their exact shape only (no nearest-shape rule)")
+
     # 2. Nearest measured shape of the same family, current source.
     hit = try_rows(family(running_fp)[:MAX_NEAREST_CANDIDATES], running_fp)
     if hit:
@@ -288,10 +301,18 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
                            seqlen_distance(problem, cand) + shape_distance(problem, cand), measured_on(row), timing)
 
     # 4. The provider's own heuristic.
+    return _default_answer(provider, problem, arch, notes, by_problem, other_modes, device, running_fp, timing)
+
+
+def _default_answer(provider, problem, arch: Arch, notes: list[str], by_problem: dict, other_modes: dict,
+                    device: str, running_fp: str | None, timing: str, why: str | None = None) -> dict:
+    """The answer when nothing measured is served: the provider's heuristic, with the notes saying why."""
     if not by_problem:
         notes.append(f"no measurements under {timing} for this device, provider and problem family"
                      + (f" (rows timed {', '.join(f'{t}: {n}' for t, n in sorted(other_modes.items()))} are "
                         f"never served to a {timing} caller)" if other_modes else ""))
+    if why:
+        notes.append(why)
     notes.append("nothing usable was measured for this device, provider and problem family: heuristic default")
     try:
         default = provider.default_config(problem, arch)
@@ -299,7 +320,7 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
     except Exception as e:  # e.g. no kernel for this arch: say so instead of failing the request
         notes.append(f"the provider has no default config here: {type(e).__name__}: {e}")
         config = None
-    return _answer("default", False, notes, device, name, problem, running_fp, None, config, timing=timing)
+    return _answer("default", False, notes, device, provider.name, problem, running_fp, None, config, timing=timing)
 
 
 def provider_speeds(store: ResultsStore, device: str, problem: Problem, providers, *, running_fp: str | None,

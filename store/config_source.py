@@ -14,7 +14,7 @@ from pathlib import Path
 from fa4.decode_problem import DecodeProblem
 from fa4.lookup import DECODE_PROVIDER, SourceAnswer
 from fa4.problem import Problem
-from fa4.rules import Fa4Rules
+from fa4.rules import Fa4DecodeRules, Fa4Rules
 from fa4.timing import DEFAULT_TIMING
 from store.best import best_config, provider_speeds
 
@@ -76,21 +76,24 @@ class LocalResultsDB:
 
     def _decode_answer(self, store, problem: DecodeProblem, device: str, fingerprint: str,
                        timing: str) -> SourceAnswer:
-        """A decode problem: its exact shape's served row (the verdict's, else the fastest) of the
-        running kernel source; decode shapes have no nearest-shape rule (yet)."""
+        """A decode problem, by the rule GET /v1/configs/best-decode answers with: its exact shape's
+        served row (the verdict's, else the fastest) of the running kernel source, no nearest shape."""
         try:
-            row = store.best(device, DECODE_PROVIDER, problem, source_fingerprint=fingerprint, timing=timing)
+            ans = best_config(store, Fa4DecodeRules(), device, problem, running_fp=fingerprint, timing=timing)
         except Exception as e:
             return SourceAnswer("error", f"{type(e).__name__}: {e}")
-        if row is None:
-            return SourceAnswer("miss", f"no {timing} measurement of {DECODE_PROVIDER} on {problem.key()} on "
-                                        f"{device!r} from kernel source {fingerprint!r}")
-        ref = f"measurement {row['id']}"
-        verdict = row.get("verdict")
-        how = "" if verdict is None else (f", verdict {verdict['id']}: " + (
+        notes = "; ".join(ans["notes"])
+        if ans["provenance"] != "exact":
+            return SourceAnswer("miss", f"no usable {timing} measurement of {DECODE_PROVIDER} on {problem.key()} on "
+                                        f"{device!r} from kernel source {fingerprint!r}: {notes}")
+        ref = f"measurement {ans['measurement_id']}"
+        verdict = ans["verdict"]
+        how = "" if verdict is None else (", verdict: " + (
             f"{verdict['gain']:+.1%} over the default" if verdict["significant"] else "the default kept"))
-        return SourceAnswer("used", f"exact {timing} answer, {ref} ({row['tflops']:.3f} TB/s){how} in {store.url}",
-                            config=row["config"], ref=ref, tflops=row["tflops"], measured_problem=row["problem"])
+        return SourceAnswer("used", f"exact {timing} answer, {ref} ({ans['tflops']:.3f} TB/s){how} in {store.url}"
+                            + (f"; {notes}" if notes else ""),
+                            config=ans["config"], ref=ref, tflops=ans["tflops"],
+                            measured_problem=ans["measured_problem"])
 
     def speeds(self, problem: Problem, device: str, fingerprint: str, timing: str, providers) -> dict:
         """Measured speed of each provider's plain call on this exact problem (fa4's provider="auto")."""

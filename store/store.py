@@ -183,6 +183,13 @@ FAMILY_FIELDS = ("pass_", "dtype", "head_dim", "head_dim_v", "causal", "determin
 _SERVED = (m.Measurement.status == "ok", m.Measurement.tflops.is_not(None))
 
 
+def family_key(problem: Problem | DecodeProblem) -> tuple:
+    """The FAMILY_FIELDS values of ``problem``'s row, in that order: what ``changes_since`` names a
+    family by (a decode problem's are the attention-only columns' defaults, its head_dim_v its head_dim)."""
+    row = _row_key(_as_problem(problem))
+    return tuple(row[name] for name in FAMILY_FIELDS)
+
+
 def problem_fields() -> list[dict]:
     """FAMILY_FIELDS as the REST API spells them, each with the value a Problem takes when the field
     is not set (None: it has no default), for clients that filter on them (the dashboard)."""
@@ -627,8 +634,9 @@ class ResultsStore:
         Each is the verdict's fields (``rounds`` as stored) plus ``device``, ``provider``, ``problem`` (a
         Problem dict) and ``measurement_id``: the row a lookup serves for that problem.
         """
+        columns = _PROBLEM_FIELDS + tuple(n for n in _DECODE_ONLY + ("kind",) if n not in _PROBLEM_FIELDS)
         q = (
-            select(m.Verdict, m.Device.name, *(getattr(m.Problem, name) for name in _PROBLEM_FIELDS))
+            select(m.Verdict, m.Device.name, *(getattr(m.Problem, name) for name in columns))
             .join(m.Device, m.Device.id == m.Verdict.device_id)
             .join(m.Problem, m.Problem.id == m.Verdict.problem_id)
         )
@@ -644,7 +652,11 @@ class ResultsStore:
         newest: dict[tuple, dict] = {}
         with self._read() as s:
             for v, device_name, *fields in s.execute(q):
-                problem = {key: value for (_, key), value in zip(_PROBLEM_KEYS, fields)}
+                row = dict(zip(columns, fields))
+                if row["kind"] == "decode":  # as _measurement_dict spells a decode row's problem
+                    problem = {"kind": "decode", **{n: row[n] for n in _DECODE_FIELDS}}
+                else:
+                    problem = {("pass" if n == "pass_" else n): row[n] for n in _PROBLEM_FIELDS}
                 # Oldest first: a later verdict of the same key replaces an earlier one.
                 newest[(device_name, v.problem_id, v.provider, v.timing)] = _verdict_dict(v) | {
                     "device": device_name, "provider": v.provider, "problem": problem,
@@ -652,8 +664,10 @@ class ResultsStore:
 
         def order(v: dict) -> tuple:
             p = v["problem"]
-            return (v["device"], v["provider"], p["pass"], p["dtype"], p["head_dim"], p["causal"], p["deterministic"],
-                    p["seqlen_q"], p["seqlen_k"], p["batch"], p["heads_q"], p["heads_kv"], p["head_dim_v"], v["timing"])
+            return (v["device"], v["provider"], p.get("pass", "decode"), p["dtype"], p["head_dim"], p["causal"],
+                    p.get("deterministic", False), p["seqlen_q"], p["seqlen_k"], p["batch"], p["heads_q"],
+                    p["heads_kv"], p.get("head_dim_v", p["head_dim"]), p.get("page_size", 0),
+                    p.get("seqlen_k_mean", 0), v["timing"])
 
         return sorted(newest.values(), key=order)
 
@@ -748,16 +762,17 @@ class ResultsStore:
         family in memory (see ``store.best``); oldest row first.
         """
         p = _as_problem(problem)
+        # A decode problem's family is the decode rows with its family columns: decode and attention
+        # rows share the shape columns, never a family.
+        same = [getattr(m.Problem, name) == value for name, value in zip(FAMILY_FIELDS, family_key(p))]
+        same.append(m.Problem.kind == (DecodeProblem.kind if isinstance(p, DecodeProblem) else "attention"))
         q = _measurement_query().where(
             m.Device.name == device_name,
             m.Config.provider == provider,
             *_SERVED,
-            *[getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS],
-            m.Problem.kind == "attention",  # decode rows share the shape columns, never a family
+            *same,
         ).order_by(m.Measurement.id.asc())
-        vq = _verdict_query(device_name, provider,
-                            [getattr(m.Problem, name) == getattr(p, name) for name in FAMILY_FIELDS]
-                            + [m.Problem.kind == "attention"]).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
+        vq = _verdict_query(device_name, provider, same).order_by(m.Verdict.created_at.asc(), m.Verdict.id.asc())
         with self._read() as s:
             rows = [_measurement_dict(r) for r in s.execute(q)]
             # The newest verdict of each (problem, source, timing mode) marks the row it serves, so a

@@ -258,7 +258,8 @@ class Throughput extends View {
         ["fa4-tune --seqlen 8192 --hdim 128", "fa4-tune --seqlen 8192 --hdim 128 --provider flash-attn-4"]);
     }
     const timing = this.timingControls();
-    const base = { device: this.device, status: "ok", timing: this.filters.timing };
+    // Attention rows only: a decode step's throughput is TB/s, and its shape columns match attention filters.
+    const base = { device: this.device, status: "ok", kind: "attention", timing: this.filters.timing };
     const all = await allResults(base);
     if (stale()) return;
     this.setControls(...timing, ...this.problemControls(all, PROBLEM_FILTERS));
@@ -336,7 +337,7 @@ class Gain extends View {
         "first, then tuned ones; run for example:", fill);
     }
     const timing = this.timingControls();
-    const base = { device: this.device, status: "ok", timing: this.filters.timing };
+    const base = { device: this.device, status: "ok", kind: "attention", timing: this.filters.timing };
     const all = await allResults(base);
     if (stale()) return;
     const fields = PROBLEM_FILTERS.filter((f) => !HEAD_DIMS.includes(f));
@@ -454,6 +455,7 @@ class Determinism extends View {
     const fill = ["fa4-tune --seqlen 8192 --hdim 128 --pass bwd",
       "fa4-tune --seqlen 8192 --hdim 128 --pass bwd --deterministic"];
     const timing = this.timingControls();
+    // pass=bwd excludes decode rows already (theirs is the column's default, fwd).
     const base = { device: this.device, status: "ok", pass: "bwd", timing: this.filters.timing };
     const all = this.device ? await allResults(base) : [];
     if (stale()) return;
@@ -598,7 +600,9 @@ class StudyView extends View {
     let knobsNote = "";
     try {
       const doc = await getJSON(knobsURL);
-      knobs = (doc.passes[study.problem.pass] || { knobs: [] }).knobs;
+      // A decode study's problem has no pass: its knobs are the provider's "decode" pass.
+      const pass = study.problem.kind === "decode" ? "decode" : study.problem.pass;
+      knobs = (doc.passes[pass] || { knobs: [] }).knobs;
       this.knobsEl.href = knobsURL;
       this.knobsEl.hidden = false;
     } catch (e) {

@@ -924,3 +924,53 @@ def test_value_head_dim_is_a_filter_offered_per_head_dim(browser, bwd_server):
         assert page.problems == []
     finally:
         page.close()
+
+
+@pytest.fixture(scope="module")
+def decode_server(tmp_path_factory):
+    """The demo DB plus a decode study (issue 19: provider fa4-decode, TB/s in its tflops column) of the
+    demo's device, posted through the API after the recorded rows: the newest study."""
+    from service.demo import build_demo_db
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('decode') / 'decode.db'}"
+    build_demo_db(url)
+    s = Server("--db", url, token=TOKEN)
+    try:
+        device = _device_payload(s)
+        problem = {"kind": "decode", "batch": 1, "seqlen_q": 1, "seqlen_k": 8192, "heads_q": 32, "heads_kv": 8,
+                   "head_dim": 128, "page_size": 256, "seqlen_k_mean": 0, "dtype": "bf16", "causal": False}
+        for n, (splits, tbps) in enumerate(((0, 1.253), (8, 1.291), (16, 1.25), (4, 1.1))):
+            body = {"device": device, "provider": "fa4-decode", "problem": problem, "status": "ok",
+                    "config": {"num_splits": splits}, "median_ms": 0.026, "tflops": tbps, "is_default": n == 0,
+                    "study_name": "decode-test-study", "trial_number": n}
+            r = s.http.post("/v1/results", json=body, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 201, r.text
+        yield s
+    finally:
+        s.stop()
+
+
+def test_decode_rows_stay_out_of_the_attention_charts_and_show_as_a_study(browser, decode_server):
+    page = Page(browser, decode_server.url + "/")
+    try:
+        for view in ("throughput", "gain"):  # the backward view asks for pass=bwd: no decode row has it
+            assert _query(page.raw(view)).get("kind") == "attention", view
+        assert all(r["provider"] != "fa4-decode" for r in decode_server.results(**_query(page.raw("determinism"))))
+        params = _query(page.raw("throughput"))
+        rows = decode_server.results(**params)
+        assert rows and all(r["provider"] != "fa4-decode" for r in rows)
+        got = _by_name(page.series("chart-throughput"))
+        _assert_points(got, expected_throughput(rows))
+        assert not any(p[0] == 1 for pts in got.values() for p in pts)  # no decode step at seqlen_q 1
+        # The decode study is the newest: the study view opens on it with the decode knobs as axes.
+        assert page.filter_value("study", "study") == "decode-test-study"
+        knobs = decode_server.get("/v1/providers/fa4-decode/knobs")["passes"]["decode"]["knobs"]
+        axes = page.option("chart-parallel", "parallelAxis")
+        assert [a["name"] for a in axes] == [k["name"] for k in knobs] + ["TFLOP/s"]
+        history = _by_name(page.series("chart-history"))
+        assert sorted(history["TFLOP/s"] + history["default config"]) == [[0, 1.253], [1, 1.291], [2, 1.25],
+                                                                           [3, 1.1]]
+        page.screenshot("decode-study")
+        assert page.problems == []
+    finally:
+        page.close()

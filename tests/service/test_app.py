@@ -464,7 +464,7 @@ def test_repeat_queries_skip_validation_but_not_freshness(client):
     url = "/v1/configs/best?device=NVIDIA%20H200&provider=toy&head_dim=128&heads_q=16&seqlen_q=4096&batch=4"
     first = client.get(url)
     state = client.app.state.fa4
-    assert list(state._by_query) == [url.partition("?")[2].encode()]
+    assert list(state._by_query) == [("/v1/configs/best", url.partition("?")[2].encode())]
     again = client.get(url)
     assert again.status_code == 200 and again.content == first.content
     assert again.headers["content-type"] == "application/json"

@@ -106,6 +106,9 @@ def test_device_provider_versions_are_bounded(client):
                          f"{sch.MAX_JSON_FIELD_BYTES} bytes as JSON")
 
 
+BEST = "/v1/configs/best"  # the fast path caches answers by (path, query string)
+
+
 def test_a_write_drops_only_the_answers_of_its_family(client):
     post(client, result(tflops=500.0))
     post(client, result(prob=problem(4096, head_dim=64), tflops=300.0))
@@ -114,10 +117,10 @@ def test_a_write_drops_only_the_answers_of_its_family(client):
     assert client.get("/v1/configs/best?" + url128).json()["tflops"] == 500.0
     assert client.get("/v1/configs/best?" + url64).json()["tflops"] == 300.0
     state = client.app.state.fa4
-    assert set(state._by_query) == {url128.encode(), url64.encode()}
+    assert set(state._by_query) == {(BEST, url128.encode()), (BEST, url64.encode())}
     # A faster head_dim-64 row: that family's answer is rebuilt, the head_dim-128 one stays cached.
     post(client, result(prob=problem(4096, head_dim=64), tflops=350.0, config={"tile_n": 128}))
-    assert set(state._by_query) == {url128.encode()}
+    assert set(state._by_query) == {(BEST, url128.encode())}
     assert client.get("/v1/configs/best?" + url64).json()["tflops"] == 350.0
     # A new software stack of the device (a new device row) drops every answer of that device.
     post(client, result(device={**DEVICE, "driver": "575.1"}, tflops=400.0, config={"tile_m": 64}))
