@@ -66,3 +66,18 @@ def dq_turn(m_block, n_block, tile_m: int, tile_n: int, num_n, seqlen_q, seqlen_
                                  has_window_left, has_window_right, window_left, window_right)
     n_hi = n_end - 1
     return n_block - n_lo + spt * (n_hi + n_lo - 2 * n_block)
+
+
+def group_step(t, m_start, m_end):
+    """(head within the group, m_block) of step t of a CTA that walks the query heads of its K/V
+    head (gqa_reduce 'loop'): head-major, each head's query tiles [m_start, m_end) in order, the
+    order of the producer's loads and of the consumers' loops. Only called for t < group *
+    (m_end - m_start), so the division never sees an empty range."""
+    steps = m_end - m_start
+    head = t // steps
+    return head, m_start + t - head * steps
+
+
+def step_index(head, m_block, m_start, m_end):
+    """The inverse of group_step: the ring position (and dQ writer parity) of (head, m_block)."""
+    return head * (m_end - m_start) + m_block - m_start

@@ -125,7 +125,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         self.p_smem = config.dv_operand == "smem" or self.split
         self.ds_stages = config.ds_stages
         self.ds_stmatrix = config.ds_store == "stmatrix"
-        self.dkv_tma = config.dkv_store == "tma" and not gqa
+        # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
+        # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
+        self.gqa_loop = gqa and config.gqa_reduce == "loop"
+        self.gqa_atomic = gqa and not self.gqa_loop
+        self.dkv_tma = config.dkv_store == "tma" and not self.gqa_atomic
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
         self.kv_v2 = config.dq_accum != "red"
         self.num_threads = THREADS_PER_WG * 3
@@ -141,7 +145,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         mLSE2: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: LSE * log2(e), +inf where no key
         mDsum: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: rowsum(dO * O)
         mdQacc: cute.Tensor,  # (batch, heads_q, seqlen_q_pad, d) fp32, zeroed
-        mdK: cute.Tensor,  # gqa: (batch, heads_kv, seqlen_k_pad, d) fp32 zeroed; else like mK
+        mdK: cute.Tensor,  # gqa 'atomic': (batch, heads_kv, seqlen_k_pad, d) fp32 zeroed; else like mK
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
@@ -250,8 +254,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             tma_dv, mdV = cpasync.make_tiled_tma_atom(s2g, mdV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, dv))
 
         seqlen_k = mK.shape[0]
-        num_heads = mQ.shape[2]
-        num_bh = num_heads * mQ.shape[3]
+        # One CTA per (key tile, head, batch): query heads, or K/V heads with gqa_reduce 'loop'.
+        num_bh = (mK.shape[2] if self.gqa_loop else mQ.shape[2]) * mQ.shape[3]
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
@@ -370,6 +374,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                     tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
                     sQ, sdO, sK, sV, sLSE, sDsum,
                     pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+                    self.heads_walked(qhead_per_kvhead),
                 )
             if cutlass.const_expr(self.dq_bulk):
                 # Two writer warps take alternate steps: one waits for its reduction to complete
@@ -377,12 +382,12 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 if warp_idx == 1:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, 0,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), 0,
                     )
                 if warp_idx == 2:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, 1,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), 1,
                     )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -406,8 +411,15 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         num_bh = num_heads * mQ.shape[3]
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
         qhead_per_kvhead = num_heads // mK.shape[2]
-        n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
-        head_kv = head // qhead_per_kvhead
+        if cutlass.const_expr(self.gqa_loop):
+            # head: the group's first query head; the CTA walks qhead_per_kvhead of them.
+            n_block, head_kv, batch = scheduling.decode_tile(
+                bidx, num_n, mK.shape[2], mK.shape[2] * mQ.shape[3], head_swizzle, spt
+            )
+            head = head_kv * qhead_per_kvhead
+        else:
+            n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
+            head_kv = head // qhead_per_kvhead
         m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
             n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
             self.has_window_left, self.has_window_right, *win,
@@ -419,6 +431,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     def producer(
         self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+        group,
     ):
         d = self.head_dim
         for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
@@ -426,30 +439,41 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         one = cute.make_layout(1)
         tKsK, tKgK = seq_tiles(tma_k, mK, sK, (self.tile_n, d), head_kv, batch)
         tVsV, tVgV = seq_tiles(tma_v, mV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
-        tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (self.tile_m, d), head, batch)
-        tdOsdO, tdOgdO = seq_tiles(tma_do, mdO, sdO, (self.tile_m, self.head_dim_v), head, batch)
-        gLSE = cute.flat_divide(mLSE2, (self.tile_m,))[None, None, head, batch]
-        gDsum = cute.flat_divide(mDsum, (self.tile_m,))[None, None, head, batch]
-        tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, one, cute.group_modes(sLSE, 0, 1), cute.group_modes(gLSE, 0, 1))
-        tDsD, tDgD = cpasync.tma_partition(
-            tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
-        )
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
         cute.copy(tma_k, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
         cute.copy(tma_v, tVgV[None, n_block], tVsV[None, 0], tma_bar_ptr=bar)
-        for m in cutlass.range(m_start, m_end, unroll=1):
-            pipe_q.producer_acquire(state)
-            bar_q = pipe_q.producer_get_barrier(state)
-            cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=bar_q)
-            cute.copy(tma_lse, tLgL[None, m], tLsL[None, state.index], tma_bar_ptr=bar_q)
-            pipe_do.producer_acquire(state)
-            bar_do = pipe_do.producer_get_barrier(state)
-            cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
-            cute.copy(tma_dsum, tDgD[None, m], tDsD[None, state.index], tma_bar_ptr=bar_do)
-            state.advance()
+        # The (head, m_block) walk of fa4.common.bwd_schedule.group_step: head-major, one ring state
+        # across the heads, so the consumers' step index addresses the same slots.
+        for hl in cutlass.range(group, unroll=1):
+            h = head + hl
+            tQsQ, tQgQ = seq_tiles(tma_q, mQ, sQ, (self.tile_m, d), h, batch)
+            tdOsdO, tdOgdO = seq_tiles(tma_do, mdO, sdO, (self.tile_m, self.head_dim_v), h, batch)
+            gLSE = cute.flat_divide(mLSE2, (self.tile_m,))[None, None, h, batch]
+            gDsum = cute.flat_divide(mDsum, (self.tile_m,))[None, None, h, batch]
+            tLsL, tLgL = cpasync.tma_partition(
+                tma_lse, 0, one, cute.group_modes(sLSE, 0, 1), cute.group_modes(gLSE, 0, 1)
+            )
+            tDsD, tDgD = cpasync.tma_partition(
+                tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
+            )
+            for m in cutlass.range(m_start, m_end, unroll=1):
+                pipe_q.producer_acquire(state)
+                bar_q = pipe_q.producer_get_barrier(state)
+                cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=bar_q)
+                cute.copy(tma_lse, tLgL[None, m], tLsL[None, state.index], tma_bar_ptr=bar_q)
+                pipe_do.producer_acquire(state)
+                bar_do = pipe_do.producer_get_barrier(state)
+                cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
+                cute.copy(tma_dsum, tDgD[None, m], tDsD[None, state.index], tma_bar_ptr=bar_do)
+                state.advance()
+
+    def heads_walked(self, qhead_per_kvhead):
+        """Query heads a CTA walks: its K/V head's group with gqa_reduce 'loop', else its own one
+        (a Python 1: the loops over heads fold away and the kernel is the one of before)."""
+        return qhead_per_kvhead if self.gqa_loop else 1
 
     # ---------------------------------------------------------------- consumers
     @cute.jit
@@ -524,26 +548,36 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         limits = (key_limit, diag_hi, diag_lo)
         frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP, tdKsdSt, sdSt)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
-        for m in cutlass.range(m_start, m_masked_end, unroll=1):
-            self.step(
-                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
-            )
-        for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
-            self.step(
-                sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, False,
-            )
-        if cutlass.const_expr(self.has_window_left):
-            # The window's left bound cuts the key tile from here on.
-            for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
+        # gqa_reduce 'loop': the group's query heads one after the other (fa4.common.bwd_schedule.
+        # group_step), dK/dV accumulating across all of them; the step index, and with it the ring
+        # slot and the dQ writer's turn, continues from head to head: step() counts m - step_base.
+        group = 1
+        if cutlass.const_expr(self.gqa_loop):
+            group = coord_args[1].shape[2] // coord_args[2].shape[2]
+        for hl in cutlass.range(group, unroll=1):
+            step_base = m_start
+            if cutlass.const_expr(self.gqa_loop):
+                step_base = m_start - hl * (m_end - m_start)
+            for m in cutlass.range(m_start, m_masked_end, unroll=1):
                 self.step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
                     seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
                 )
+            for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
+                self.step(
+                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, False,
+                )
+            if cutlass.const_expr(self.has_window_left):
+                # The window's left bound cuts the key tile from here on.
+                for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
+                    self.step(
+                        sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                        mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
+                    )
         # The tile coordinates again, from the block index: recomputing them here is a few
         # integer ops, holding them through the mainloop cost registers the loop needs.
         bidx, mQ, mK, head_swizzle = coord_args
@@ -570,7 +604,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     @cute.jit
     def step(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-        mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
+        mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head, batch, num_n,
         seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, masked: cutlass.Constexpr,
     ):
         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag[:12]
@@ -581,7 +615,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
 
         # The ring position follows from the step number: no pipeline state carried across
         # iterations (two fewer live registers in a loop that is at the register limit).
-        i = m - m_start
+        i = m - step_base
         state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
         ds_buf = i % self.ds_stages
         pipe_q.consumer_wait(state)
@@ -710,21 +744,30 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     @cute.jit
     def dq_writer(
         self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt, win,
-        parity: cutlass.Constexpr,
+        group, parity: cutlass.Constexpr,
     ):
-        """One of two writer warps: adds the staged dQ tiles of the steps of its parity."""
+        """One of two writer warps: adds the staged dQ tiles of the steps of its parity (steps
+        counted over the (head, m_block) walk of the CTA, fa4.common.bwd_schedule.group_step)."""
         nbytes = self.tile_m * self.head_dim * 4
         # sdQ starts empty (no arrive for an empty range: every arrive must meet a consumer wait).
         if cutlass.const_expr(parity == 0):
             if m_start < m_end:
                 for wg in cutlass.range_constexpr(2):
                     cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
-        for m in cutlass.range(m_start + parity, m_end, 2, unroll=1):
+        # t: the step (gqa_reduce 'loop', over the group's heads) or, one head, the query tile itself.
+        t_start, t_end = m_start + parity, m_end
+        if cutlass.const_expr(self.gqa_loop):
+            t_start, t_end = parity, group * (m_end - m_start)
+        for t in cutlass.range(t_start, t_end, 2, unroll=1):
+            h, m = head, t
+            if cutlass.const_expr(self.gqa_loop):
+                hl, m = bwd_schedule.group_step(t, m_start, m_end)
+                h = head + hl
             if cutlass.const_expr(self.deterministic):
                 # Take the turn while the consumers are still computing this tile: the lock's
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".
                 semaphore.wait_turn(
-                    mSemQ[batch, head, None].iterator + m,
+                    mSemQ[batch, h, None].iterator + m,
                     self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), lane == 0,
                 )
             for wg in cutlass.range_constexpr(2):
@@ -733,7 +776,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 if cutlass.const_expr(self.deterministic):
                     # The previous turn's adds were made by the async proxy: order ours after them.
                     cute.arch.fence_proxy("async.global")
-                gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
+                gdQ = cute.local_tile(mdQacc[batch, h, None, None], (self.tile_m, self.head_dim), (m, 0))
                 # Both warpgroups' chunks: one contiguous tile in fragment order.
                 semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
                 cute.arch.cp_async_bulk_commit_group()
@@ -741,7 +784,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.sync_warp()
             # sdQ may be refilled for the next step (the other parity). No arrive after the last
             # tile: every arrive must meet a consumer wait.
-            if m + 1 < m_end:
+            if t + 1 < t_end:
                 for wg in cutlass.range_constexpr(2):
                     cute.arch.barrier_arrive(
                         barrier_id=BAR_DQ_EMPTY + 2 * (1 - parity) + wg, number_of_threads=NUM_DQ_SYNC_THREADS
@@ -751,7 +794,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                     # The next turn may only start once our adds are performed, not just read.
                     cute.arch.cp_async_bulk_wait_group(0, read=False)
                     cute.arch.fence_proxy("async.global")
-                semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, lane == 0)
+                semaphore.pass_turn(mSemQ[batch, h, None].iterator + m, lane == 0)
         if lane == 0:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
@@ -834,7 +877,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         dv_mma, dv_thr = dv_out  # dV's accumulator partition (dK's own where the shapes agree)
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
-        if cutlass.const_expr(self.gqa):
+        if cutlass.const_expr(self.gqa_atomic):
             # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
             gdK = cute.local_tile(mdK[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
             gdV = cute.local_tile(mdV[batch, head_kv, None, None], (self.tile_n, dv), (n_block, 0))

@@ -1,8 +1,8 @@
 """Compiling the Hopper backward kernels: one compiled object per (problem class, config).
 
 Three kernels: preprocess and postprocess depend only on (dtype, head dims); the main kernel
-on dtype, head_dim and head_dim_v, causal, whether K/V heads are shared (GQA: dK/dV become fp32
-accumulators) and the compile-time knobs. Shapes stay dynamic. Compiles without a GPU
+on dtype, head_dim and head_dim_v, causal, whether K/V heads are shared (GQA: with gqa_reduce
+'atomic' dK/dV become fp32 accumulators) and the compile-time knobs. Shapes stay dynamic. Compiles without a GPU
 (CUTE_DSL_ARCH=sm_90a, fake tensors), like fa4.sm90.compile.
 """
 
@@ -100,7 +100,8 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     lse2 = _fake(f32, (None, None, None), row_major_static=True)
     dsum = _fake(f32, (None, None, None), row_major_static=True)
     dqacc = _fake(f32, (None, None, None, d), row_major_static=True)
-    if key.gqa:
+    atomic = key.gqa and key.config.gqa_reduce == "atomic"  # dK/dV summed in fp32 accumulators
+    if atomic:
         dk = _fake(f32, (None, None, None, d), row_major_static=True)
         dv_ = _fake(f32, (None, None, None, dv), row_major_static=True)
     else:
@@ -108,7 +109,7 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
         dv_ = _fake(dt, (None, None, None, dv))
     det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
-    sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and key.gqa else None
+    sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and atomic else None
     kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config, head_dim_v=dv,
                           has_window_left=key.has_window_left, has_window_right=key.has_window_right,
                           has_softcap=key.has_softcap, has_sink=key.has_sink)

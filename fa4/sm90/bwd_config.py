@@ -92,9 +92,21 @@ class BwdConfigSm90:
     )
     dkv_store: str = knob(
         ("direct", "tma"), "direct",
-        "How a CTA's dK and dV tiles (bf16/fp16, no GQA) reach global memory: 'direct' element by element "
+        "How a CTA's dK and dV tiles (bf16/fp16; no GQA, or GQA with gqa_reduce 'loop') reach global memory: 'direct' element by element "
         "from the WGMMA fragment (2-byte stores spread over 8 rows per warp), 'tma' through the K and V "
         "shared tiles (stmatrix, free once both consumers' last GEMMs are done) and one TMA store each.",
+    )
+    gqa_reduce: str = knob(
+        ("atomic", "loop"), "atomic",
+        "GQA: how dK and dV are summed over the query heads of a K/V head. 'atomic': one CTA per "
+        "(key tile, query head, batch), each adding its fp32 dK/dV tile into zeroed global accumulators "
+        "(red.global.add; deterministic: in head order behind a semaphore) that a postprocess converts. "
+        "'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads (head-major, then "
+        "the query tiles), keeps dK/dV in registers across the whole group and stores them once in the "
+        "output dtype: no fp32 accumulators, zeroing, locks or postprocess for dK/dV, K/V loaded once "
+        "per group, deterministic by construction. It pays where the loop grid, group factor times "
+        "fewer CTAs, still fills the machine (default_config takes it from GQA_LOOP_MIN_CTAS CTAs); "
+        "'atomic' spreads a small grid over more SMs. Not a knob without GQA (one head per group).",
     )
     dkv_split: str = knob(
         ("keys", "head_dim"), "keys",
@@ -209,10 +221,15 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"shared memory {need} B (Q, dO {config.stages}x {config.tile_m}x"
             f"{problem.head_dim}, K/V {config.tile_n}x{problem.head_dim}, dS) exceeds {arch.smem_per_cta} B")
         )
-    if config.dkv_store == "tma" and problem.heads_q != problem.heads_kv:
+    gqa = problem.heads_q != problem.heads_kv
+    if config.dkv_store == "tma" and gqa and config.gqa_reduce == "atomic":
         out.append(Violation("knob combination",
-            "dkv_store 'tma' is for one K/V head per query head: under GQA dK/dV are fp32 sums over "
-                   "the query heads, added with reductions"))
+            "dkv_store 'tma' stores finished dK/dV tiles: under GQA with gqa_reduce 'atomic' they are fp32 "
+                   "sums over the query heads, added with reductions (gqa_reduce 'loop' stores them)"))
+    if config.gqa_reduce == "loop" and not gqa:
+        out.append(Violation("knob combination",
+            "gqa_reduce 'loop' walks the query heads of a K/V head: without GQA there is one ('atomic' "
+                   "is the same kernel)"))
     if config.dq_split == "rows" and config.tile_m != 2 * ROWS_PER_WG:
         out.append(Violation("knob combination", f"dq_split 'rows' gives each consumer warpgroup 64 query rows: needs tile_m 128, not {config.tile_m}"))
     if config.tile_m == 128:
@@ -231,13 +248,13 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             elif config.ds_store == "sts" and config.dkv_store == "tma":
                 # The sweep of dkv_store 'tma' (404 kernels): 3 of these 12 spilled 1-2 registers.
                 why = "P^T from registers, the per-element dS^T stores and dkv_store 'tma' (use ds_store 'stmatrix')"
-            elif problem.deterministic and problem.heads_q != problem.heads_kv:
+            elif problem.deterministic and gqa and config.gqa_reduce == "atomic":
                 why = "P^T from registers with the deterministic GQA dK/dV locks"
             elif config.stages < 2:
                 why = "P^T from registers with a one-deep Q/dO ring"
         elif config.ds_stages != 1 or config.stages != 1:
             why = "P^T through shared memory needs ds_stages 1 and stages 1 (the second buffers' offsets)"
-        elif config.ds_store == "stmatrix" and problem.deterministic and problem.heads_q != problem.heads_kv:
+        elif config.ds_store == "stmatrix" and problem.deterministic and gqa and config.gqa_reduce == "atomic":
             # The one combination of the sweep with ds_store (756 kernels) that spills: 2 loads, 1 store.
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
         if why:

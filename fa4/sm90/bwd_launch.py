@@ -107,13 +107,15 @@ class _Plan:
     the kernels."""
 
     __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "ws", "acc", "sems", "f32")
+    # gqa: dK/dV are fp32 accumulators (GQA with gqa_reduce 'atomic'); 'loop' stores them like MHA.
 
     def __init__(self, q, k, v, softmax_scale, causal, deterministic, config, has_dlse, window_left,
                  window_right, softcap, has_sink):
         dtype = DTYPES[q.dtype]
         b, sq, hq, d = q.shape
         sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
-        self.gqa = gqa = hq != hkv
+        gqa = hq != hkv
+        self.gqa = atomic = gqa and config.gqa_reduce == "atomic"
         causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
         has_softcap = bool(softcap) and softcap > 0
         softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
@@ -137,14 +139,15 @@ class _Plan:
         # a multiple of SEQ_PAD elements, so every view keeps the 16-byte alignment TMA needs.
         rows = b * hq * sq_pad
         self.ws = (rows * (2 + d), _layout(((b, hq, sq_pad), (b, hq, sq_pad), (b, hq, sq_pad, d))))
-        # GQA: dK and dV accumulate in fp32 over a group's query heads (zeroed), then are converted.
-        self.acc = (b * hkv * sk_pad * (d + dv), _layout(((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv)))) if gqa else None
+        # GQA 'atomic': dK and dV accumulate in fp32 over a group's query heads (zeroed), then are
+        # converted; 'loop' CTAs own a (key tile, K/V head) and store the finished tiles.
+        self.acc = (b * hkv * sk_pad * (d + dv), _layout(((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv)))) if atomic else None
         self.sems = None
         if deterministic:
             nq = b * hq * _round4(-(-sq // config.tile_m))
-            nkv = b * hkv * _round4(-(-sk // config.tile_n)) if gqa else 0
+            nkv = b * hkv * _round4(-(-sk // config.tile_n)) if atomic else 0
             self.sems = (nq + nkv, nq, (b, hq, _round4(-(-sq // config.tile_m))),
-                         (b, hkv, _round4(-(-sk // config.tile_n))) if gqa else None)
+                         (b, hkv, _round4(-(-sk // config.tile_n))) if atomic else None)
         self.f32 = torch.float32
 
 
