@@ -49,6 +49,12 @@ PATH_OVERHEAD = {"bulk": 24, "red_v2": 56, "red": 56}
 # (fa4.common.regs.reg_split_violation; a CPU test checks both kernels' splits).
 REG_SPLIT = (240, 24)
 SMEM_RESERVED = 2048
+# gqa_reduce 'loop' launches group-factor times fewer CTAs (one per key tile, K/V head and batch),
+# each one CTA an SM (its shared memory and registers). Below two waves of the H100 SXM / H200's
+# 132 SMs, causal CTAs of unequal length leave SMs idle at the tail: default_config keeps
+# 'atomic' there (more, shorter CTAs). A prediction until bench/device_s10_gqaloop.sh has measured
+# both at the issue's shapes (Qwen2.5-7B 4k B2 KV4, 256 CTAs, falls just under it).
+GQA_LOOP_MIN_CTAS = 2 * 132
 
 
 @dataclass(frozen=True)
@@ -292,7 +298,8 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 
 def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     """Two-deep Q/dO ring, P^T from registers, dS^T by stmatrix, bulk dQ adds, dK/dV out by TMA
-    where there is one K/V head per query head; query tile 128 at
+    where a CTA stores finished tiles (no GQA, or GQA with gqa_reduce 'loop', which
+    default_gqa_reduce picks where its grid fills the machine); query tile 128 at
     hd64 where it fits (not deterministic GQA), its dQ GEMM split by rows, else tile 64; the
     deterministic non-causal kernel walks 4 (hd64) or 8 (hd128) heads per scheduling group.
 
@@ -312,16 +319,31 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
         swizzle = 4 if problem.head_dim == 64 else 8
     if problem.head_dim in SPLIT_HEAD_DIMS:
         return _default_split(problem, arch, swizzle)
+    reduce = default_gqa_reduce(problem, TILE_N)
     for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
         for st in (2, 1):
             for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
-                for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (no GQA)
+                for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (not GQA 'atomic')
                     cand = BwdConfigSm90(
                         tile_m=tm, stages=st, dq_split=split, dkv_store=dkv, head_swizzle=swizzle,
+                        gqa_reduce=reduce,
                     )
                     if not violations(cand, problem, arch):
                         return cand
-    return BwdConfigSm90(head_swizzle=swizzle)
+    return BwdConfigSm90(head_swizzle=swizzle, gqa_reduce=reduce)
+
+
+def loop_ctas(problem: Problem, tile_n: int) -> int:
+    """CTAs of the gqa_reduce 'loop' grid: key tiles x K/V heads x batch."""
+    return -(-problem.seqlen_k // tile_n) * problem.heads_kv * problem.batch
+
+
+def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
+    """'loop' under GQA where its grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also
+    the only value without GQA)."""
+    if problem.heads_q == problem.heads_kv or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS:
+        return "atomic"
+    return "loop"
 
 
 def _default_split(problem: Problem, arch: Arch, swizzle: int) -> BwdConfigSm90:
@@ -331,14 +353,15 @@ def _default_split(problem: Problem, arch: Arch, swizzle: int) -> BwdConfigSm90:
     two-deep ring leaves no room for the 64 KB dQ staging tile, and a two-deep ring with 'red_v2'
     is taken over a one-deep one with 'bulk' (at 64/128 a one-deep ring lost 12-25%, 'red_v2'
     8-22%; not yet measured here)."""
+    reduce = default_gqa_reduce(problem, ROWS_PER_WG)
     for st, ds, acc in ((2, 2, "bulk"), (2, 1, "bulk"), (2, 2, "red_v2"), (2, 1, "red_v2"),
                         (1, 2, "bulk"), (1, 1, "bulk")):
         for dkv in ("tma", "direct"):
             cand = BwdConfigSm90(
                 tile_m=64, stages=st, ds_stages=ds, dq_accum=acc, dkv_split="head_dim", dv_operand="smem",
-                dkv_store=dkv, head_swizzle=swizzle,
+                dkv_store=dkv, head_swizzle=swizzle, gqa_reduce=reduce,
             )
             if not violations(cand, problem, arch):
                 return cand
     return BwdConfigSm90(tile_m=64, stages=1, ds_stages=1, dkv_split="head_dim", dv_operand="smem",
-                         head_swizzle=swizzle)
+                         head_swizzle=swizzle, gqa_reduce=reduce)

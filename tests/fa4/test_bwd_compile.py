@@ -141,11 +141,12 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     stsm = (2 * halves * ds_bytes // 16 if config.ds_store == "stmatrix" else 0) + (
         (hd + hdv) // halves // 16 if tma else 0)
     assert ops["STSM.16.M88.4"] == stsm, ops
-    # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA) the element stores.
+    # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA, or GQA 'loop') the element stores.
+    atomic = gqa and config.gqa_reduce == "atomic"
     assert (ops["UTMASTG.4D"] > 0) == tma, ops
     # (Element stores: 2-byte, or 4-byte where ptxas pairs two columns of a row, as it does with dK
     # and dV in separate loops at head_dim_v != head_dim.)
-    assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma and not gqa), ops
+    assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma and not atomic), ops
     assert ops["STG.E.U16"] == 0 or not tma, ops
 
     pops = cc.count_ops(
@@ -160,8 +161,8 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
         assert all(pops[p] == 0 for p in lock), pops
     bulk = config.dq_accum == "bulk"
     assert (pops["cp.reduce.async.bulk"] > 0) == bulk, pops
-    # GQA adds dK/dV with per-element reductions whatever the dQ path is.
-    expect_v2 = config.dq_accum == "red_v2" or (gqa and config.dq_accum != "red")
+    # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them).
+    expect_v2 = config.dq_accum == "red_v2" or (atomic and config.dq_accum != "red")
     assert (pops["red.relaxed.gpu.global.add.v2.f32"] > 0) == expect_v2, pops
     assert (pops["red.relaxed.gpu.global.add.f32"] > 0) == (config.dq_accum == "red"), pops
 
@@ -391,3 +392,67 @@ def test_feature_violations():
             for causal in (False, True):
                 prob = feature_problem(hd, causal, False, False, name)
                 assert not violations(default_config(prob), prob), (name, hd, causal)
+
+
+# -- gqa_reduce 'loop': one CTA per (key tile, K/V head) walks the group's query heads --
+
+LOOP_CASES = [
+    # (hd, hdv, causal, det, feature or None, config changes from the problem's default)
+    (64, 64, False, False, None, {}), (64, 64, True, True, None, {}),
+    (64, 64, True, False, None, dict(tile_m=64, dq_split="head_dim", dkv_store="direct")),
+    (64, 64, False, True, None, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2", dv_operand="smem")),
+    (128, 128, False, False, None, {}), (128, 128, True, False, None, {}),
+    (128, 128, False, True, None, {}), (128, 128, True, True, None, {}),
+    (128, 128, True, True, None, dict(dkv_store="direct", ds_stages=1)),
+    (128, 128, True, False, None, dict(dv_operand="smem", ds_store="sts")),
+    (128, 128, True, True, "all", {}), (128, 128, False, False, "softcap", {}), (64, 64, False, True, "wlr", {}),
+    (96, 96, True, False, None, {}), (192, 192, False, True, None, {}), (192, 128, True, False, None, {}),
+    (256, 256, True, False, None, {}),
+]
+
+
+def loop_problem(hd: int, hdv: int, causal: bool, det: bool, feature) -> Problem:
+    """4 query heads per K/V head, a grid large enough for the 'loop' default."""
+    if feature:
+        return feature_problem(hd, causal, True, det, feature)
+    return problem(hd, causal, True, det, hdv)
+
+
+@pytest.mark.parametrize("hd,hdv,causal,det,feature,change", [
+    pytest.param(*c, id=f"hd{c[0]}v{c[1]}-causal={c[2]}-det={c[3]}-{c[4]}-" + ",".join(f"{k}={v}" for k, v in c[5].items()))
+    for c in LOOP_CASES])
+def test_gqa_loop_kernel_codegen(hd, hdv, causal, det, feature, change):
+    """The 'loop' kernels: WGMMA, no spills, no serialization; one MUFU.EX2 per S^T element per code
+    path (the walk over the heads is a loop around the query-tile loops, not a copy of them); dK/dV
+    leave once by stores in the input dtype (TMA or elements), never by fp32 reductions; the lock
+    pattern only where deterministic (dQ's turns; dK/dV have none)."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_config import default_config
+
+    prob = loop_problem(hd, hdv, causal, det, feature)
+    base = default_config(prob)
+    assert base.gqa_reduce == "loop"  # the default at these sizes (4 x 512+ CTAs)
+    c = dataclasses.replace(base, **change)
+    assert not violations(c, prob), violations(c, prob)
+    wl, wr, sc, sink = FEATURES[feature] if feature else (False, False, False, False)
+    key = compile_key("bf16", hd, causal, True, det, c, hdv, wl, wr, sc, sink)
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "UTMASTG.4D", "STG.E.U16", "STG.E"])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
+    halves = 2 if c.dkv_split == "head_dim" else 1
+    assert ops["MUFU.EX2"] == (3 if wl else 2) * 64 * c.tile_m // 128 // halves, ops
+    tma = c.dkv_store == "tma"
+    assert (ops["UTMASTG.4D"] > 0) == tma, ops
+    assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma), ops
+    pops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu",
+                                              "red.relaxed.gpu.global.add.v2.f32", "red.relaxed.gpu.global.add.f32"])
+    assert all((pops[p] > 0) == det for p in ("ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu")), pops
+    # Per-element fp32 reductions only for dQ's 'red_v2' path, none for dK/dV.
+    assert (pops["red.relaxed.gpu.global.add.v2.f32"] > 0) == (c.dq_accum == "red_v2"), pops
+    assert pops["red.relaxed.gpu.global.add.f32"] == 0, pops
+
+
+def test_gqa_loop_keys():
+    """'loop' is its own kernel under GQA; the launch plan then has no fp32 dK/dV accumulators."""
+    atomic, loop = BwdConfigSm90(), BwdConfigSm90(gqa_reduce="loop")
+    assert compile_key("bf16", 128, True, True, False, atomic) != compile_key("bf16", 128, True, True, False, loop)
