@@ -1,6 +1,9 @@
 """FlashAttention backward for Hopper (sm_90a): the main kernel.
 
-One CTA per (key tile n, query head, batch); 3 warpgroups, 384 threads:
+One CTA per (key tile n, query head, batch), or under GQA with gqa_reduce 'loop' per (key tile
+n, K/V head, batch), walking the group's query heads one after the other (head-major, each head's
+query tiles in order: fa4.common.bwd_schedule.group_step) with dK/dV accumulating over all of
+them; 3 warpgroups, 384 threads:
   * warpgroup 0, producer: warp 0 loads K and V of the tile once, then walks the query tiles
     m of the CTA's range and streams Q[m] + LSE[m] and dO[m] + D[m] through mbarrier rings
     (TMA). Warps 1 and 2 (dq_accum 'bulk') take alternate steps: each adds its staged dQ tile
@@ -40,8 +43,11 @@ forward returned (its gradient is reduced on the host from D). The LSE's own gra
 Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
 until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn once its
 reduction is performed. Turns follow the launch order so that a waiting CTA only waits for
-CTAs launched before it (no deadlock while CTAs wait for free SMs). Under GQA the same is done
-for dK/dV, which are then fp32 accumulators summed over the query heads of a KV head.
+CTAs launched before it (no deadlock while CTAs wait for free SMs). Under GQA with 'atomic' the
+same is done for dK/dV, which are then fp32 accumulators summed over the query heads of a KV
+head; with 'loop' dK/dV need none (one CTA owns each tile), and dQ's turns are unchanged: a dQ
+tile of query head h still has one contributor per key tile, the CTA of h's K/V head, and a
+CTA walking several heads only ever waits for CTAs launched before it.
 """
 
 from __future__ import annotations

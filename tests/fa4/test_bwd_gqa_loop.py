@@ -1,0 +1,279 @@
+"""gqa_reduce 'loop' on the host (CPU only): the (head, m_block) walk of a CTA, its dQ turns, the
+knob's feasibility and default rule, and the launch plan's buffers.
+
+The walk is modelled from the functions the kernel traces (fa4.common.bwd_schedule: the query
+tile segments, group_step, dq_turn) with the loops of fa4.sm90.bwd written out in Python: the
+producer's head-major loads, the consumers' three segment loops per head with their step index
+m - step_base, and the two dQ writer warps taking alternate steps. Against a brute-force scan of
+the mask: every (head, m_block) pair whose query rows see a key of the tile is visited exactly
+once, by all three in the same order and ring slot; and the deterministic dQ turns, with CTAs
+walking several heads, complete on a machine with fewer SMs than CTAs (no deadlock).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fa4.common.bwd_schedule import dq_turn, group_step, m_block_segments, step_index
+from fa4.problem import Problem
+from fa4.sm90.bwd_config import (
+    GQA_LOOP_MIN_CTAS,
+    BwdConfigSm90,
+    default_config,
+    default_gqa_reduce,
+    loop_ctas,
+    violations,
+)
+
+
+def visible(i, j, sq, sk, causal, left=-1, right=-1):
+    o = sk - sq
+    if not (j < sk and i < sq):
+        return False
+    hi = i + o + (0 if causal else right) if (causal or right >= 0) else sk
+    lo = i + o - left if left >= 0 else 0
+    return lo <= j <= hi
+
+
+def segments(n, tile_m, tile_n, sq, sk, causal, left, right):
+    return m_block_segments(n, tile_m, tile_n, sq, sk, causal, left >= 0, right >= 0 and not causal,
+                            max(left, 0), max(right, 0))
+
+
+def producer_walk(group, seg):
+    """fa4.sm90.bwd producer: for each head of the group, the query tiles [m_start, m_end); the
+    ring slot advances once per load."""
+    m_start, _, _, m_end = seg
+    out, slot = [], 0
+    for hl in range(group):
+        for m in range(m_start, m_end):
+            out.append((hl, m, slot))
+            slot += 1
+    return out
+
+
+def consumer_walk(group, seg, has_left):
+    """fa4.sm90.bwd consumer: per head the masked, unmasked and (window left) masked loops; the
+    step index (ring slot, ds buffer, dQ writer parity) is m - step_base."""
+    m_start, m_masked_end, m_unmasked_end, m_end = seg
+    out = []
+    for hl in range(group):
+        step_base = m_start - hl * (m_end - m_start)
+        runs = [(m_start, m_masked_end, True), (m_masked_end, m_unmasked_end, False)]
+        if has_left:
+            runs.append((m_unmasked_end, m_end, True))
+        for lo, hi, masked in runs:
+            for m in range(lo, hi):
+                out.append((hl, m, m - step_base, masked))
+    return out
+
+
+def writer_walk(group, seg, parity):
+    """fa4.sm90.bwd dq_writer of one parity: steps parity, parity + 2, ... of the walk."""
+    m_start, _, _, m_end = seg
+    out = []
+    for t in range(parity, group * (m_end - m_start), 2):
+        hl, m = group_step(t, m_start, m_end)
+        out.append((hl, m, t))
+    return out
+
+
+SEQS = [(1, 1), (64, 64), (200, 200), (333, 777), (777, 333), (128, 512), (300, 1000), (65, 1)]
+WINDOWS = [(-1, -1), (100, -1), (-1, 37), (250, 70)]
+
+
+@pytest.mark.parametrize("sq,sk", SEQS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("left,right", WINDOWS)
+@pytest.mark.parametrize("tile_m,tile_n", [(64, 128), (128, 128), (64, 64)])
+def test_walk_visits_each_visible_pair_once_in_one_order(sq, sk, causal, left, right, tile_m, tile_n):
+    for n in range(-(-sk // tile_n)):
+        seg = segments(n, tile_m, tile_n, sq, sk, causal, left, right)
+        keys = range(n * tile_n, (n + 1) * tile_n)
+        # Brute force, once per key tile: the query tiles with a visible pair, and those where a
+        # real row has a hidden key (they must run masked).
+        seen, hidden = set(), set()
+        for m in range(-(-sq // tile_m)):
+            rows = range(m * tile_m, (m + 1) * tile_m)
+            if any(visible(i, j, sq, sk, causal, left, right) for i in rows for j in keys):
+                seen.add(m)
+            if any(i < sq and not visible(i, j, sq, sk, causal, left, right) for i in rows for j in keys):
+                hidden.add(m)
+        for group in (1, 2, 7):
+            prod = producer_walk(group, seg)
+            cons = consumer_walk(group, seg, left >= 0)
+            # The same (head, m_block) sequence, each pair once, in the same ring slot.
+            assert [(h, m) for h, m, _ in prod] == [(h, m) for h, m, _, _ in cons]
+            assert [s for _, _, s in prod] == [s for _, _, s, _ in cons] == list(range(len(prod)))
+            assert len({(h, m) for h, m, _ in prod}) == len(prod)
+            # The writers' steps interleave to the same walk, and step_index inverts group_step.
+            writers = sorted(writer_walk(group, seg, 0) + writer_walk(group, seg, 1), key=lambda x: x[2])
+            assert [(h, m) for h, m, _ in writers] == [(h, m) for h, m, _ in prod]
+            assert all(step_index(h, m, seg[0], seg[3]) == t for h, m, t in writers)
+            # Every visible query tile for every head of the group; hidden pairs only in masked steps.
+            for m in seen:
+                assert sorted(h for h, mm, *_ in cons if mm == m) == list(range(group)), (n, m)
+            assert all(masked for _, m, _, masked in cons if m in hidden), n
+
+
+def launch_order(num_n, heads, batch, swizzle, spt):
+    """fa4.common.scheduling.decode_tile over the 'loop' grid (heads = K/V heads): the CTAs'
+    (n_block, head_kv, batch) in launch order."""
+    num_bh = heads * batch
+    out = []
+    for idx in range(num_n * num_bh):
+        per_group = num_n * swizzle
+        g, rem = divmod(idx, per_group)
+        here = min(swizzle, num_bh - g * swizzle)
+        m_idx = rem // here
+        bh = g * swizzle + rem - m_idx * here
+        out.append((num_n - 1 - m_idx if spt else m_idx, bh % heads, bh // heads))
+    return out
+
+
+@pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1000, 1000), (128, 1024), (200, 200)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("spt", [0, 1])
+@pytest.mark.parametrize("left,right", [(-1, -1), (250, -1)])
+@pytest.mark.parametrize("sms", [1, 3])
+def test_deterministic_turns_complete_with_few_sms(sq, sk, causal, spt, left, right, sms):
+    """Each CTA walks its group's heads in order and adds each dQ tile at its key tile's turn
+    (dq_turn, by key tile only: one contributor per key tile and query head). Simulated on
+    `sms` SMs, CTAs resident in launch order: every turn is taken (no CTA waits on a later
+    launched one), each dQ tile's adds come in turn order, and all CTAs finish."""
+    tile_m, tile_n, group, heads_kv, batch = 64, 128, 3, 2, 1
+    num_n = -(-sk // tile_n)
+    wl, wr = left >= 0, False
+    order = launch_order(num_n, heads_kv, batch, 1, spt)
+    walks = []
+    for n, hkv, b in order:
+        seg = segments(n, tile_m, tile_n, sq, sk, causal, left, right)
+        steps = [(hkv * group + hl, m) for hl, m, _ in producer_walk(group, seg)]
+        walks.append((n, b, steps))
+    next_turn: dict = {}
+    pos = [0] * len(walks)
+    resident, launched, done = [], 0, 0
+    while done < len(walks):
+        while len(resident) < sms and launched < len(walks):
+            resident.append(launched)
+            launched += 1
+        progressed = False
+        for c in list(resident):
+            n, b, steps = walks[c]
+            if pos[c] < len(steps):
+                h, m = steps[pos[c]]
+                turn = dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt, wl, wr, max(left, 0), 0)
+                if next_turn.get((b, h, m), 0) == turn:
+                    next_turn[(b, h, m)] = turn + 1
+                    pos[c] += 1
+                    progressed = True
+            if pos[c] == len(steps):
+                resident.remove(c)
+                done += 1
+                progressed = True
+        assert progressed, "deadlock: every resident CTA waits for a turn"
+    # Every tile got exactly its number of contributors' adds.
+    for (b, h, m), k in next_turn.items():
+        contributors = sum(1 for n, bb, steps in walks if bb == b and (h, m) in steps)
+        assert k == contributors
+
+
+def gqa(b, sq, sk, hq, hkv, hd=128, causal=True, det=False) -> Problem:
+    return Problem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
+                   causal=causal, deterministic=det, pass_="bwd", dtype="bf16")
+
+
+def test_loop_violations():
+    mha, grp = gqa(1, 1024, 1024, 8, 8), gqa(1, 1024, 1024, 8, 2)
+    loop = BwdConfigSm90(gqa_reduce="loop")
+    assert any("gqa_reduce 'loop'" in v and v.kind == "knob combination" for v in violations(loop, mha))
+    assert not violations(loop, grp)
+    # TMA stores of dK/dV: finished tiles only (not 'atomic' GQA's fp32 sums).
+    assert any("dkv_store 'tma'" in v for v in violations(BwdConfigSm90(dkv_store="tma"), grp))
+    assert not violations(BwdConfigSm90(dkv_store="tma", gqa_reduce="loop"), grp)
+    # The hd64 query tile 128 limits of the deterministic GQA dK/dV locks do not apply to 'loop' (no locks).
+    det64 = gqa(1, 1024, 1024, 8, 2, hd=64, det=True)
+    t128 = dict(tile_m=128, dq_split="rows", dkv_store="tma")
+    assert any("locks" in v for v in violations(BwdConfigSm90(**t128), det64))
+    assert not violations(BwdConfigSm90(gqa_reduce="loop", **t128), det64)
+
+
+ISSUE_SHAPES = {  # (b, sq, sk, hq, hkv): loop CTAs at tile_n 128
+    "llama3-8b-8k": ((1, 8192, 8192, 32, 8), 512),
+    "qwen2.5-7b-4k": ((2, 4096, 4096, 28, 4), 256),
+    "sq2k-sk8k": ((1, 2048, 8192, 64, 8), 512),
+    "sq128-sk8k": ((8, 128, 8192, 32, 8), 4096),
+}
+
+
+@pytest.mark.parametrize("name", ISSUE_SHAPES)
+@pytest.mark.parametrize("det", [False, True])
+def test_default_rule_at_the_issue_shapes(name, det):
+    shape, ctas = ISSUE_SHAPES[name]
+    prob = gqa(*shape, det=det)
+    assert loop_ctas(prob, 128) == ctas
+    want = "loop" if ctas >= GQA_LOOP_MIN_CTAS else "atomic"
+    assert default_gqa_reduce(prob, 128) == want
+    cfg = default_config(prob)
+    assert cfg.gqa_reduce == want and not violations(cfg, prob)
+    assert cfg.dkv_store == ("tma" if want == "loop" else "direct")
+
+
+def test_default_rule_is_a_pure_function_of_the_grid():
+    assert GQA_LOOP_MIN_CTAS == 264
+    for b, sk, hq, hkv in itertools.product((1, 2, 8), (128, 1000, 4096, 8192), (8, 32), (1, 4, 8)):
+        prob = gqa(b, 1024, sk, hq, hkv)
+        n = -(-sk // 128) * hkv * b
+        want = "loop" if hq != hkv and n >= 264 else "atomic"
+        assert default_gqa_reduce(prob, 128) == want
+        assert default_config(prob).gqa_reduce == want
+    # The split path (hd192/256) counts its 64-row key tiles.
+    prob = gqa(1, 1024, 4096, 16, 4, hd=256)
+    assert loop_ctas(prob, 64) == 256 and default_config(prob).gqa_reduce == "atomic"
+    prob = gqa(2, 1024, 4096, 16, 4, hd=256)
+    assert default_config(prob).gqa_reduce == "loop" and not violations(default_config(prob), prob)
+
+
+@pytest.mark.parametrize("det", [False, True])
+def test_launch_with_loop_has_no_dkv_accumulators_or_postprocess(monkeypatch, det):
+    """launch_bwd with the kernels replaced by recorders (the GPU faked): under 'loop' the main
+    kernel gets dK/dV in k's and v's shape and dtype and no dK/dV semaphores, and no dK/dV
+    postprocess runs; under 'atomic' it gets the zeroed fp32 accumulators (padded), then the
+    postprocess converts them."""
+    import contextlib
+
+    import torch
+
+    from fa4.sm90 import bwd_launch
+
+    launched = []
+
+    def fake_compiled(key, build):
+        name = key[0] if isinstance(key, tuple) else "main"
+        return lambda *args: launched.append((name, args))
+
+    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
+    monkeypatch.setattr(torch.cuda, "device", lambda dev: contextlib.nullcontext())
+    b, sq, sk, hq, hkv, d = 2, 70, 90, 8, 2, 64
+    q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16)
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
+    for reduce in ("atomic", "loop"):
+        launched.clear()
+        cfg = BwdConfigSm90(gqa_reduce=reduce)
+        dq, dk, dv = bwd_launch.launch_bwd(dout, q, k, v, out, lse, 0.125, True, det, cfg)
+        names = [n for n, _ in launched]
+        main = dict(launched)["main"]
+        dk_main, dv_main, sem_q, sem_kv = main[7], main[8], main[9], main[10]
+        assert (sem_q is not None) == det
+        if reduce == "loop":
+            assert names == ["bwd_pre", "main", "bwd_post_dq"]
+            assert dk_main is dk and dv_main is dv and dk.dtype == torch.bfloat16 and dk.shape == k.shape
+            assert sem_kv is None
+        else:
+            assert names == ["bwd_pre", "main", "bwd_post_dq", "bwd_post", "bwd_post"]
+            assert dk_main.dtype == torch.float32 and dk_main.shape == (b, hkv, 128, d)
+            assert (sem_kv is not None) == det
