@@ -34,7 +34,7 @@ VARIANTS = {
 }
 
 
-def bench_shape(name, shape, causal):
+def bench_shape(name, shape, causal, device="cuda"):
     import triton.testing as tt
 
     import fa4
@@ -48,11 +48,11 @@ def bench_shape(name, shape, causal):
         return tt.do_bench(run, warmup=10, rep=100, return_mode="median")
 
     B, Sq, Sk, Hq, Hkv, d = shape
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(B, Sq, Hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    k = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    v = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    dout = torch.randn(B, Sq, Hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    g = torch.Generator(device=device).manual_seed(0)
+    q = torch.randn(B, Sq, Hq, d, device=device, dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, Sk, Hkv, d, device=device, dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, Sk, Hkv, d, device=device, dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(B, Sq, Hq, d, device=device, dtype=torch.bfloat16, generator=g)
     out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
     flops = Problem(B, Sq, Sk, Hq, Hkv, d, d, causal=causal, pass_="bwd").flops
     row = dict(name=name, B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, d=d, causal=causal)

@@ -277,3 +277,45 @@ def test_launch_with_loop_has_no_dkv_accumulators_or_postprocess(monkeypatch, de
             assert names == ["bwd_pre", "main", "bwd_post_dq", "bwd_post", "bwd_post"]
             assert dk_main.dtype == torch.float32 and dk_main.shape == (b, hkv, 128, d)
             assert (sem_kv is not None) == det
+
+
+def test_bench_harness_on_cpu(monkeypatch):
+    """bench/bench_gqa_loop.py's bench_shape with the GPU faked (tests/fa4/cpu_kernels' forward,
+    the backward by its equations, do_bench a single call): each variant is run with the config it
+    names, the two reductions compared, 'loop' deterministic checked bitwise, and a row that shows
+    the default rule's choice; the reference's failure is reported, not raised."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    from fa4.sm90 import bwd_launch
+    from tests.fa4 import cpu_kernels
+
+    cpu_kernels.install(monkeypatch)
+    seen = []
+
+    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None):
+        seen.append((config.gqa_reduce, config.dkv_store, deterministic))
+        scale = softmax_scale or q.shape[3] ** -0.5
+        return cpu_kernels.backward_math(dout, q, k, v, scale, causal)
+
+    monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
+    # triton (not on the CPU machine): do_bench as one call of 1 ms.
+    testing = types.ModuleType("triton.testing")
+    testing.do_bench = lambda run, **kw: (run(), 1.0)[1]
+    triton = types.ModuleType("triton")
+    triton.testing = testing
+    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.testing", testing)
+    spec = importlib.util.spec_from_file_location(
+        "bench_gqa_loop", Path(__file__).resolve().parents[2] / "bench" / "bench_gqa_loop.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = mod.bench_shape("tiny", (1, 40, 300, 8, 2, 64), True, device="cpu")
+    assert {(r, s) for r, s, _ in seen} == {("atomic", "direct"), ("loop", "tma"), ("loop", "direct")}
+    assert {det for *_, det in seen} == {False, True}
+    assert row["default"] == "atomic"  # 3 key tiles x 2 K/V heads: far under two waves
+    assert row["max_rel_diff_loop_vs_atomic"] == 0.0 and row["loop_det_bitwise"] is True
+    flops = Problem(1, 40, 300, 8, 2, 64, 64, causal=True, pass_="bwd").flops
+    assert row["loop"] == pytest.approx(flops / 1e9) and "ref" not in row
