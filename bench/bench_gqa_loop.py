@@ -6,7 +6,9 @@ fa4.sm90.bwd_launch.flash_attn_bwd on our forward's out/lse, the reference as
 torch.autograd.grad through flash_attn.cute.flash_attn_func (what issue 20's table measured).
 Variants: 'atomic' (today's default under GQA: dK/dV by fp32 reductions, dkv_store 'direct'),
 'loop' with dkv_store 'tma' (the new default where its grid fills the machine) and 'direct'
-(to separate the TMA store's share), each non-deterministic and deterministic. Before timing,
+(to separate the TMA store's share), each with the default launch order, and 'loop' / 'atomic'
+with the shortest ('spt') or longest ('lpt') key tiles first; each non-deterministic and
+deterministic. Before timing,
 'loop' and 'atomic' gradients are compared (max relative difference, bf16 rounding expected).
 
     python bench/bench_gqa_loop.py [--out rows.json] [--shapes llama,qwen,...]
@@ -31,6 +33,10 @@ VARIANTS = {
     "atomic": dict(gqa_reduce="atomic", dkv_store="direct"),
     "loop": dict(gqa_reduce="loop", dkv_store="tma"),
     "loop direct": dict(gqa_reduce="loop", dkv_store="direct"),
+    # The launch order (a runtime knob: no other kernel): shortest key tiles first, or longest.
+    "loop spt": dict(gqa_reduce="loop", dkv_store="tma", spt_order=True),
+    "loop lpt": dict(gqa_reduce="loop", dkv_store="tma", spt_order=False),
+    "atomic lpt": dict(gqa_reduce="atomic", dkv_store="direct", spt_order=False),
 }
 
 
@@ -121,14 +127,17 @@ def main():
     def r(a, b):
         return f"{a / b:.3f}" if a and b else "-"
 
-    print("\n| shape | default | atomic | loop | loop direct | ref | loop/atomic | loop/ref | atomic/ref | "
-          "atomic det | loop det | ref det | loop det/non-det | loop det/ref det |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| shape | default | atomic | loop | loop direct | loop spt | loop lpt | atomic lpt | ref | loop/atomic | "
+          "loop/ref | atomic/ref | atomic det | loop det | loop spt det | loop lpt det | ref det | "
+          "loop det/non-det | loop det/ref det |")
+    print("|" + "---|" * 19)
     for x in rows:
         print(f"| {x['name']} | {x.get('default')} | {f(x.get('atomic'))} | {f(x.get('loop'))} | "
-              f"{f(x.get('loop direct'))} | {f(x.get('ref'))} | {r(x.get('loop'), x.get('atomic'))} | "
+              f"{f(x.get('loop direct'))} | {f(x.get('loop spt'))} | {f(x.get('loop lpt'))} | "
+              f"{f(x.get('atomic lpt'))} | {f(x.get('ref'))} | {r(x.get('loop'), x.get('atomic'))} | "
               f"{r(x.get('loop'), x.get('ref'))} | {r(x.get('atomic'), x.get('ref'))} | {f(x.get('atomic det'))} | "
-              f"{f(x.get('loop det'))} | {f(x.get('ref det'))} | {r(x.get('loop det'), x.get('loop'))} | "
+              f"{f(x.get('loop det'))} | {f(x.get('loop spt det'))} | {f(x.get('loop lpt det'))} | "
+              f"{f(x.get('ref det'))} | {r(x.get('loop det'), x.get('loop'))} | "
               f"{r(x.get('loop det'), x.get('ref det'))} |")
     if a.out:
         with open(a.out, "w") as fh:

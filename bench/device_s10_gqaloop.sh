@@ -27,10 +27,10 @@ workers=""
 python3 -c "import xdist" 2>/dev/null && workers="-n 8"
 echo "\$ python3 -m pytest -q -x $workers tests/fa4/test_bwd_gqa_loop_gpu.py"
 t=$SECONDS
-timeout 140 python3 -m pytest -q -x $workers -p no:cacheprovider tests/fa4/test_bwd_gqa_loop_gpu.py 2>&1 | tee "$work/tests.log"
+timeout 130 python3 -m pytest -q -x $workers -p no:cacheprovider tests/fa4/test_bwd_gqa_loop_gpu.py 2>&1 | tee "$work/tests.log"
 echo "[tests rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s]" | tee -a "$work/tests.log"
 
 echo "\$ python3 bench/bench_gqa_loop.py --out bench.json"
 t=$SECONDS
-timeout 90 python3 bench/bench_gqa_loop.py --out "$work/bench.json" 2>&1 | tee "$work/bench.log"
+timeout 110 python3 bench/bench_gqa_loop.py --out "$work/bench.json" 2>&1 | tee "$work/bench.log"
 echo "[bench rc=${PIPESTATUS[0]} wall=$((SECONDS - t))s]" | tee -a "$work/bench.log"

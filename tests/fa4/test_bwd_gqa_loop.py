@@ -12,6 +12,7 @@ walking several heads, complete on a machine with fewer SMs than CTAs (no deadlo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -219,6 +220,8 @@ def test_default_rule_at_the_issue_shapes(name, det):
     cfg = default_config(prob)
     assert cfg.gqa_reduce == want and not violations(cfg, prob)
     assert cfg.dkv_store == ("tma" if want == "loop" else "direct")
+    # Causal 'loop' launches the longest key tiles first unless deterministic (default_spt_order).
+    assert cfg.spt_order == (want == "atomic" or det)
 
 
 def test_default_rule_is_a_pure_function_of_the_grid():
@@ -229,6 +232,8 @@ def test_default_rule_is_a_pure_function_of_the_grid():
         want = "loop" if hq != hkv and n >= 264 else "atomic"
         assert default_gqa_reduce(prob, 128) == want
         assert default_config(prob).gqa_reduce == want
+        assert default_config(prob).spt_order == (want == "atomic")  # causal, non-deterministic
+        assert default_config(dataclasses.replace(prob, causal=False)).spt_order  # no effect: the default
     # The split path (hd192/256) counts its 64-row key tiles.
     prob = gqa(1, 1024, 4096, 16, 4, hd=256)
     assert loop_ctas(prob, 64) == 256 and default_config(prob).gqa_reduce == "atomic"
