@@ -1,7 +1,8 @@
 """The knobs of our Hopper backward kernel: one declaration, one feasibility function.
 
 Layout of the main kernel (fa4.sm90.bwd): one CTA per (key tile, head, batch), a producer
-warpgroup and two consumer warpgroups looping over the query tiles. S^T and dP^T are computed
+warpgroup and two consumer warpgroups looping over the query tiles (under GQA with gqa_reduce
+'loop': per K/V head, looping over the group's query heads too). S^T and dP^T are computed
 with the keys on the WGMMA M axis. With dkv_split 'keys' each consumer owns 64 key rows of a
 128-row tile, and P^T and dS^T come out of the accumulators already in the register layout the
 dV and dK WGMMAs take as their A operand (no shared-memory round trip for those two). With
