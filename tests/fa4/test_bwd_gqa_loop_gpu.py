@@ -130,3 +130,13 @@ def test_loop_matches_atomic(feat):
         assert rel < 2 ** -7, rel
     ok, info = feat.grads_match(loop, q, k, v, dout, dl, sink=s, out=out, scale=1 / math.sqrt(hd), causal=True)
     assert ok, info
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_loop_deterministic_hd64_tile128(feat, causal):
+    """hd64 deterministic 'loop' at query tile 128 (the default at sizes that take 'loop'; 'atomic'
+    cannot run it beside its dK/dV locks), bitwise over 10 runs and right."""
+    shape = (1, 777, 1333, 8, 2)
+    cfg = loop_config(feat, shape, 64, causal, True, tile_m=128, dq_split="rows")
+    ok, info = feat.check_deterministic(*shape, 64, causal=causal, config=cfg)
+    assert ok, info
