@@ -15,24 +15,12 @@ sync, lower of 2 loops, B1 S128 H4 D128 bf16 causal by default):
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
+from host_cost import per_call_us  # the same loop as bench/host_cost.py (run from bench/)
 
 import fa4
 from fa4 import launch
-
-
-def per_call_us(fn, calls: int) -> float:
-    best = float("inf")
-    for _ in range(2):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
 
 
 class Nothing(torch.autograd.Function):

@@ -7,26 +7,9 @@ with causal), softcap, learnable sinks, all combined, GQA, fp16, Sq != Sk, rows 
 deterministic mode bitwise over 10 runs.
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-_spec = importlib.util.spec_from_file_location(
-    "check_bwd_feat", Path(__file__).resolve().parents[2] / "bench" / "check_bwd_feat.py")
-
-
-@pytest.fixture(scope="module")
-def feat():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("hd", [64, 128])
@@ -37,12 +20,10 @@ def test_lse_gradient(feat, hd, causal, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, dlse=True)
     assert ok, info
 
-
 # (window_left, window_right): left only, right only, both, narrower than a tile, a Mistral-style
 # causal window (with causal the right bound is 0).
 WINDOWS = [(256, -1), (-1, 100), (300, 50), (5, 7), (0, 0), (1023, 0)]
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1)]
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -52,7 +33,6 @@ def test_window(feat, hd, causal, window, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, window_left=window[0], window_right=window[1])
     assert ok, info
 
-
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("softcap", [5.0, 30.0])
@@ -61,7 +41,6 @@ def test_softcap(feat, hd, causal, softcap, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, softcap=softcap)
     assert ok, info
 
-
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[3]])
@@ -69,7 +48,6 @@ def test_sink(feat, hd, causal, shape):
     """dsink = -sum exp(sink - LSE) D against autograd through the sink's logit."""
     ok, info = feat.check_case(*shape, hd, causal=causal, sink=True)
     assert ok, info
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("dlse", [False, True])
@@ -82,7 +60,6 @@ def test_sink_single_key_over_seeds(feat, hd, dlse):
         ok, info = feat.check_case(3, 65, 1, 2, 1, hd, causal=True, sink=True, dlse=dlse, seed=seed)
         assert ok, info
 
-
 @pytest.mark.parametrize("hd", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2]])
@@ -91,7 +68,6 @@ def test_all_combined(feat, hd, causal, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, sink=True, dlse=True, window_left=200, window_right=30,
                                softcap=20.0)
     assert ok, info
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("kw", [dict(window_left=128, window_right=0),
@@ -102,7 +78,6 @@ def test_fp16(feat, hd, kw):
 
     ok, info = feat.check_case(1, 777, 1333, 8, 2, hd, dtype=torch.float16, causal=True, **kw)
     assert ok, info
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -122,7 +97,6 @@ def test_deterministic_bitwise(feat, hd, causal, kw, spt, shape):
     cfg = feat.default_for(probe, kv, kv, causal, True, kw.get("softcap", 0.0), spt_order=spt)
     ok, info = feat.check_deterministic(*shape, hd, causal=causal, config=cfg, **kw)
     assert ok, info
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("kw", [dict(window_left=10, window_right=0), dict(window_left=0, window_right=0),

@@ -8,27 +8,9 @@ paths the loop touches (dK/dV by element stores, dQ by per-thread reductions, P^
 memory, a one-deep ring), head dims 96-256, and deterministic mode bitwise over 10 runs.
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-_spec = importlib.util.spec_from_file_location(
-    "check_bwd_feat", Path(__file__).resolve().parents[2] / "bench" / "check_bwd_feat.py")
-
-
-@pytest.fixture(scope="module")
-def feat():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
-
 
 def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, **change):
     """The problem's default with gqa_reduce 'loop' (these small shapes default to 'atomic') and,
@@ -44,9 +26,7 @@ def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, **c
     assert cfg.gqa_reduce == "loop"
     return cfg
 
-
 SHAPES = [(2, 1000, 1000, 8, 4), (1, 333, 777, 8, 2), (1, 777, 333, 8, 1), (2, 1027, 1027, 28, 4), (3, 65, 1, 4, 2)]
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -54,7 +34,6 @@ SHAPES = [(2, 1000, 1000, 8, 4), (1, 333, 777, 8, 2), (1, 777, 333, 8, 1), (2, 1
 def test_loop_grads(feat, hd, causal, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, config=loop_config(feat, shape, hd, causal))
     assert ok, info
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -66,7 +45,6 @@ def test_loop_fp16(feat, hd, causal):
     ok, info = feat.check_case(*shape, hd, dtype=torch.float16, causal=causal, config=cfg)
     assert ok, info
 
-
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 777, 1333, 8, 2), (2, 1000, 1000, 8, 1)], ids=lambda s: "x".join(map(str, s)))
@@ -76,7 +54,6 @@ def test_loop_window_softcap_sink(feat, hd, causal, shape):
     cfg = loop_config(feat, shape, hd, causal, softcap=20.0)
     ok, info = feat.check_case(*shape, hd, causal=causal, sink=True, dlse=True, config=cfg, **kw)
     assert ok, info
-
 
 @pytest.mark.parametrize("hd,change", [
     (64, dict(tile_m=64, dq_split="head_dim", dkv_store="direct")),
@@ -90,13 +67,11 @@ def test_loop_with_other_knobs(feat, hd, change, causal):
     ok, info = feat.check_case(*shape, hd, causal=causal, config=loop_config(feat, shape, hd, causal, **change))
     assert ok, info
 
-
 @pytest.mark.parametrize("hd", [96, 192, 256])
 def test_loop_later_head_dims(feat, hd):
     shape = (1, 333, 777, 8, 2)
     ok, info = feat.check_case(*shape, hd, causal=True, config=loop_config(feat, shape, hd, True))
     assert ok, info
-
 
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -109,7 +84,6 @@ def test_loop_deterministic_bitwise(feat, hd, causal, spt, kw):
     cfg = loop_config(feat, shape, hd, causal, True, kw.get("softcap", 0.0), spt_order=spt)
     ok, info = feat.check_deterministic(*shape, hd, causal=causal, config=cfg, **kw)
     assert ok, info
-
 
 def test_loop_matches_atomic(feat):
     """The two reductions agree (dK/dV summed in another order: within bf16 rounding) at a GQA 8
@@ -130,7 +104,6 @@ def test_loop_matches_atomic(feat):
         assert rel < 2 ** -7, rel
     ok, info = feat.grads_match(loop, q, k, v, dout, dl, sink=s, out=out, scale=1 / math.sqrt(hd), causal=True)
     assert ok, info
-
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_loop_deterministic_hd64_tile128(feat, causal):
