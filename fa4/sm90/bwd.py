@@ -57,12 +57,13 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd
+from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd, varlen
 from fa4.sm90 import bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
 from fa4.common.tma import seq_tiles
+from fa4.sm90.bwd_compile import SEQ_PAD
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view, make_dq_mma
 
@@ -91,8 +92,15 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
 class FlashBwdSm90(bwd_split.DkvSplitSteps):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
                  head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
-                 has_softcap: bool = False, has_sink: bool = False):
+                 has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
         self.dtype = dtype
+        # Packed variable-length sequences (compile-time): the packed tensors come as a batch of
+        # one, a CTA is (key tile, head, sequence) and reads its sequence's offsets and lengths
+        # (fa4.common.varlen); the fp32 side buffers give each sequence whole padded tiles.
+        self.varlen = varlen
+        if varlen and config.dkv_store == "tma":
+            # violations() rejects it: the last key tile's box would write into the next sequence.
+            raise ValueError("varlen backward stores dK/dV predicated (dkv_store 'direct')")
         # Issue 18's features. Sliding window: the bounds of fa4.common.masking_range (causal is
         # right = 0; the host folds a window right bound into it). Softcap: t = tanh recomputed on
         # S^T, dS^T = P^T (dP^T - D)(1 - t^2) (fa4.common.softcap_bwd). A learnable sink needs
@@ -145,12 +153,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
+        mCuSeqlensQ: cute.Tensor,  # varlen: (B+1,) int32 row offsets of the sequences in q, else None
+        mCuSeqlensK: cute.Tensor,  # varlen: (B+1,) int32 in k/v, else None
+        mSeqUsedQ: cute.Tensor,  # varlen: (B,) int32 rows used per sequence, or None
+        mSeqUsedK: cute.Tensor,  # varlen: (B,) int32 keys used per sequence, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
         scale: Float32,  # softmax_scale
         window_left: Int32,  # has_window_left: keys j >= i + seqlen_k - seqlen_q - window_left
         window_right: Int32,  # has_window_right: keys j <= i + seqlen_k - seqlen_q + window_right
         softcap_inv: Float32,  # has_softcap: softmax_scale / softcap
         softcap_log2: Float32,  # has_softcap: softcap * log2(e)
+        max_seqlen_k: Int32,  # varlen: the longest sequence's keys (the grid's key-tile extent); else unused
         # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         spt: Int32,
         head_swizzle: Int32,
@@ -252,12 +265,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
+        if cutlass.const_expr(self.varlen):
+            # Key tiles of the longest sequence x heads x sequences (k is one packed batch).
+            seqlen_k = max_seqlen_k
+            num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
             scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, head_swizzle, spt,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k,
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
@@ -316,9 +334,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         softcap_log2: Float32,
         head_swizzle: Int32,
         spt: Int32,
+        mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedQ: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
+        max_seqlen_k: Int32,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         win = (window_left, window_right)
+        vl = None
+        if cutlass.const_expr(self.varlen):
+            vl = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k)
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
@@ -356,20 +382,42 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
+        roles = (
+            sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
+            tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
+            sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
+            scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
+        )
+        if cutlass.const_expr(self.varlen):
+            # A key tile past its sequence's keys (a shorter sequence than the longest, or an empty
+            # one) exits here, every thread of the CTA alike: no load, no GEMM, no store, no turn.
+            n_block, _, _, _, _, _, _, _, _, _, seq = self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
+            if n_block * self.tile_n < seq[3]:
+                self.roles(*roles)
+        else:
+            self.roles(*roles)
+
+    @cute.jit
+    def roles(
+        self, sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
+        tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
+        sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
+        scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
+    ):
+        """The warp roles of the CTA: the producer warp's loads, the dQ writer warps, the consumers."""
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
             # Tile coordinates are derived after the register split in each branch, so that
             # nothing computed before it stays live into the register-bound consumers.
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, _, _, m_end = (
-                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win)
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, _, _, m_end, seq = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
             )
+            seqlen_q, seqlen_k = seq[2], seq[3]
             if warp_idx == 0:
                 self.producer(
                     tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
                     sQ, sdO, sK, sV, sLSE, sDsum,
-                    pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+                    pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end, seq,
                 )
             if cutlass.const_expr(self.dq_bulk):
                 # Two writer warps take alternate steps: one waits for its reduction to complete
@@ -377,50 +425,80 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 if warp_idx == 1:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, 0,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, seq, 0,
                     )
                 if warp_idx == 2:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, 1,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, seq, 1,
                     )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - THREADS_PER_WG
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end = (
-                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win)
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end, seq = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
             )
             self.consumer(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, batch, num_n,
-                (m_start, m_masked_end, m_unmasked_end, m_end), seqlen_q, seqlen_k, scale_log2, scale, spt,
-                (bidx, mQ, mK, head_swizzle), (tma_dk, tma_dv), win, (softcap_inv, softcap_log2),
+                (m_start, m_masked_end, m_unmasked_end, m_end), seq[2], seq[3], scale_log2, scale, spt,
+                (bidx, mQ, mK, head_swizzle, vl), (tma_dk, tma_dv), win, (softcap_inv, softcap_log2), seq,
             )
 
     @cute.jit
-    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt, win):
+    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt, win, vl):
+        """The CTA's (key tile, head, sequence), its query-tile segments and ``seq`` = (offset_q,
+        offset_k, seqlen_q, seqlen_k) of its sequence (offsets 0 and the tensors' lengths dense)."""
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        n_extent = seqlen_k
+        if cutlass.const_expr(self.varlen):
+            n_extent = vl[4]
+            num_bh = num_heads * (vl[0].shape[0] - 1)
+        num_n = (n_extent + self.tile_n - 1) // self.tile_n
         qhead_per_kvhead = num_heads // mK.shape[2]
         n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
         head_kv = head // qhead_per_kvhead
+        seq = varlen.seq_info(None if vl is None else vl[:4], batch, seqlen_q, seqlen_k)
+        seqlen_q, seqlen_k = seq[2], seq[3]
         m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
             n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
             self.has_window_left, self.has_window_right, *win,
         )
-        return n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end
+        return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
+                seq)
+
+    def acc_rows(self, mAcc, batch, head, offset):
+        """(rows, d) of one (batch, head) of an fp32 side buffer (batch, heads, rows, d); varlen:
+        of sequence ``batch`` (packed ``offset``), its padded region (fa4.common.varlen)."""
+        if cutlass.const_expr(self.varlen):
+            pad = varlen.padded_offset(offset, batch, SEQ_PAD)
+            return cute.domain_offset((pad, 0), mAcc[0, head, None, None])
+        return mAcc[batch, head, None, None]
 
     # ---------------------------------------------------------------- producer
     @cute.jit
     def producer(
         self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
-        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end, seq,
     ):
         d = self.head_dim
+        if cutlass.const_expr(self.varlen):
+            # The packed tensors shifted to the sequence's first row (the TMA coordinates), the
+            # row statistics to its padded region: a tile past the sequence's end reads the next
+            # sequence's rows, which the statistics (LSE2 +inf, D 0) and the key mask leave out.
+            off_q, off_k = seq[0], seq[1]
+            pad_q = varlen.padded_offset(off_q, batch, SEQ_PAD)
+            mQ = cute.domain_offset((off_q, 0, 0, 0), mQ)
+            mdO = cute.domain_offset((off_q, 0, 0, 0), mdO)
+            mK = cute.domain_offset((off_k, 0, 0, 0), mK)
+            mV = cute.domain_offset((off_k, 0, 0, 0), mV)
+            mLSE2 = cute.domain_offset((pad_q, 0, 0), mLSE2)
+            mDsum = cute.domain_offset((pad_q, 0, 0), mDsum)
+            batch = 0
         for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
             cpasync.prefetch_descriptor(atom)
         one = cute.make_layout(1)
@@ -457,7 +535,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, batch, num_n,
-        m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args,
+        m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args, seq,
     ):
         d, dv = self.head_dim, self.head_dim_v
         m_start, m_masked_end, m_unmasked_end, m_end = m_segments
@@ -528,13 +606,13 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             self.step(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                 mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
+                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
             )
         for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
             self.step(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                 mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, False,
+                seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
             )
         if cutlass.const_expr(self.has_window_left):
             # The window's left bound cuts the key tile from here on.
@@ -542,17 +620,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 self.step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                     mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
                 )
         # The tile coordinates again, from the block index: recomputing them here is a few
         # integer ops, holding them through the mainloop cost registers the loop needs.
-        bidx, mQ, mK, head_swizzle = coord_args
-        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _ = self.tile_coords(
-            opaque(bidx), mQ, mK, head_swizzle, spt, win
+        bidx, mQ, mK, head_swizzle, vl = coord_args
+        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _, seq = self.tile_coords(
+            opaque(bidx), mQ, mK, head_swizzle, spt, win, vl
         )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, mK.shape[0], scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
+            qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
         )
 
     def dv_out_mma(self, dkv_mma, dv_mma):
@@ -571,7 +649,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     def step(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
         mSemQ, pipe_q, pipe_do, m_start, ctid, m, n_block, head, batch, num_n,
-        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, masked: cutlass.Constexpr,
+        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, masked: cutlass.Constexpr,
     ):
         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag[:12]
         acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
@@ -691,7 +769,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.fence_proxy("async.shared", space="cta")
             self.dq_barrier(BAR_DQ_FULL, i % 2, ctid, False)
         else:
-            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win)
+            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
 
@@ -710,7 +788,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     @cute.jit
     def dq_writer(
         self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt, win,
-        parity: cutlass.Constexpr,
+        seq, parity: cutlass.Constexpr,
     ):
         """One of two writer warps: adds the staged dQ tiles of the steps of its parity."""
         nbytes = self.tile_m * self.head_dim * 4
@@ -733,7 +811,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 if cutlass.const_expr(self.deterministic):
                     # The previous turn's adds were made by the async proxy: order ours after them.
                     cute.arch.fence_proxy("async.global")
-                gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
+                gdQ = cute.local_tile(self.acc_rows(mdQacc, batch, head, seq[0]), (self.tile_m, self.head_dim), (m, 0))
                 # Both warpgroups' chunks: one contiguous tile in fragment order.
                 semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
                 cute.arch.cp_async_bulk_commit_group()
@@ -756,8 +834,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
-    def add_dq(self, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win):
-        gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
+    def add_dq(self, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq):
+        gdQ = cute.local_tile(self.acc_rows(mdQacc, batch, head, seq[0]), (self.tile_m, self.head_dim), (m, 0))
         # This thread's values in the tile's fragment order (the accumulator's layout): value
         # (a, b) of the (4, F/4) register view lies at thread_base + a + 512 b.
         lay = dq_frag_layout(self.tile_m, self.head_dim)
@@ -828,16 +906,18 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     @cute.jit
     def epilogue(
         self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-        qhead_per_kvhead, seqlen_k, scale, sK, sV, tma_dkv, dv_out,
+        qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, dv_out,
     ):
         d, dv = self.head_dim, self.head_dim_v
+        off_k, seqlen_k = seq[1], seq[3]
         dv_mma, dv_thr = dv_out  # dV's accumulator partition (dK's own where the shapes agree)
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
         if cutlass.const_expr(self.gqa):
             # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
-            gdK = cute.local_tile(mdK[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[batch, head_kv, None, None], (self.tile_n, dv), (n_block, 0))
+            # Varlen: the sequence's padded region (its tiles' rows past seqlen_k add zeros there).
+            gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
             if cutlass.const_expr(self.deterministic):
                 sem = mSemKV[batch, head_kv, None].iterator + n_block
                 semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
@@ -852,7 +932,12 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
             )
         else:
-            # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped.
+            # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped
+            # (varlen: past the sequence's keys, the next sequence's rows).
+            if cutlass.const_expr(self.varlen):
+                mdK = cute.domain_offset((0, off_k, 0, 0), mdK)
+                mdV = cute.domain_offset((0, off_k, 0, 0), mdV)
+                batch = 0
             gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
             gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, dv), (n_block, 0))
             cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))

@@ -129,7 +129,7 @@ class _Plan:
             ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
             lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
         )
-        self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2,
+        self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, 0,
                              *runtime_args(config))
         sq_pad, sk_pad = padded(sq), padded(sk)
         # One fp32 workspace for LSE * log2(e), D and the dQ accumulator (the preprocess writes all
@@ -202,15 +202,16 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         if dlse.stride(-1) != 1:
             dlse = dlse.contiguous()
     with torch.cuda.device(dev):
-        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse)
-        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, *plan.main_scalars)
-        plan.post_dq(dq_acc, dq, softmax_scale)
+        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, 0)
+        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, None, None,
+                  *plan.main_scalars)
+        plan.post_dq(dq_acc, dq, softmax_scale, None, None, 0)
         if plan.gqa:
             dk = torch.empty_like(k)
             dv_ = torch.empty_like(v)
             # dK was scaled in the main kernel; dV needs none.
-            plan.post(dk_out, dk, 1.0)
-            plan.post_v(dv_out, dv_, 1.0)
+            plan.post(dk_out, dk, 1.0, None, None, 0)
+            plan.post_v(dv_out, dv_, 1.0, None, None, 0)
             dk_out, dv_out = dk, dv_
         if sink is None:
             return dq, dk_out, dv_out
