@@ -278,6 +278,9 @@ class _VarlenPlan:
 
 
 _varlen_plans: dict = {}
+# The launch's device context; a name of its own so CPU tests of the host path can stand it in
+# (tests/fa4/test_varlen_bwd_host.py), as fa4.varlen's.
+_on_device = torch.cuda.device
 
 
 def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -336,7 +339,7 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
             dlse = dlse.contiguous()
         dlse = dlse.unsqueeze(0)
     q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
-    with torch.cuda.device(dev):
+    with _on_device(dev):
         plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, max_seqlen_q)
         plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_seqlens_q, cu_seqlens_k,
                   seqused_q, seqused_k, *plan.main_scalars)
