@@ -58,7 +58,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd, varlen
-from fa4.sm90 import bwd_split
+from fa4.sm90 import bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
@@ -77,7 +77,7 @@ BAR_SEM = 3  # 256 consumers: semaphore turn acquired / all adds issued
 BAR_DQ_FULL = 4  # 4 + 2p + w: warpgroup w's dQ chunk is in sdQ -> writer warp p
 BAR_DQ_EMPTY = 8  # 8 + 2p + w: the reduction of the previous step has read sdQ -> warpgroup w
 BAR_P = 12  # 12..13: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
-BAR_EPI = 14  # 256 consumers: sK/sV free for the dK/dV tiles, then the tiles written (dkv_store 'tma')
+BAR_EPI = bwd_epilogue.BAR_EPI  # 256 consumers: sK/sV free for the dK/dV tiles, then written (dkv_store 'tma')
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
 NUM_DQ_SYNC_THREADS = THREADS_PER_WG + 32
 
@@ -89,7 +89,7 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
 
 
-class FlashBwdSm90(bwd_split.DkvSplitSteps):
+class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
                  head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
                  has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
@@ -98,9 +98,6 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         # one, a CTA is (key tile, head, sequence) and reads its sequence's offsets and lengths
         # (fa4.common.varlen); the fp32 side buffers give each sequence whole padded tiles.
         self.varlen = varlen
-        if varlen and config.dkv_store == "tma":
-            # violations() rejects it: the last key tile's box would write into the next sequence.
-            raise ValueError("varlen backward stores dK/dV predicated (dkv_store 'direct')")
         # Issue 18's features. Sliding window: the bounds of fa4.common.masking_range (causal is
         # right = 0; the host folds a window right bound into it). Softcap: t = tanh recomputed on
         # S^T, dS^T = P^T (dP^T - D)(1 - t^2) (fa4.common.softcap_bwd). A learnable sink needs
@@ -253,6 +250,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         self.shared_storage = SharedStorage
 
         tma_dk = tma_dv = None
+        # Varlen with dkv_store 'tma': a sequence's last, partial key tile leaves by predicated
+        # stores from these (a TMA box would write into the next sequence's rows).
+        mdK_rows = mdV_rows = None
+        if cutlass.const_expr(self.dkv_tma and self.varlen):
+            mdK_rows, mdV_rows = mdK, mdV
         if cutlass.const_expr(self.dkv_tma):
             # dK/dV leave from the K/V shared tiles (same shape, same swizzle) as TMA stores; the
             # store clips the rows past seqlen_k.
@@ -275,7 +277,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
             scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, head_swizzle, spt,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k, mdK_rows, mdV_rows,
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
@@ -339,6 +341,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         mSeqUsedQ: cute.Tensor,
         mSeqUsedK: cute.Tensor,
         max_seqlen_k: Int32,
+        mdK_rows: cute.Tensor,  # varlen with dkv_store 'tma': mdK as given (the partial tiles' stores), else None
+        mdV_rows: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         win = (window_left, window_right)
@@ -384,7 +388,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
 
         roles = (
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
-            tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
+            tma_dsum, mDsum, mdQacc, mdK, mdV, (tma_dk, tma_dv, mdK_rows, mdV_rows), mSemQ, mSemKV,
             sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
             scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
         )
@@ -400,7 +404,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     @cute.jit
     def roles(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
-        tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
+        tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dkv, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
         scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
     ):
@@ -443,7 +447,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, batch, num_n,
                 (m_start, m_masked_end, m_unmasked_end, m_end), seq[2], seq[3], scale_log2, scale, spt,
-                (bidx, mQ, mK, head_swizzle, vl), (tma_dk, tma_dv), win, (softcap_inv, softcap_log2), seq,
+                (bidx, mQ, mK, head_swizzle, vl), tma_dkv, win, (softcap_inv, softcap_log2), seq,
             )
 
     @cute.jit
@@ -863,22 +867,6 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                                     self.has_window_left, self.has_window_right, *win)
 
     @cute.jit
-    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):
-        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions."""
-        nrow = cute.size(r_mn, mode=[0])
-        ncol = cute.size(r_mn, mode=[1])
-        base = g_mn.iterator
-        for r in cutlass.range_constexpr(nrow):
-            if cutlass.const_expr(v2):
-                # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
-                for c in cutlass.range_constexpr(ncol // 2):
-                    off = cute.crd2idx((r, 2 * c), g_mn.layout)
-                    semaphore.red_add_f32x2(base + off, r_mn[r, 2 * c], r_mn[r, 2 * c + 1])
-            else:
-                for c in cutlass.range_constexpr(ncol):
-                    semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
-
-    @cute.jit
     def apply_mask_t(self, s_mn, c0_mn, limits, q_base):
         """-inf where key >= seqlen_k, (causal / window right) key > query + seqlen_k - seqlen_q
         + right, or (window left) key < query + seqlen_k - seqlen_q - left; rows are keys.
@@ -928,76 +916,22 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
                 semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
         elif cutlass.const_expr(self.dkv_tma):
-            self.store_dkv_tma(
-                dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
-            )
-        else:
-            # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped
-            # (varlen: past the sequence's keys, the next sequence's rows).
             if cutlass.const_expr(self.varlen):
-                mdK = cute.domain_offset((0, off_k, 0, 0), mdK)
-                mdV = cute.domain_offset((0, off_k, 0, 0), mdV)
-                batch = 0
-            gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, dv), (n_block, 0))
-            cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
-            tcD = dkv_thr.partition_C(cD)
-            tdKg = dkv_thr.partition_C(gdK)
-            tdVg = dv_thr.partition_C(gdV)
-            rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-            rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-            rdK.store(acc_dK.load().to(self.dtype))
-            rdV.store(acc_dV.load().to(self.dtype))
-            if cutlass.const_expr(dv == d):
-                for i in cutlass.range_constexpr(cute.size(rdK)):
-                    if tcD[i][0] < seqlen_k:
-                        tdKg[i] = rdK[i]
-                        tdVg[i] = rdV[i]
+                # Whole key tiles of the sequence by TMA at its offset; its last, partial tile by
+                # predicated stores (the box would run into the next sequence's rows).
+                if (n_block + 1) * self.tile_n <= seqlen_k:
+                    self.store_dkv_tma(
+                        dkv_mma, acc_dK, acc_dV, cute.domain_offset((off_k, 0, 0, 0), mdK),
+                        cute.domain_offset((off_k, 0, 0, 0), mdV), sK, sV, tma_dkv, ctid, n_block, head_kv, 0, dv_mma,
+                    )
+                else:
+                    self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, tma_dkv[2], tma_dkv[3], n_block, head_kv,
+                                        batch, seq)
             else:
-                tcDv = dv_thr.partition_C(
-                    cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
+                self.store_dkv_tma(
+                    dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
                 )
-                for i in cutlass.range_constexpr(cute.size(rdK)):
-                    if tcD[i][0] < seqlen_k:
-                        tdKg[i] = rdK[i]
-                for i in cutlass.range_constexpr(cute.size(rdV)):
-                    if tcDv[i][0] < seqlen_k:
-                        tdVg[i] = rdV[i]
-
-    @cute.jit
-    def store_dkv_tma(self, dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma):
-        """dK/dV through the K/V shared tiles and one TMA store each (dkv_store 'tma')."""
-        tma_dk, tma_dv = tma_dkv
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-        rdK.store(acc_dK.load().to(self.dtype))
-        rdV.store(acc_dV.load().to(self.dtype))
-        # Both consumers' last GEMMs read sK and sV (dQ = dS K reads every key row): both must be
-        # done before either overwrites them.
-        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
-        # A thread's accumulator holds two adjacent head_dim columns of a key row per 8x8 block:
-        # the stmatrix register order, 16-byte rows of the K-major tile.
-        st = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dkv_mma
-        )
-        st_thr = st.get_slice(ctid)
-        cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
-        if cutlass.const_expr(dv_mma is not dkv_mma):
-            st = cute.make_tiled_copy_C(
-                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dv_mma
-            )
-            st_thr = st.get_slice(ctid)
-        cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
-        # Generic-proxy stores, read by the TMA engine (async proxy).
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
-        if ctid == 0:
-            tKs, tKg = seq_tiles(tma_dk, mdK, sK, (self.tile_n, self.head_dim), head_kv, batch)
-            tVs, tVg = seq_tiles(tma_dv, mdV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
-            cute.copy(tma_dk, tKs[None, 0], tKg[None, n_block])
-            cute.copy(tma_dv, tVs[None, 0], tVg[None, n_block])
-            cute.arch.cp_async_bulk_commit_group()
-            # Shared memory must stay valid until the engine has read it (the CTA exits next).
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq)
 
     # ---------------------------------------------------------------- helpers

@@ -54,9 +54,6 @@ def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, deterministi
     hdv = 0 if head_dim_v in (None, head_dim) else head_dim_v
     if (seqused_q or seqused_k) and not varlen:
         raise ValueError("seqused_q/seqused_k belong to varlen kernels")
-    if varlen and base.dkv_store == "tma":
-        raise ValueError("varlen backward kernels store dK/dV predicated: dkv_store 'direct' "
-                         "(BwdConfigSm90 violations() refuse 'tma' with varlen)")
     return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base, hdv, bool(has_window_left),
                         bool(has_window_right) and not causal, bool(has_softcap), bool(has_sink), bool(varlen),
                         bool(seqused_q), bool(seqused_k))

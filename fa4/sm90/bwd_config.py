@@ -213,10 +213,6 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("knob combination",
             "dkv_store 'tma' is for one K/V head per query head: under GQA dK/dV are fp32 sums over "
                    "the query heads, added with reductions"))
-    if config.dkv_store == "tma" and getattr(problem, "varlen", False):
-        out.append(Violation("knob combination",
-            "dkv_store 'tma' with packed sequences (varlen): a sequence's last key tile would write its box "
-                   "into the next sequence's rows; varlen stores dK/dV predicated ('direct')"))
     if config.dq_split == "rows" and config.tile_m != 2 * ROWS_PER_WG:
         out.append(Violation("knob combination", f"dq_split 'rows' gives each consumer warpgroup 64 query rows: needs tile_m 128, not {config.tile_m}"))
     if config.tile_m == 128:

@@ -2,9 +2,10 @@
 
 The main kernel for the issue's shape class (hd128 causal bf16, the default varlen config), GQA
 deterministic with seqused on both sides, fp16 with a window, softcap and a sink, the hd64 tile-128
-kernel and the per-thread dQ path: WGMMA present, no spills, no serialized WGMMAs, the predicated
-dK/dV stores (no TMA store: a box would run into the next sequence), the deterministic locks where
-asked. The pre- and postprocesses keep their 16-byte row accesses with the sequence offsets.
+kernel, the per-thread dQ path, dkv_store 'direct' and the hd256 dkv_split 'head_dim' kernel: WGMMA
+present, no spills, no serialized WGMMAs, dK/dV of whole key tiles by TMA and of a sequence's last,
+partial tile by predicated stores (a box would run into the next sequence), the deterministic locks
+where asked. The pre- and postprocesses keep their 16-byte row accesses with the sequence offsets.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ CASES = [
                  False, None, id="fp16-hd128-window-softcap-sink"),
     pytest.param("bf16", 64, False, False, True, {}, False, None, id="bf16-hd64-det"),
     pytest.param("bf16", 64, True, False, True, {}, False, dict(dq_accum="red_v2"), id="bf16-hd64-causal-det-red_v2"),
+    pytest.param("bf16", 128, True, False, False, {}, True, dict(dkv_store="direct"), id="bf16-hd128-causal-direct"),
+    pytest.param("bf16", 256, True, False, False, {}, False, None, id="bf16-hd256-causal-split"),
 ]
 
 
@@ -46,13 +49,13 @@ def test_varlen_bwd_main_codegen(dtype, hd, causal, gqa, det, feat, seqused, kno
     problem = varlen_problem(hd, causal, gqa, det, dtype, **feat)
     config = default_config(problem) if knobs is None else BwdConfigSm90(**knobs)
     assert not violations(config, problem), violations(config, problem)
-    assert config.dkv_store == "direct"
     flags = problem.kernel_flags()
     key = compile_key(dtype, hd, causal, gqa, det, config, hd, flags["has_window_left"], flags["has_window_right"],
                       flags["has_softcap"], flags["has_sink"], varlen=True, seqused_q=seqused, seqused_k=seqused)
     ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "UTMASTG.4D", "STG.E.U16", "STG.E"])
     assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
-    assert ops["UTMASTG.4D"] == 0, ops
+    # dK/dV: whole tiles by TMA where asked (no GQA), the partial tile by 16-bit element stores.
+    assert (ops["UTMASTG.4D"] > 0) == (config.dkv_store == "tma" and not gqa), ops
     ptx_ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ld.acquire.gpu", "red.release.gpu"])
     if det:
         assert ptx_ops["ld.acquire.gpu"] > 0 and ptx_ops["red.release.gpu"] > 0, ptx_ops
@@ -60,8 +63,8 @@ def test_varlen_bwd_main_codegen(dtype, hd, causal, gqa, det, feat, seqused, kno
         assert ptx_ops["ld.acquire.gpu"] == 0, ptx_ops
     if not gqa:
         # dK and dV leave from the fragment in the input dtype, each element predicated on the
-        # sequence's keys: 64 rows x hd x 2 tiles / 128 threads of 16-bit stores (or pairs).
-        assert ops["STG.E.U16"] + ops["STG.E"] >= 2 * 64 * hd // 128 // 2, ops
+        # sequence's keys (dkv_store 'direct', or a partial tile beside 'tma').
+        assert ops["STG.E.U16"] >= 64 * hd // 128, ops
 
 
 def test_varlen_bwd_prepost_codegen():
@@ -91,23 +94,16 @@ def test_varlen_bwd_prepost_codegen():
             assert vl[op] == dense[op], (name, op, vl, dense)
 
 
-def test_varlen_bwd_refuses_what_is_not_built():
-    problem = varlen_problem(128, True)
-    tma = BwdConfigSm90(dkv_store="tma")
-    assert any("varlen" in v for v in violations(tma, problem))
-    assert not any("varlen" in v for v in violations(tma, dataclasses.replace(
-        problem, varlen=False, varlen_mean_q=0, varlen_mean_k=0)))
-    with pytest.raises(ValueError, match="dkv_store 'direct'"):
-        compile_key("bf16", 128, True, False, False, tma, 128, varlen=True)
+def test_varlen_bwd_keys_and_defaults():
     with pytest.raises(ValueError, match="seqused"):
         compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128, seqused_q=True)
     plain = compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128)
     assert compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128, varlen=True) != plain
-    from fa4.sm90.bwd import FlashBwdSm90
-
-    with pytest.raises(ValueError, match="predicated"):
-        FlashBwdSm90(None, 128, True, False, False, tma, varlen=True)
-    # Every default varlen backward config is feasible (direct dK/dV stores), GQA or not.
+    # The varlen problem's default is the dense one's (dK/dV by TMA without GQA).
+    p = varlen_problem(128, True)
+    dense = dataclasses.replace(p, varlen=False, varlen_mean_q=0, varlen_mean_k=0)
+    assert default_config(p) == default_config(dense) and default_config(p).dkv_store == "tma"
+    # Every default varlen backward config is feasible, GQA or not.
     for hd in (64, 128, 192, 256):
         for gqa in (False, True):
             for det in (False, True):
