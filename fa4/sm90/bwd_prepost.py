@@ -28,7 +28,6 @@ import operator
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
 from cutlass import Float32
 
 from fa4.common import varlen as vlen
@@ -309,7 +308,7 @@ class BwdPostprocessDq:
     def tile(self, tiled_mma, mAcc, mOut, scale: Float32, sOut_layout: cute.Layout, m, head, batch, seqlen):
         tidx, _, _ = cute.arch.thread_idx()
         d = self.head_dim
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         sOut = smem.allocate_tensor(self.dtype, sOut_layout, byte_alignment=16)  # (tile_m, d), padded rows
         thr = tiled_mma.get_slice(tidx)
         gAcc = cute.local_tile(mAcc[batch, head, None, None], (self.tile_m, d), (m, 0))
