@@ -242,6 +242,12 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
         if why:
             out.append(Violation("registers", f"tile_m 128: {why} spills at this tile"))
+    if getattr(problem, "varlen", False) and config.tile_m == 128 and config.ds_store == "sts":
+        # The varlen compile sweep (ptxas 13.0): hd64, P^T through shared memory, deterministic,
+        # dq_split 'rows', dkv_store 'tma' spilled 1 register with the sequence's offsets beside
+        # the per-element dS^T store addresses; the dense sweep found 'sts' marginal at this tile too.
+        out.append(Violation("registers", "varlen at tile_m 128 with the per-element dS^T stores spills "
+                             "(use ds_store 'stmatrix')"))
     # A sliding window (issue 18) holds mask limits through the mainloop as causal does.
     windowed = getattr(problem, "window_left", -1) >= 0 or getattr(problem, "window_right", -1) >= 0
     masked = "causal" if problem.causal else "a sliding window"

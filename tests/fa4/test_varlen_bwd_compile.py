@@ -38,6 +38,8 @@ CASES = [
     pytest.param("bf16", 64, True, False, True, {}, False, dict(dq_accum="red_v2"), id="bf16-hd64-causal-det-red_v2"),
     pytest.param("bf16", 128, True, False, False, {}, True, dict(dkv_store="direct"), id="bf16-hd128-causal-direct"),
     pytest.param("bf16", 256, True, False, False, {}, False, None, id="bf16-hd256-causal-split"),
+    pytest.param("bf16", 96, True, True, False, {}, True, None, id="bf16-hd96-causal-gqa-seqused"),
+    pytest.param("bf16", 192, True, True, False, {}, False, None, id="bf16-hd192-causal-gqa"),
 ]
 
 
@@ -103,6 +105,11 @@ def test_varlen_bwd_keys_and_defaults():
     p = varlen_problem(128, True)
     dense = dataclasses.replace(p, varlen=False, varlen_mean_q=0, varlen_mean_k=0)
     assert default_config(p) == default_config(dense) and default_config(p).dkv_store == "tma"
+    # The one varlen-only refusal (the compile sweep's spill): tile_m 128 with per-element dS^T stores.
+    hd64 = varlen_problem(64, False, det=True)
+    sts = BwdConfigSm90(tile_m=128, stages=1, ds_stages=1, ds_store="sts", dq_split="rows", dv_operand="smem")
+    assert any("varlen at tile_m 128" in v for v in violations(sts, hd64))
+    assert not violations(sts, dataclasses.replace(hd64, varlen=False, varlen_mean_q=0, varlen_mean_k=0))
     # Every default varlen backward config is feasible, GQA or not.
     for hd in (64, 128, 192, 256):
         for gqa in (False, True):
