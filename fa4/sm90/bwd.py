@@ -63,8 +63,7 @@ from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
 from fa4.common.tma import seq_tiles
-from fa4.sm90.bwd_compile import SEQ_PAD
-from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
+from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view, make_dq_mma
 
 # Row statistics (LSE, D) read into registers before the GEMM waits, per thread and step.

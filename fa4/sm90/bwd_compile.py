@@ -11,12 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fa4.knobs import compile_time_config
-from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.bwd_config import SEQ_PAD, BwdConfigSm90
 from fa4.sm90.compile import DTYPES, ensure_target
 
-# Sequence padding of the fp32 side buffers (LSE, D, dQ/dK/dV accumulators): a multiple of
-# every tile size, so the main kernel reads and reduces whole tiles without bounds checks.
-SEQ_PAD = 128
 
 
 @dataclass(frozen=True)

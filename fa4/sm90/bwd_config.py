@@ -49,6 +49,10 @@ PATH_OVERHEAD = {"bulk": 24, "red_v2": 56, "red": 56}
 # (fa4.common.regs.reg_split_violation; a CPU test checks both kernels' splits).
 REG_SPLIT = (240, 24)
 SMEM_RESERVED = 2048
+# Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
+# each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
+# whole tiles without bounds checks.
+SEQ_PAD = 128
 
 
 @dataclass(frozen=True)

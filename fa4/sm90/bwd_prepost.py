@@ -1,6 +1,6 @@
 """Pre- and postprocess kernels of the Hopper backward.
 
-Preprocess, per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PAD):
+Preprocess, per query row (rows padded to fa4.sm90.bwd_config.SEQ_PAD):
   D[row]     = sum_d dO[row, d] * O[row, d] - dLSE[row] (fp32; 0 on padded rows). The dLSE term
                is the gradient through the returned LSE (when the loss uses it): dLSE/dS = P,
                so dS = P * (dP - D) takes it in D (a variant compiled with has_dlse).
@@ -32,7 +32,7 @@ from cutlass import Float32
 
 from fa4.common import varlen as vlen
 from fa4.common.constants import LOG2_E
-from fa4.sm90.bwd_compile import SEQ_PAD
+from fa4.sm90.bwd_config import SEQ_PAD
 
 ROWS_PER_CTA = 128
 # A varlen sequence's padded region is whole SEQ_PAD tiles; the preprocess writes whole CTA tiles in it.
