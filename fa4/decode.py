@@ -246,12 +246,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
     """The reference's variable-length entry, its names and positional order.
 
     Built: packed sequences, q (total_q, Hq, D) with ``cu_seqlens_q``/``cu_seqlens_k`` (and
-    ``seqused_q``/``seqused_k``), causal/window/softcap/sinks, forward only (fa4.varlen; a call
-    that needs a gradient raises NotImplementedError); and the paged-decode spelling, q (B, Sq,
+    ``seqused_q``/``seqused_k``), causal/window/softcap/sinks, forward and backward (fa4.varlen:
+    gradients of q, k, v, the sink and through the returned LSE; ``deterministic`` gives bitwise
+    reproducible ones); and the paged-decode spelling, q (B, Sq,
     Hq, D) with ``page_table`` and ``seqused_k`` (= cache_seqlens), k/v the paged (or per-sequence)
     cache; same defaults as the reference (num_splits=1). Not built (NotImplementedError): window,
-    softcap, sinks or seqused_q on the decode path. ``deterministic`` concerns a backward, which
-    neither path has yet."""
+    softcap, sinks or seqused_q on the decode path."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None or q.dim() != 4:
         # Packed sequences (fa4.varlen), forward only.
         if page_table is not None:
@@ -266,7 +266,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
         from fa4.varlen import varlen_forward
 
         return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-                              softmax_scale, causal, window_size, softcap, learnable_sink, return_lse)
+                              softmax_scale, causal, window_size, softcap, learnable_sink, return_lse,
+                              deterministic=deterministic)
     given = sorted(k_ for k_, v_ in unsupported.items() if v_ is not None)
     given += [n for n, v_, off in (("seqused_q", seqused_q, None), ("window_size", tuple(window_size), (None, None)),
                                    ("learnable_sink", learnable_sink, None), ("softcap", softcap or 0.0, 0.0))

@@ -5,7 +5,10 @@ int32 on the device give their row offsets, max_seqlen_q/k (host ints) bound the
 seqused_q/k (B,) optionally the rows used of each. The kernel is the dense forward compiled with
 ``varlen`` (fa4.sm90.fwd): the packed tensors go in as a batch of one, the grid is
 ceil(max_seqlen_q / tile_m) x heads x B. LSE comes back as (Hq, total_q), the reference's varlen
-shape. Forward only: a call that needs a gradient raises (never a wrong gradient).
+shape. With a gradient required (q, k, v or the sink), the call goes through an autograd
+Function whose backward is the varlen backward (fa4.sm90.bwd_launch.launch_bwd_varlen), the
+returned LSE's gradient and the sink's included; its config is resolved at the forward call (an
+infeasible one fails there), from the backward Problem of the same packed batch.
 
 Nothing here reads cu_seqlens on the host (no sync); the Problem that picks the config is the
 varlen one (fa4.problem: B sequences, the longest lengths, the mean lengths total / B), whose
@@ -101,14 +104,25 @@ def validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, se
 
 def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None, seqused_k=None,
                    softmax_scale=None, causal=False, window_size=(None, None), softcap=0.0, learnable_sink=None,
-                   return_lse=False, config=None, out=None):
+                   return_lse=False, config=None, out=None, deterministic=False, bwd_config=None):
     """Packed-sequence forward; returns ``out`` (total_q, Hq, Dv) or ``(out, lse)``, lse (Hq, total_q)
     fp32 natural log. Rows past a sequence's used length (seqused_q) are zeros (in a given ``out``,
-    a contiguous (total_q, Hq, Dv) tensor of q's dtype, they are left as they were)."""
+    a contiguous (total_q, Hq, Dv) tensor of q's dtype, they are left as they were). Differentiable
+    in q, k, v and learnable_sink (``deterministic``: bitwise-reproducible gradients)."""
     grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (q, k, v, learnable_sink))
     if grad:
-        raise NotImplementedError("varlen backward not built yet")
+        if out is not None:
+            raise ValueError("out= is for calls without gradients (autograd needs the output it returns)")
+        return _with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                          softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, config,
+                          deterministic, bwd_config)
+    return _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                    softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, config, out)
+
+
+def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
+             causal, window_size, softcap, learnable_sink, return_lse, config, out):
     b = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                  require_cuda=False)
     feat = features.normalize(q.unsqueeze(0), causal, window_size, learnable_sink, softcap)
@@ -147,10 +161,8 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     if return_lse:
         lse = (torch.full((hq, total_q), -math.inf, device=q.device, dtype=torch.float32) if seqused_q is not None
                else torch.empty(hq, total_q, device=q.device, dtype=torch.float32))
-    # The kernel takes the int32 vectors from 16-byte aligned bases (a slice like cu[1:] is not).
     cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = (
-        t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (cu_seqlens_q, cu_seqlens_k, seqused_q,
-                                                                          seqused_k))
+        _aligned(t) for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k))
     cap = feat.softcap
     scale_log2, softcap_scale = (cap * LOG2_E, softmax_scale / cap) if cap else (softmax_scale * LOG2_E, 1.0)
     fn_, runtime = fn
@@ -159,6 +171,89 @@ def varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
             None if lse is None else lse.unsqueeze(0), feat.sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
             scale_log2, softcap_scale, feat.window_left, feat.window_right, max_seqlen_q, *runtime)
     return (out, lse) if return_lse else out
+
+
+def _aligned(t):
+    # The kernels take the int32 vectors from 16-byte aligned bases (a slice like cu[1:] is not).
+    return t if t is None or t.data_ptr() % 16 == 0 else t.clone()
+
+
+def bwd_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic):
+    """The backward Problem of a packed call (problem_of's, pass_ 'bwd')."""
+    import dataclasses
+
+    return dataclasses.replace(problem_of(q, k, v, b, max_seqlen_q, max_seqlen_k, feat), pass_="bwd",
+                               deterministic=bool(deterministic))
+
+
+def _with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
+               causal, window_size, softcap, learnable_sink, return_lse, config, deterministic, bwd_config):
+    from fa4.launch import check_bwd_args
+    from fa4.lookup import resolve_config
+    from fa4.tensors import check_bwd_head_dims
+
+    check_bwd_args(deterministic, bwd_config)
+    b = validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                 require_cuda=False)
+    feat = features.normalize(q.unsqueeze(0), causal, window_size, learnable_sink, softcap)
+    check_bwd_head_dims(q.unsqueeze(0), v.unsqueeze(0))
+    resolved = None
+    if b > 0 and q.shape[0] > 0 and max_seqlen_q > 0:
+        # Work to launch (an empty batch answers zeros without a kernel, on any device).
+        if not _on_cuda(q):
+            raise ValueError(f"q is on {q.device}; fa4 kernels run on CUDA devices only")
+        problem = bwd_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic)
+        resolved = resolve_config(problem, arch_of(q.device), bwd_config)[1]
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[2])
+    o, lse = _VarlenFunc.apply(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               seqused_q, seqused_k, float(softmax_scale), feat, config, bool(deterministic),
+                               resolved)
+    return (o, lse) if return_lse else o
+
+
+class _VarlenFunc(torch.autograd.Function):
+    """Packed forward with the varlen backward (fa4.sm90.bwd_launch.launch_bwd_varlen)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, feat, config, deterministic,
+                bwd_config):
+        window = tuple(None if w < 0 else w for w in (feat.window_left, feat.window_right))
+        o, lse = _forward(q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, feat.causal, window,
+                          feat.softcap, sink, True, config, None)
+        # The LSE is differentiable (its gradient enters D in the preprocess); a gradient the loss
+        # does not give arrives as None.
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(q, k, v, o, lse, sink, *(_aligned(t) for t in (cu_q, cu_k, used_q, used_k)))
+        ctx.args = (max_q, max_k, scale, feat.causal, deterministic, bwd_config, feat.window_left, feat.window_right,
+                    feat.softcap)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        from fa4.sm90.bwd_launch import launch_bwd_varlen
+
+        q, k, v, o, lse, sink, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+        none = (None,) * 11
+        if dout is None and dlse is None:
+            return (None, None, None, None) + none
+        max_q, max_k, scale, causal, deterministic, config, wl, wr, cap = ctx.args
+        if dout is None:  # only the LSE is in the loss
+            dout = torch.zeros_like(o)
+        elif not _tma_ready(dout):
+            dout = dout.contiguous()
+        grads = launch_bwd_varlen(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, causal,
+                                  deterministic, config, dlse=dlse, window_left=wl, window_right=wr, softcap=cap,
+                                  sink=sink)
+        dsink = grads[3] if sink is not None else None
+        return (grads[0], grads[1], grads[2], dsink) + none
+
+
+def _tma_ready(t) -> bool:
+    # dO's TMA loads: unit inner stride, other strides non-zero multiples of 16 bytes, aligned base.
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
 def problem_of(q, k, v, b, max_seqlen_q, max_seqlen_k, feat):

@@ -18,12 +18,15 @@ def seq_info(vl, batch, seqlen_q, seqlen_k):
     offsets are 0 and the lengths the given ones."""
     if vl is None:
         return 0, 0, seqlen_q, seqlen_k
-    cu_q, cu_k, used_q, used_k = vl[0], vl[1], vl[2], vl[3]
-    off_q = cu_q[batch]
-    off_k = cu_k[batch]
-    len_q = used_q[batch] if used_q is not None else cu_q[batch + 1] - off_q
-    len_k = used_k[batch] if used_k is not None else cu_k[batch + 1] - off_k
+    off_q, len_q = seq_rows(vl[0], vl[2], batch)
+    off_k, len_k = seq_rows(vl[1], vl[3], batch)
     return off_q, off_k, len_q, len_k
+
+
+def seq_rows(cu, used, batch):
+    """(offset, length) of sequence ``batch`` along one packed axis: cu_seqlens and seqused (or None)."""
+    off = cu[batch]
+    return off, (used[batch] if used is not None else cu[batch + 1] - off)
 
 
 @cute.jit
@@ -44,3 +47,20 @@ def store_rows(
     for i in cutlass.range_constexpr(cute.size(rO)):
         if tOcO[i][0] < rows_left:
             tOgO[i] = rO[i]
+
+
+# The backward's fp32 side buffers (LSE * log2 e, D, the dQ and GQA dK/dV accumulators) give each
+# sequence a region of whole PAD-row tiles: the main kernel loads and reduces whole tiles there
+# (a dQ tile is one linear run in fragment order, which cannot start mid-tile), and a tile of one
+# sequence never overlaps the next one's.
+def padded_offset(offset, batch, pad: int):
+    """First row of sequence ``batch``'s region in a padded side buffer: its packed offset plus
+    ``pad`` rows per earlier sequence, rounded down to a tile. Regions do not overlap: the next
+    one starts at least ceil(len / pad) tiles later (kernel and host alike: Int32 or int)."""
+    return (offset + batch * pad) // pad * pad
+
+
+def padded_total(total: int, batch: int, pad: int) -> int:
+    """Rows of a padded side buffer for ``batch`` sequences of ``total`` packed rows: the end of
+    the last region is at most padded_offset(total, batch, pad)."""
+    return (total + batch * pad) // pad * pad

@@ -80,8 +80,8 @@ def attention_forward(
     varlen = all(kwargs.get(n) is not None for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"))
     padded = attention_mask is not None and not bool(attention_mask.all())
     if varlen or padded or _packed(kwargs.get("position_ids"), batch):
-        # Padded batches (an attention mask with zeros) and packed sequences: until fa4's packed
-        # varlen kernel is built, flash_attn_varlen_func says so (NotImplementedError).
+        # Padded batches (an attention mask with zeros) and packed sequences: fa4's packed varlen
+        # kernels, forward and backward (flash_attn_varlen_func).
         return _varlen(module, query, key, value, attention_mask, scaling, sliding_window, softcap, is_causal,
                        s_aux, kwargs)
     causal = bool(module.is_causal if is_causal is None else is_causal)

@@ -63,28 +63,19 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd
-from fa4.sm90 import bwd_split
+from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd, varlen
+from fa4.sm90 import bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import opaque
 from fa4.common.tma import seq_tiles
-from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, THREADS_PER_WG, BwdConfigSm90
-from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view, make_dq_mma
+from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
+# The named barrier ids live beside the dQ paths (fa4.sm90.bwd_dq).
+from fa4.sm90.bwd_dq import BAR_DQ_EMPTY, BAR_DQ_FULL, BAR_DS_FREE, BAR_DS_FULL, BAR_P, BAR_SEM, NUM_CONSUMER_THREADS
+from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 
 # Row statistics (LSE, D) read into registers before the GEMM waits, per thread and step.
 STAT_PREFETCH = 16
-# Named barrier ids (0 is __syncthreads).
-BAR_DS_FREE = 1  # 256 consumers: both dQ GEMMs have finished reading sdS (ds_stages 1 only)
-BAR_DS_FULL = 2  # 256 consumers: both halves of dS^T are in sdS
-BAR_SEM = 3  # 256 consumers: semaphore turn acquired / all adds issued
-# dQ hand-off, per step parity p (two writer warps take turns) and consumer warpgroup w:
-BAR_DQ_FULL = 4  # 4 + 2p + w: warpgroup w's dQ chunk is in sdQ -> writer warp p
-BAR_DQ_EMPTY = 8  # 8 + 2p + w: the reduction of the previous step has read sdQ -> warpgroup w
-BAR_P = 12  # 12..13: one consumer warpgroup's P^T rows are in sP (dv_operand 'smem')
-BAR_EPI = 14  # 256 consumers: sK/sV free for the dK/dV tiles, then the tiles written (dkv_store 'tma')
-NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
-NUM_DQ_SYNC_THREADS = THREADS_PER_WG + 32
 
 
 def transpose_view(t: cute.Tensor) -> cute.Tensor:
@@ -94,11 +85,15 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
 
 
-class FlashBwdSm90(bwd_split.DkvSplitSteps):
+class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAccumSteps):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
                  head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
-                 has_softcap: bool = False, has_sink: bool = False):
+                 has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
         self.dtype = dtype
+        # Packed variable-length sequences (compile-time): the packed tensors come as a batch of
+        # one, a CTA is (key tile, head, sequence) and reads its sequence's offsets and lengths
+        # (fa4.common.varlen); the fp32 side buffers give each sequence whole padded tiles.
+        self.varlen = varlen
         # Issue 18's features. Sliding window: the bounds of fa4.common.masking_range (causal is
         # right = 0; the host folds a window right bound into it). Softcap: t = tanh recomputed on
         # S^T, dS^T = P^T (dP^T - D)(1 - t^2) (fa4.common.softcap_bwd). A learnable sink needs
@@ -155,12 +150,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
+        mCuSeqlensQ: cute.Tensor,  # varlen: (B+1,) int32 row offsets of the sequences in q, else None
+        mCuSeqlensK: cute.Tensor,  # varlen: (B+1,) int32 in k/v, else None
+        mSeqUsedQ: cute.Tensor,  # varlen: (B,) int32 rows used per sequence, or None
+        mSeqUsedK: cute.Tensor,  # varlen: (B,) int32 keys used per sequence, or None
         scale_log2: Float32,  # softmax_scale * log2(e)
         scale: Float32,  # softmax_scale
         window_left: Int32,  # has_window_left: keys j >= i + seqlen_k - seqlen_q - window_left
         window_right: Int32,  # has_window_right: keys j <= i + seqlen_k - seqlen_q + window_right
         softcap_inv: Float32,  # has_softcap: softmax_scale / softcap
         softcap_log2: Float32,  # has_softcap: softcap * log2(e)
+        max_seqlen_k: Int32,  # varlen: the longest sequence's keys (the grid's key-tile extent); else unused
         # The runtime knobs, in their declaration order (fa4.knobs.runtime_args).
         spt: Int32,
         head_swizzle: Int32,
@@ -250,6 +250,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         self.shared_storage = SharedStorage
 
         tma_dk = tma_dv = None
+        # Varlen with dkv_store 'tma': a sequence's last, partial key tile leaves by predicated
+        # stores from these (a TMA box would write into the next sequence's rows).
+        mdK_rows = mdV_rows = None
+        if cutlass.const_expr(self.dkv_tma and self.varlen):
+            mdK_rows, mdV_rows = mdK, mdV
         if cutlass.const_expr(self.dkv_tma):
             # dK/dV leave from the K/V shared tiles (same shape, same swizzle) as TMA stores; the
             # store clips the rows past seqlen_k.
@@ -260,14 +265,21 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             tma_dv, mdV = cpasync.make_tiled_tma_atom(s2g, mdV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, dv))
 
         seqlen_k = mK.shape[0]
+        num_heads = mQ.shape[2]
         # One CTA per (key tile, head, batch): query heads, or K/V heads with gqa_reduce 'loop'.
-        num_bh = (mK.shape[2] if self.gqa_loop else mQ.shape[2]) * mQ.shape[3]
+        num_bh = (mK.shape[2] if self.gqa_loop else num_heads) * mQ.shape[3]
+        if cutlass.const_expr(self.varlen):
+            # Key tiles of the longest sequence x heads x sequences (k is one packed batch; never
+            # with gqa_reduce 'loop': violations() refuses the pair).
+            seqlen_k = max_seqlen_k
+            num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
         self.kernel(
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
             scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, head_swizzle, spt,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k, mdK_rows, mdV_rows,
         ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
@@ -326,14 +338,24 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         softcap_log2: Float32,
         head_swizzle: Int32,
         spt: Int32,
+        mCuSeqlensQ: cute.Tensor,
+        mCuSeqlensK: cute.Tensor,
+        mSeqUsedQ: cute.Tensor,
+        mSeqUsedK: cute.Tensor,
+        max_seqlen_k: Int32,
+        mdK_rows: cute.Tensor,  # varlen with dkv_store 'tma': mdK as given (the partial tiles' stores), else None
+        mdV_rows: cute.Tensor,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         win = (window_left, window_right)
+        vl = None
+        if cutlass.const_expr(self.varlen):
+            vl = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k)
         bidx, _, _ = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
 
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)  # (m, d, stages)
         sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
@@ -366,21 +388,43 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
+        roles = (
+            sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
+            tma_dsum, mDsum, mdQacc, mdK, mdV, (tma_dk, tma_dv, mdK_rows, mdV_rows), mSemQ, mSemKV,
+            sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
+            scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
+        )
+        if cutlass.const_expr(self.varlen):
+            # A key tile past its sequence's keys (a shorter sequence than the longest, or an empty
+            # one) exits here, every thread of the CTA alike: no load, no GEMM, no store, no turn.
+            n_block, _, _, _, _, _, _, _, _, _, seq = self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
+            if n_block * self.tile_n < seq[3]:
+                self.roles(*roles)
+        else:
+            self.roles(*roles)
+
+    @cute.jit
+    def roles(
+        self, sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
+        tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dkv, mSemQ, mSemKV,
+        sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
+        scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
+    ):
+        """The warp roles of the CTA: the producer warp's loads, the dQ writer warps, the consumers."""
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.regs_producer)
             # Tile coordinates are derived after the register split in each branch, so that
             # nothing computed before it stays live into the register-bound consumers.
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, _, _, m_end = (
-                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win)
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, _, _, m_end, seq = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
             )
+            seqlen_q, seqlen_k = seq[2], seq[3]
             if warp_idx == 0:
                 self.producer(
                     tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
                     sQ, sdO, sK, sV, sLSE, sDsum,
                     pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
-                    self.heads_walked(qhead_per_kvhead),
+                    self.heads_walked(qhead_per_kvhead), seq,
                 )
             if cutlass.const_expr(self.dq_bulk):
                 # Two writer warps take alternate steps: one waits for its reduction to complete
@@ -388,34 +432,40 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 if warp_idx == 1:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), 0,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), seq, 0,
                     )
                 if warp_idx == 2:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), 1,
+                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), seq, 1,
                     )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
             ctid = tidx - THREADS_PER_WG
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end = (
-                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win)
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end, seq = (
+                self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
             )
             self.consumer(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, batch, num_n,
-                (m_start, m_masked_end, m_unmasked_end, m_end), seqlen_q, seqlen_k, scale_log2, scale, spt,
-                (bidx, mQ, mK, head_swizzle), (tma_dk, tma_dv), win, (softcap_inv, softcap_log2),
+                (m_start, m_masked_end, m_unmasked_end, m_end), seq[2], seq[3], scale_log2, scale, spt,
+                (bidx, mQ, mK, head_swizzle, vl), tma_dkv, win, (softcap_inv, softcap_log2), seq,
             )
 
     @cute.jit
-    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt, win):
+    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt, win, vl):
+        """The CTA's (key tile, head, sequence), its query-tile segments and ``seq`` = (offset_q,
+        offset_k, seqlen_q, seqlen_k) of its sequence (offsets 0 and the tensors' lengths dense)."""
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
         num_bh = num_heads * mQ.shape[3]
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        n_extent = seqlen_k
+        if cutlass.const_expr(self.varlen):
+            n_extent = vl[4]
+            num_bh = num_heads * (vl[0].shape[0] - 1)
+        num_n = (n_extent + self.tile_n - 1) // self.tile_n
         qhead_per_kvhead = num_heads // mK.shape[2]
         if cutlass.const_expr(self.gqa_loop):
             # head: the group's first query head; the CTA walks qhead_per_kvhead of them.
@@ -426,20 +476,44 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         else:
             n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
             head_kv = head // qhead_per_kvhead
+        seq = varlen.seq_info(None if vl is None else vl[:4], batch, seqlen_q, seqlen_k)
+        seqlen_q, seqlen_k = seq[2], seq[3]
         m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
             n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
             self.has_window_left, self.has_window_right, *win,
         )
-        return n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end
+        return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
+                seq)
+
+    def acc_rows(self, mAcc, batch, head, offset):
+        """(rows, d) of one (batch, head) of an fp32 side buffer (batch, heads, rows, d); varlen:
+        of sequence ``batch`` (packed ``offset``), its padded region (fa4.common.varlen)."""
+        if cutlass.const_expr(self.varlen):
+            pad = varlen.padded_offset(offset, batch, SEQ_PAD)
+            return cute.domain_offset((pad, 0), mAcc[0, head, None, None])
+        return mAcc[batch, head, None, None]
 
     # ---------------------------------------------------------------- producer
     @cute.jit
     def producer(
         self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
         sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
-        group,
+        group, seq,
     ):
         d = self.head_dim
+        if cutlass.const_expr(self.varlen):
+            # The packed tensors shifted to the sequence's first row (the TMA coordinates), the
+            # row statistics to its padded region: a tile past the sequence's end reads the next
+            # sequence's rows, which the statistics (LSE2 +inf, D 0) and the key mask leave out.
+            off_q, off_k = seq[0], seq[1]
+            pad_q = varlen.padded_offset(off_q, batch, SEQ_PAD)
+            mQ = cute.domain_offset((off_q, 0, 0, 0), mQ)
+            mdO = cute.domain_offset((off_q, 0, 0, 0), mdO)
+            mK = cute.domain_offset((off_k, 0, 0, 0), mK)
+            mV = cute.domain_offset((off_k, 0, 0, 0), mV)
+            mLSE2 = cute.domain_offset((pad_q, 0, 0), mLSE2)
+            mDsum = cute.domain_offset((pad_q, 0, 0), mDsum)
+            batch = 0
         for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
             cpasync.prefetch_descriptor(atom)
         one = cute.make_layout(1)
@@ -487,7 +561,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, sLSE, sDsum, mdQacc, mdK, mdV, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, batch, num_n,
-        m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args,
+        m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args, seq,
     ):
         d, dv = self.head_dim, self.head_dim_v
         m_start, m_masked_end, m_unmasked_end, m_end = m_segments
@@ -568,13 +642,13 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 self.step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                     mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
                 )
             for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
                 self.step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                     mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, False,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
                 )
             if cutlass.const_expr(self.has_window_left):
                 # The window's left bound cuts the key tile from here on.
@@ -582,17 +656,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                     self.step(
                         sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                         mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, True,
+                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
                     )
         # The tile coordinates again, from the block index: recomputing them here is a few
         # integer ops, holding them through the mainloop cost registers the loop needs.
-        bidx, mQ, mK, head_swizzle = coord_args
-        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _ = self.tile_coords(
-            opaque(bidx), mQ, mK, head_swizzle, spt, win
+        bidx, mQ, mK, head_swizzle, vl = coord_args
+        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _, seq = self.tile_coords(
+            opaque(bidx), mQ, mK, head_swizzle, spt, win, vl
         )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, mK.shape[0], scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
+            qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
         )
 
     def dv_out_mma(self, dkv_mma, dv_mma):
@@ -611,7 +685,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     def step(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
         mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head, batch, num_n,
-        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, masked: cutlass.Constexpr,
+        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, masked: cutlass.Constexpr,
     ):
         tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP = frag[:12]
         acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn = accs
@@ -731,123 +805,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
             cute.arch.fence_proxy("async.shared", space="cta")
             self.dq_barrier(BAR_DQ_FULL, i % 2, ctid, False)
         else:
-            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win)
+            self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
-
-    @cute.jit
-    def dq_barrier(self, base: cutlass.Constexpr, parity, ctid, sync: cutlass.Constexpr):
-        """Consumer side of barrier base + 2 parity + warpgroup, with immediate ids: a computed
-        id would hold a register across the mainloop, where the consumers are at their limit."""
-        for p in cutlass.range_constexpr(2):
-            for w in cutlass.range_constexpr(2):
-                if parity == p and ctid // THREADS_PER_WG == w:
-                    if cutlass.const_expr(sync):
-                        cute.arch.barrier(barrier_id=base + 2 * p + w, number_of_threads=NUM_DQ_SYNC_THREADS)
-                    else:
-                        cute.arch.barrier_arrive(barrier_id=base + 2 * p + w, number_of_threads=NUM_DQ_SYNC_THREADS)
-
-    @cute.jit
-    def dq_writer(
-        self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt, win,
-        group, parity: cutlass.Constexpr,
-    ):
-        """One of two writer warps: adds the staged dQ tiles of the steps of its parity (steps
-        counted over the (head, m_block) walk of the CTA, fa4.common.bwd_schedule.group_step)."""
-        nbytes = self.tile_m * self.head_dim * 4
-        # sdQ starts empty (no arrive for an empty range: every arrive must meet a consumer wait).
-        if cutlass.const_expr(parity == 0):
-            if m_start < m_end:
-                for wg in cutlass.range_constexpr(2):
-                    cute.arch.barrier_arrive(barrier_id=BAR_DQ_EMPTY + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
-        # t: the step (gqa_reduce 'loop', over the group's heads) or, one head, the query tile itself.
-        t_start, t_end = m_start + parity, m_end
-        if cutlass.const_expr(self.gqa_loop):
-            t_start, t_end = parity, group * (m_end - m_start)
-        for t in cutlass.range(t_start, t_end, 2, unroll=1):
-            h, m = head, t
-            if cutlass.const_expr(self.gqa_loop):
-                hl, m = bwd_schedule.group_step(t, m_start, m_end)
-                h = head + hl
-            if cutlass.const_expr(self.deterministic):
-                # Take the turn while the consumers are still computing this tile: the lock's
-                # round trip through L2 stays off the path from "dQ staged" to "dQ added".
-                semaphore.wait_turn(
-                    mSemQ[batch, h, None].iterator + m,
-                    self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), lane == 0,
-                )
-            for wg in cutlass.range_constexpr(2):
-                cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * parity + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
-            if lane == 0:
-                if cutlass.const_expr(self.deterministic):
-                    # The previous turn's adds were made by the async proxy: order ours after them.
-                    cute.arch.fence_proxy("async.global")
-                gdQ = cute.local_tile(mdQacc[batch, h, None, None], (self.tile_m, self.head_dim), (m, 0))
-                # Both warpgroups' chunks: one contiguous tile in fragment order.
-                semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
-                cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.sync_warp()
-            # sdQ may be refilled for the next step (the other parity). No arrive after the last
-            # tile: every arrive must meet a consumer wait.
-            if t + 1 < t_end:
-                for wg in cutlass.range_constexpr(2):
-                    cute.arch.barrier_arrive(
-                        barrier_id=BAR_DQ_EMPTY + 2 * (1 - parity) + wg, number_of_threads=NUM_DQ_SYNC_THREADS
-                    )
-            if cutlass.const_expr(self.deterministic):
-                if lane == 0:
-                    # The next turn may only start once our adds are performed, not just read.
-                    cute.arch.cp_async_bulk_wait_group(0, read=False)
-                    cute.arch.fence_proxy("async.global")
-                semaphore.pass_turn(mSemQ[batch, h, None].iterator + m, lane == 0)
-        if lane == 0:
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-
-    @cute.jit
-    def add_dq(self, acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win):
-        gdQ = cute.local_tile(mdQacc[batch, head, None, None], (self.tile_m, self.head_dim), (m, 0))
-        # This thread's values in the tile's fragment order (the accumulator's layout): value
-        # (a, b) of the (4, F/4) register view lies at thread_base + a + 512 b.
-        lay = dq_frag_layout(self.tile_m, self.head_dim)
-        # Element offsets inside a thread's part: the value modes' strides of the same layout.
-        (_, _), ((s_a, s_b), _) = dq_frag_shape_stride(self.tile_m, self.head_dim)
-        base = gdQ.iterator + cute.crd2idx(((0, 0), ctid), lay)
-        r = dq_frag_view(acc_dQ)
-        if cutlass.const_expr(self.deterministic):
-            sem = mSemQ[batch, head, None].iterator + m
-            semaphore.wait_turn(sem, self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), ctid == 0)
-            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-        for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
-            if cutlass.const_expr(self.red_v2):
-                for a in cutlass.range_constexpr(2):
-                    semaphore.red_add_f32x2(base + (2 * a * s_a + b * s_b), r[2 * a, b], r[2 * a + 1, b])
-            else:
-                for a in cutlass.range_constexpr(4):
-                    semaphore.red_add_f32(base + (a * s_a + b * s_b), r[a, b])
-        if cutlass.const_expr(self.deterministic):
-            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)
-
-    def turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt, win):
-        return bwd_schedule.dq_turn(m, n_block, self.tile_m, self.tile_n, num_n, seqlen_q, seqlen_k, self.causal, spt,
-                                    self.has_window_left, self.has_window_right, *win)
-
-    @cute.jit
-    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):
-        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions."""
-        nrow = cute.size(r_mn, mode=[0])
-        ncol = cute.size(r_mn, mode=[1])
-        base = g_mn.iterator
-        for r in cutlass.range_constexpr(nrow):
-            if cutlass.const_expr(v2):
-                # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
-                for c in cutlass.range_constexpr(ncol // 2):
-                    off = cute.crd2idx((r, 2 * c), g_mn.layout)
-                    semaphore.red_add_f32x2(base + off, r_mn[r, 2 * c], r_mn[r, 2 * c + 1])
-            else:
-                for c in cutlass.range_constexpr(ncol):
-                    semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
 
     @cute.jit
     def apply_mask_t(self, s_mn, c0_mn, limits, q_base):
@@ -877,16 +837,18 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
     @cute.jit
     def epilogue(
         self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-        qhead_per_kvhead, seqlen_k, scale, sK, sV, tma_dkv, dv_out,
+        qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, dv_out,
     ):
         d, dv = self.head_dim, self.head_dim_v
+        off_k, seqlen_k = seq[1], seq[3]
         dv_mma, dv_thr = dv_out  # dV's accumulator partition (dK's own where the shapes agree)
         for i in cutlass.range_constexpr(cute.size(acc_dK)):
             acc_dK[i] = acc_dK[i] * scale
         if cutlass.const_expr(self.gqa_atomic):
             # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
-            gdK = cute.local_tile(mdK[batch, head_kv, None, None], (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[batch, head_kv, None, None], (self.tile_n, dv), (n_block, 0))
+            # Varlen: the sequence's padded region (its tiles' rows past seqlen_k add zeros there).
+            gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
             if cutlass.const_expr(self.deterministic):
                 sem = mSemKV[batch, head_kv, None].iterator + n_block
                 semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
@@ -897,71 +859,22 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
                 semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
         elif cutlass.const_expr(self.dkv_tma):
-            self.store_dkv_tma(
-                dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
-            )
-        else:
-            # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped.
-            gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, dv), (n_block, 0))
-            cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
-            tcD = dkv_thr.partition_C(cD)
-            tdKg = dkv_thr.partition_C(gdK)
-            tdVg = dv_thr.partition_C(gdV)
-            rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-            rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-            rdK.store(acc_dK.load().to(self.dtype))
-            rdV.store(acc_dV.load().to(self.dtype))
-            if cutlass.const_expr(dv == d):
-                for i in cutlass.range_constexpr(cute.size(rdK)):
-                    if tcD[i][0] < seqlen_k:
-                        tdKg[i] = rdK[i]
-                        tdVg[i] = rdV[i]
+            if cutlass.const_expr(self.varlen):
+                # Whole key tiles of the sequence by TMA at its offset; its last, partial tile by
+                # predicated stores (the box would run into the next sequence's rows).
+                if (n_block + 1) * self.tile_n <= seqlen_k:
+                    self.store_dkv_tma(
+                        dkv_mma, acc_dK, acc_dV, cute.domain_offset((off_k, 0, 0, 0), mdK),
+                        cute.domain_offset((off_k, 0, 0, 0), mdV), sK, sV, tma_dkv, ctid, n_block, head_kv, 0, dv_mma,
+                    )
+                else:
+                    self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, tma_dkv[2], tma_dkv[3], n_block, head_kv,
+                                        batch, seq)
             else:
-                tcDv = dv_thr.partition_C(
-                    cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
+                self.store_dkv_tma(
+                    dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
                 )
-                for i in cutlass.range_constexpr(cute.size(rdK)):
-                    if tcD[i][0] < seqlen_k:
-                        tdKg[i] = rdK[i]
-                for i in cutlass.range_constexpr(cute.size(rdV)):
-                    if tcDv[i][0] < seqlen_k:
-                        tdVg[i] = rdV[i]
-
-    @cute.jit
-    def store_dkv_tma(self, dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma):
-        """dK/dV through the K/V shared tiles and one TMA store each (dkv_store 'tma')."""
-        tma_dk, tma_dv = tma_dkv
-        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
-        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
-        rdK.store(acc_dK.load().to(self.dtype))
-        rdV.store(acc_dV.load().to(self.dtype))
-        # Both consumers' last GEMMs read sK and sV (dQ = dS K reads every key row): both must be
-        # done before either overwrites them.
-        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
-        # A thread's accumulator holds two adjacent head_dim columns of a key row per 8x8 block:
-        # the stmatrix register order, 16-byte rows of the K-major tile.
-        st = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dkv_mma
-        )
-        st_thr = st.get_slice(ctid)
-        cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
-        if cutlass.const_expr(dv_mma is not dkv_mma):
-            st = cute.make_tiled_copy_C(
-                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dv_mma
-            )
-            st_thr = st.get_slice(ctid)
-        cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
-        # Generic-proxy stores, read by the TMA engine (async proxy).
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
-        if ctid == 0:
-            tKs, tKg = seq_tiles(tma_dk, mdK, sK, (self.tile_n, self.head_dim), head_kv, batch)
-            tVs, tVg = seq_tiles(tma_dv, mdV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
-            cute.copy(tma_dk, tKs[None, 0], tKg[None, n_block])
-            cute.copy(tma_dv, tVs[None, 0], tVg[None, n_block])
-            cute.arch.cp_async_bulk_commit_group()
-            # Shared memory must stay valid until the engine has read it (the CTA exits next).
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        else:
+            self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq)
 
     # ---------------------------------------------------------------- helpers

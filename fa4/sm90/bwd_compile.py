@@ -11,12 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fa4.knobs import compile_time_config
-from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.bwd_config import SEQ_PAD, BwdConfigSm90
 from fa4.sm90.compile import DTYPES, ensure_target
 
-# Sequence padding of the fp32 side buffers (LSE, D, dQ/dK/dV accumulators): a multiple of
-# every tile size, so the main kernel reads and reduces whole tiles without bounds checks.
-SEQ_PAD = 128
 
 
 @dataclass(frozen=True)
@@ -35,6 +32,10 @@ class BwdKernelKey:
     has_window_right: bool = False
     has_softcap: bool = False
     has_sink: bool = False
+    # Packed variable-length sequences (cu_seqlens), and whether seqused_q / seqused_k are given.
+    varlen: bool = False
+    seqused_q: bool = False
+    seqused_k: bool = False
 
     @property
     def dv(self) -> int:
@@ -43,12 +44,16 @@ class BwdKernelKey:
 
 def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, deterministic: bool,
                 config: BwdConfigSm90, head_dim_v: int | None = None, has_window_left: bool = False,
-                has_window_right: bool = False, has_softcap: bool = False, has_sink: bool = False) -> BwdKernelKey:
+                has_window_right: bool = False, has_softcap: bool = False, has_sink: bool = False,
+                varlen: bool = False, seqused_q: bool = False, seqused_k: bool = False) -> BwdKernelKey:
     base = compile_time_config(config)
     # One key per kernel: head_dim_v == head_dim is stored as 0 (the keys of before it existed).
     hdv = 0 if head_dim_v in (None, head_dim) else head_dim_v
+    if (seqused_q or seqused_k) and not varlen:
+        raise ValueError("seqused_q/seqused_k belong to varlen kernels")
     return BwdKernelKey(dtype, head_dim, causal, gqa, deterministic, base, hdv, bool(has_window_left),
-                        bool(has_window_right) and not causal, bool(has_softcap), bool(has_sink))
+                        bool(has_window_right) and not causal, bool(has_softcap), bool(has_sink), bool(varlen),
+                        bool(seqused_q), bool(seqused_k))
 
 
 def padded(seqlen: int) -> int:
@@ -112,18 +117,32 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and atomic else None
     kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config, head_dim_v=dv,
                           has_window_left=key.has_window_left, has_window_right=key.has_window_right,
-                          has_softcap=key.has_softcap, has_sink=key.has_sink)
+                          has_softcap=key.has_softcap, has_sink=key.has_sink, varlen=key.varlen)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     i32 = cutlass.Int32
+    cu_q, cu_k, used_q, used_k = _varlen_fakes(key.varlen, key.seqused_q, key.seqused_k)
     return cute.compile(
-        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv_, sem_q, sem_kv,
-        f32(1.0), f32(1.0), i32(0), i32(0), f32(0.0), f32(0.0), i32(1), i32(1), stream,
+        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv_, sem_q, sem_kv, cu_q, cu_k, used_q, used_k,
+        # scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, max_seqlen_k, the
+        # runtime knobs.
+        f32(1.0), f32(1.0), i32(0), i32(0), f32(0.0), f32(0.0), i32(0), i32(1), i32(1), stream,
         options=_opts(options),
     )
 
 
+def _varlen_fakes(varlen: bool, seqused_q: bool = False, seqused_k: bool = False):
+    """(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) fakes: (B+1,) / (B,) int32 on the device,
+    16-byte aligned bases (the host clones a misaligned one), None where not given."""
+    import cutlass
+
+    def vec(on):
+        return _fake(cutlass.Int32, (None,), tma=False) if on else None
+
+    return vec(varlen), vec(varlen), vec(seqused_q), vec(seqused_k)
+
+
 def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None,
-                    has_dlse: bool = False):
+                    has_dlse: bool = False, varlen: bool = False, seqused: bool = False):
     """D from O and dO (head_dim_v wide; minus the LSE's gradient with has_dlse), the zeroed dQ
     accumulator (head_dim wide)."""
     ensure_target()
@@ -143,11 +162,13 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
     dqacc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
     dlse = _fake(f32, (None, None, None), tma=False) if has_dlse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse), o, do, lse, lse2, dsum, dqacc, dlse, stream,
-                        options=_opts(options))
+    cu, _, used, _ = _varlen_fakes(varlen, seqused)
+    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse, varlen), o, do, lse, lse2, dsum, dqacc, dlse, cu,
+                        used, cutlass.Int32(0), stream, options=_opts(options))
 
 
-def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"):
+def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", varlen: bool = False,
+                     seqused: bool = False):
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -159,11 +180,14 @@ def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi
     acc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
     out = _fake(dt, (None, None, None, head_dim))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(BwdPostprocess(dt, head_dim), acc, out, f32(1.0), stream, options=_opts(options))
+    cu, _, used, _ = _varlen_fakes(varlen, seqused)
+    return cute.compile(BwdPostprocess(dt, head_dim, varlen), acc, out, f32(1.0), cu, used, cutlass.Int32(0), stream,
+                        options=_opts(options))
 
 
 def compile_bwd_post_dq(
-    dtype: str, head_dim: int, tile_m: int, dq_split: str = "head_dim", options: str = "--enable-tvm-ffi"
+    dtype: str, head_dim: int, tile_m: int, dq_split: str = "head_dim", options: str = "--enable-tvm-ffi",
+    varlen: bool = False, seqused: bool = False,
 ):
     """dQ postprocess: reads the fragment-ordered accumulator of a main kernel with this tile_m and dq_split."""
     ensure_target()
@@ -178,6 +202,8 @@ def compile_bwd_post_dq(
     # dQ is allocated like Q, whose strides the main kernel's TMA already requires in 16-byte units.
     out = _fake(dt, (None, None, None, head_dim))
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    cu, _, used, _ = _varlen_fakes(varlen, seqused)
     return cute.compile(
-        BwdPostprocessDq(dt, head_dim, tile_m, dq_split), acc, out, f32(1.0), stream, options=_opts(options)
+        BwdPostprocessDq(dt, head_dim, tile_m, dq_split, varlen), acc, out, f32(1.0), cu, used, cutlass.Int32(0),
+        stream, options=_opts(options),
     )

@@ -56,6 +56,10 @@ SMEM_RESERVED = 2048
 # 'atomic' there (more, shorter CTAs). A prediction until bench/device_s10_gqaloop.sh has measured
 # both at the issue's shapes (Qwen2.5-7B 4k B2 KV4, 256 CTAs, falls just under it).
 GQA_LOOP_MIN_CTAS = 2 * 132
+# Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
+# each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
+# whole tiles without bounds checks.
+SEQ_PAD = 128
 
 
 @dataclass(frozen=True)
@@ -266,6 +270,16 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
         if why:
             out.append(Violation("registers", f"tile_m 128: {why} spills at this tile"))
+    if getattr(problem, "varlen", False) and config.gqa_reduce == "loop":
+        # A 'loop' CTA walks a group's heads over one (key tile, K/V head, batch); the varlen
+        # kernel's CTA is (key tile, head, sequence) with per-sequence offsets: not built together.
+        out.append(Violation("knob combination", "gqa_reduce 'loop' with varlen: not built (varlen takes 'atomic')"))
+    if getattr(problem, "varlen", False) and config.tile_m == 128 and config.ds_store == "sts":
+        # The varlen compile sweep (ptxas 13.0): hd64, P^T through shared memory, deterministic,
+        # dq_split 'rows', dkv_store 'tma' spilled 1 register with the sequence's offsets beside
+        # the per-element dS^T store addresses; the dense sweep found 'sts' marginal at this tile too.
+        out.append(Violation("registers", "varlen at tile_m 128 with the per-element dS^T stores spills "
+                             "(use ds_store 'stmatrix')"))
     # A sliding window (issue 18) holds mask limits through the mainloop as causal does.
     windowed = getattr(problem, "window_left", -1) >= 0 or getattr(problem, "window_right", -1) >= 0
     masked = "causal" if problem.causal else "a sliding window"
@@ -356,8 +370,9 @@ def default_spt_order(problem: Problem, gqa_reduce: str) -> bool:
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
     """'loop' under GQA where its grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also
-    the only value without GQA)."""
-    if problem.heads_q == problem.heads_kv or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS:
+    the only value without GQA, and varlen's)."""
+    if (problem.heads_q == problem.heads_kv or getattr(problem, "varlen", False)
+            or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS):
         return "atomic"
     return "loop"
 

@@ -24,6 +24,7 @@ from fa4.sm90.bwd_compile import (
     compile_bwd_post,
     compile_bwd_post_dq,
     compile_bwd_pre,
+    SEQ_PAD,
     compile_key,
     padded,
 )
@@ -131,7 +132,7 @@ class _Plan:
             ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
             lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
         )
-        self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2,
+        self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, 0,
                              *runtime_args(config))
         sq_pad, sk_pad = padded(sq), padded(sk)
         # One fp32 workspace for LSE * log2(e), D and the dQ accumulator (the preprocess writes all
@@ -215,15 +216,16 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         if dlse.stride(-1) != 1:
             dlse = dlse.contiguous()
     with torch.cuda.device(dev):
-        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse)
-        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, *plan.main_scalars)
-        plan.post_dq(dq_acc, dq, softmax_scale)
+        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, 0)
+        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, None, None,
+                  *plan.main_scalars)
+        plan.post_dq(dq_acc, dq, softmax_scale, None, None, 0)
         if plan.gqa:
             dk = torch.empty_like(k)
             dv_ = torch.empty_like(v)
             # dK was scaled in the main kernel; dV needs none.
-            plan.post(dk_out, dk, 1.0)
-            plan.post_v(dv_out, dv_, 1.0)
+            plan.post(dk_out, dk, 1.0, None, None, 0)
+            plan.post_v(dv_out, dv_, 1.0, None, None, 0)
             dk_out, dv_out = dk, dv_
         if sink is None:
             return dq, dk_out, dv_out
@@ -237,3 +239,131 @@ def sink_grad(sink: torch.Tensor, lse2: torch.Tensor, dsum: torch.Tensor) -> tor
     +inf on rows that saw nothing, which then add 0). One fixed-order reduction: deterministic."""
     share = torch.exp2(sink.float()[None, :, None] * LOG2_E - lse2)
     return (-(share * dsum).sum(dim=(0, 2))).to(sink.dtype)
+
+
+class _VarlenPlan:
+    """A packed-sequence backward launch's key-pure part (as _Plan): the varlen kernels, their
+    scalars and the sizes of the side buffers, whose rows are each sequence's padded region
+    (fa4.common.varlen.padded_offset: whole SEQ_PAD tiles per sequence, so the main kernel loads
+    and reduces whole tiles and the dQ accumulator keeps its fragment-ordered tiles)."""
+
+    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "ws", "acc", "sems", "f32")
+
+    def __init__(self, q, k, v, b, max_seqlen_q, max_seqlen_k, used_q, used_k, softmax_scale, causal, deterministic,
+                 config, has_dlse, window_left, window_right, softcap, has_sink):
+        from fa4.common.varlen import padded_total
+
+        dtype = DTYPES[q.dtype]
+        tq, hq, d = q.shape
+        tk, hkv, dv = k.shape[0], k.shape[1], v.shape[2]
+        self.gqa = gqa = hq != hkv
+        # The longest lengths bound every sequence's: a bound that hides no key of the longest hides none.
+        causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, max_seqlen_q,
+                                                      max_seqlen_k)
+        has_softcap = bool(softcap) and softcap > 0
+        softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
+        key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr,
+                          has_softcap, has_sink, varlen=True, seqused_q=used_q, seqused_k=used_k)
+        self.main = compiled(key, lambda: compile_bwd_main(key))
+        pre_key = ("bwd_pre_varlen", dtype, d, dv, has_dlse, used_q)
+        self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse, varlen=True,
+                                                             seqused=used_q))
+        self.post = compiled(("bwd_post_varlen", dtype, d, used_k),
+                             lambda: compile_bwd_post(dtype, d, varlen=True, seqused=used_k))
+        self.post_v = self.post if dv == d else compiled(
+            ("bwd_post_varlen", dtype, dv, used_k), lambda: compile_bwd_post(dtype, dv, varlen=True, seqused=used_k))
+        self.post_dq = compiled(
+            ("bwd_post_dq_varlen", dtype, d, config.tile_m, config.dq_split, used_q),
+            lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split, varlen=True, seqused=used_q),
+        )
+        self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, max_seqlen_k,
+                             *runtime_args(config))
+        tq_pad, tk_pad = padded_total(tq, b, SEQ_PAD), padded_total(tk, b, SEQ_PAD)
+        self.ws = (hq * tq_pad * (2 + d), ((1, hq, tq_pad), (1, hq, tq_pad), (1, hq, tq_pad, d)))
+        self.acc = (hkv * tk_pad * (d + dv), ((1, hkv, tk_pad, d), (1, hkv, tk_pad, dv))) if gqa else None
+        self.sems = None
+        if deterministic:
+            # Turns per (sequence, head, tile): the sequence is the semaphores' batch index.
+            nm, nn = _round4(-(-max_seqlen_q // config.tile_m)), _round4(-(-max_seqlen_k // config.tile_n))
+            nq, nkv = b * hq * nm, (b * hkv * nn if gqa else 0)
+            self.sems = (nq + nkv, nq, (b, hq, nm), (b, hkv, nn) if gqa else None)
+        self.f32 = torch.float32
+
+
+_varlen_plans: dict = {}
+# The launch's device context; a name of its own so CPU tests of the host path can stand it in
+# (tests/fa4/test_varlen_bwd_host.py), as fa4.varlen's.
+_on_device = torch.cuda.device
+
+
+def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                      seqused_q, seqused_k, softmax_scale: float, causal: bool, deterministic: bool,
+                      config: BwdConfigSm90, dlse=None, window_left=-1, window_right=-1, softcap: float = 0.0,
+                      sink=None):
+    """Gradients of a packed-sequence forward (fa4.varlen), for inputs already checked there.
+
+    q (total_q, Hq, D), k/v (total_k, Hkv, D/Dv), out/dout (total_q, Hq, Dv), lse and ``dlse``
+    (Hq, total_q) fp32; cu_seqlens_q/k (B+1,), seqused_q/k (B,) or None, int32 with 16-byte
+    aligned bases. Returns (dq, dk, dv), and dsink fourth with a ``sink``. Rows no sequence uses
+    (past seqused) get zero gradients; empty sequences touch nothing."""
+    b = cu_seqlens_q.shape[0] - 1
+    tq, tk = q.shape[0], k.shape[0]
+    if b == 0 or tq == 0 or tk == 0 or max_seqlen_q == 0 or max_seqlen_k == 0:
+        # No (query, key) pair: zero gradients, no launch (a zero grid is an error).
+        grads = (torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v))
+        return grads + ((torch.zeros_like(sink),) if sink is not None else ())
+    key = (q.shape, k.shape, v.shape, q.dtype, q.device, b, max_seqlen_q, max_seqlen_k, seqused_q is not None,
+           seqused_k is not None, causal, deterministic, config, dlse is not None, window_left, window_right, softcap,
+           sink is not None, softmax_scale)
+    plan = _varlen_plans.get(key)
+    if plan is None:
+        plan = _VarlenPlan(q, k, v, b, max_seqlen_q, max_seqlen_k, seqused_q is not None, seqused_k is not None,
+                           softmax_scale, causal, deterministic, config, dlse is not None, window_left, window_right,
+                           softcap, sink is not None)
+        if len(_varlen_plans) > 4096:
+            _varlen_plans.clear()
+        _varlen_plans[key] = plan
+    dev = q.device
+    f32 = plan.f32
+    lse2, dsum, dq_acc = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
+    if sink is not None:
+        # The sink's gradient sums over the whole buffer: rows outside every sequence's written
+        # tiles must add 0 there (2^(sink - inf) * 0).
+        lse2.fill_(math.inf)
+        dsum.zero_()
+    # Rows past seqused are never written by the kernels: zeros, as the reference leaves them.
+    dq = torch.zeros_like(q) if seqused_q is not None else torch.empty_like(q)
+    new_k = torch.zeros_like if seqused_k is not None else torch.empty_like
+    if plan.gqa:
+        dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
+    else:
+        dk_out, dv_out = new_k(k).unsqueeze(0), new_k(v).unsqueeze(0)
+    sem_q = sem_kv = None
+    if plan.sems is not None:
+        sems = torch.zeros(plan.sems[0], device=dev, dtype=torch.int32)
+        sem_q = sems[:plan.sems[1]].view(plan.sems[2])
+        if plan.sems[3] is not None:
+            sem_kv = sems[plan.sems[1]:].view(plan.sems[3])
+    if lse.stride(-1) != 1:
+        lse = lse.contiguous()
+    if dlse is not None:
+        dlse = dlse.to(f32)
+        if dlse.stride(-1) != 1:
+            dlse = dlse.contiguous()
+        dlse = dlse.unsqueeze(0)
+    q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
+    with _on_device(dev):
+        plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, max_seqlen_q)
+        plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_seqlens_q, cu_seqlens_k,
+                  seqused_q, seqused_k, *plan.main_scalars)
+        plan.post_dq(dq_acc, dq.unsqueeze(0), softmax_scale, cu_seqlens_q, seqused_q, max_seqlen_q)
+        if plan.gqa:
+            dk, dv_ = new_k(k), new_k(v)
+            # dK was scaled in the main kernel; dV needs none.
+            plan.post(dk_out, dk.unsqueeze(0), 1.0, cu_seqlens_k, seqused_k, max_seqlen_k)
+            plan.post_v(dv_out, dv_.unsqueeze(0), 1.0, cu_seqlens_k, seqused_k, max_seqlen_k)
+        else:
+            dk, dv_ = dk_out[0], dv_out[0]
+    if sink is None:
+        return dq, dk, dv_
+    return dq, dk, dv_, sink_grad(sink, lse2, dsum)

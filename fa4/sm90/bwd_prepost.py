@@ -1,6 +1,6 @@
 """Pre- and postprocess kernels of the Hopper backward.
 
-Preprocess, per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PAD):
+Preprocess, per query row (rows padded to fa4.sm90.bwd_config.SEQ_PAD):
   D[row]     = sum_d dO[row, d] * O[row, d] - dLSE[row] (fp32; 0 on padded rows). The dLSE term
                is the gradient through the returned LSE (when the loss uses it): dLSE/dS = P,
                so dS = P * (dP - D) takes it in D (a variant compiled with has_dlse).
@@ -11,6 +11,11 @@ Preprocess, per query row (rows padded to fa4.sm90.bwd_compile.SEQ_PAD):
 Postprocess: out = acc * scale in the output dtype. dQ comes from an accumulator kept in the
 main kernel's fragment order (BwdPostprocessDq, below); the GQA dK/dV accumulators are row-major
 (BwdPostprocess).
+
+Varlen (compile-time ``varlen``): the packed tensors come as a batch of one, a CTA is (tile, head,
+sequence) with the sequence's rows from cu_seqlens (and seqused), and the fp32 side buffers hold
+each sequence in its padded region (fa4.common.varlen.padded_offset); a tile past the sequence's
+end exits at once.
 
 These are memory-bound: what matters is that every warp-wide load and store covers whole
 32-byte sectors (consecutive threads on consecutive 16 bytes of a row).
@@ -23,12 +28,15 @@ import operator
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils as utils
 from cutlass import Float32
 
+from fa4.common import varlen as vlen
 from fa4.common.constants import LOG2_E
+from fa4.sm90.bwd_config import SEQ_PAD
 
 ROWS_PER_CTA = 128
+# A varlen sequence's padded region is whole SEQ_PAD tiles; the preprocess writes whole CTA tiles in it.
+assert SEQ_PAD % ROWS_PER_CTA == 0
 VEC16 = 8  # 16-bit elements per 16-byte vector
 VEC32 = 4  # fp32 elements per 16-byte vector
 DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of the dQ tile
@@ -96,11 +104,13 @@ class BwdPreprocess:
     the last row instead of branched around, so the unrolled passes issue all their loads first.
     """
 
-    def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None, has_dlse: bool = False):
+    def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None, has_dlse: bool = False,
+                 varlen: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim  # the dQ accumulator's width
         self.head_dim_v = head_dim_v or head_dim  # O's and dO's
         self.has_dlse = has_dlse
+        self.varlen = varlen
 
     @cute.jit
     def __call__(
@@ -112,19 +122,41 @@ class BwdPreprocess:
         mDsum: cute.Tensor,  # (batch, heads, seqlen_pad) fp32 out
         mdQacc: cute.Tensor,  # (batch, heads, seqlen_pad, d) fp32 out (zeroed), compact rows
         mdLSE: cute.Tensor,  # (batch, heads, seqlen_q) fp32: the LSE's gradient (has_dlse), or None
+        mCuSeqlens: cute.Tensor,  # varlen: (B+1,) int32 cu_seqlens_q, else None
+        mSeqUsed: cute.Tensor,  # varlen: (B,) int32 seqused_q, or None
+        max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
         stream: cuda.CUstream,
     ):
         grid = (mLSE2.shape[2] // ROWS_PER_CTA, mLSE2.shape[1], mLSE2.shape[0])
-        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE).launch(
+        if cutlass.const_expr(self.varlen):
+            grid = ((max_seqlen + ROWS_PER_CTA - 1) // ROWS_PER_CTA, mLSE2.shape[1], mCuSeqlens.shape[0] - 1)
+        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed).launch(
             grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE):
-        tidx, _, _ = cute.arch.thread_idx()
+    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed):
         bx, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            off, seqlen = vlen.seq_rows(mCuSeqlens, mSeqUsed, batch)
+            if bx * ROWS_PER_CTA < seqlen:
+                pad = vlen.padded_offset(off, batch, SEQ_PAD)
+                dlse = None
+                if cutlass.const_expr(self.has_dlse):
+                    dlse = cute.domain_offset((0, 0, off), mdLSE)
+                self.rows(
+                    cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
+                    cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mLSE2),
+                    cute.domain_offset((0, 0, pad), mDsum), cute.domain_offset((0, 0, pad, 0), mdQacc), dlse,
+                    bx, head, 0, seqlen,
+                )
+        else:
+            self.rows(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, mO.shape[1])
+
+    @cute.jit
+    def rows(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, seqlen):
+        tidx, _, _ = cute.arch.thread_idx()
         d = self.head_dim
-        seqlen = mO.shape[1]
         lanes = row_lanes(self.head_dim_v // VEC16)  # threads per row
         per_thread = self.head_dim_v // VEC16 // lanes
         rows_per_pass = ROWS_PER_CTA // lanes
@@ -169,9 +201,10 @@ class BwdPostprocess:
     """out = acc * scale for the row-major GQA dK/dV accumulators: d/4 consecutive threads per
     row (fewer where d/4 is no power of two or over a warp: fa4.sm90.bwd_prepost.row_lanes), 16-byte loads of the fp32 row (coalesced across the warp), 8-byte stores."""
 
-    def __init__(self, dtype, head_dim: int):
+    def __init__(self, dtype, head_dim: int, varlen: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
+        self.varlen = varlen
 
     @cute.jit
     def __call__(
@@ -179,22 +212,39 @@ class BwdPostprocess:
         mAcc: cute.Tensor,  # (batch, heads, seqlen_pad, d) fp32
         mOut: cute.Tensor,  # (batch, seqlen, heads, d) dtype
         scale: Float32,
+        mCuSeqlens: cute.Tensor,  # varlen: (B+1,) int32 cu_seqlens_k, else None
+        mSeqUsed: cute.Tensor,  # varlen: (B,) int32 seqused_k, or None
+        max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
         stream: cuda.CUstream,
     ):
         grid = (mAcc.shape[2] // ROWS_PER_CTA, mAcc.shape[1], mAcc.shape[0])
-        self.kernel(mAcc, mOut, scale).launch(grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream)
+        if cutlass.const_expr(self.varlen):
+            grid = ((max_seqlen + ROWS_PER_CTA - 1) // ROWS_PER_CTA, mAcc.shape[1], mCuSeqlens.shape[0] - 1)
+        self.kernel(mAcc, mOut, scale, mCuSeqlens, mSeqUsed).launch(grid=grid, block=[ROWS_PER_CTA, 1, 1],
+                                                                   stream=stream)
 
     @cute.kernel
-    def kernel(self, mAcc, mOut, scale: Float32):
-        tidx, _, _ = cute.arch.thread_idx()
+    def kernel(self, mAcc, mOut, scale: Float32, mCuSeqlens, mSeqUsed):
         bx, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            off, seqlen = vlen.seq_rows(mCuSeqlens, mSeqUsed, batch)
+            if bx * ROWS_PER_CTA < seqlen:
+                pad = vlen.padded_offset(off, batch, SEQ_PAD)
+                self.rows(cute.domain_offset((0, 0, pad, 0), mAcc), cute.domain_offset((0, off, 0, 0), mOut), scale,
+                          bx, head, 0, seqlen)
+        else:
+            self.rows(mAcc, mOut, scale, bx, head, batch, mOut.shape[1])
+
+    @cute.jit
+    def rows(self, mAcc, mOut, scale: Float32, bx, head, batch, seqlen):
+        tidx, _, _ = cute.arch.thread_idx()
         lanes = row_lanes(self.head_dim // VEC32)
         per_thread = self.head_dim // VEC32 // lanes
         rows_per_pass = ROWS_PER_CTA // lanes
         chunk = tidx % lanes
         for p in cutlass.range_constexpr(lanes):
             row = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
-            if row < mOut.shape[1]:
+            if row < seqlen:
                 for j in cutlass.range_constexpr(per_thread):
                     acc = cute.make_rmem_tensor((VEC32,), Float32)
                     cute.autovec_copy(cute.local_tile(mAcc[batch, head, row, None], (VEC32,), (j * lanes + chunk,)), acc)
@@ -212,11 +262,12 @@ class BwdPostprocessDq:
     per warp land on different banks) and leaves as 16-byte row-contiguous stores.
     """
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, dq_split: str = "head_dim"):
+    def __init__(self, dtype, head_dim: int, tile_m: int, dq_split: str = "head_dim", varlen: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.dq_split = dq_split  # the main kernel's: its fragments are placed by the same MMA
+        self.varlen = varlen
 
     @cute.jit
     def __call__(
@@ -224,21 +275,40 @@ class BwdPostprocessDq:
         mAcc: cute.Tensor,  # (batch, heads, seqlen_pad, d) fp32, tiles in fragment order
         mOut: cute.Tensor,  # (batch, seqlen, heads, d) dtype
         scale: Float32,
+        mCuSeqlens: cute.Tensor,  # varlen: (B+1,) int32 cu_seqlens_q, else None
+        mSeqUsed: cute.Tensor,  # varlen: (B,) int32 seqused_q, or None
+        max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
         stream: cuda.CUstream,
     ):
         tiled_mma = make_dq_mma(self.dtype, self.head_dim, self.dq_split)
         num_m = (mOut.shape[1] + self.tile_m - 1) // self.tile_m
+        num_b = mAcc.shape[0]
+        if cutlass.const_expr(self.varlen):
+            num_m = (max_seqlen + self.tile_m - 1) // self.tile_m
+            num_b = mCuSeqlens.shape[0] - 1
         sOut_layout = cute.make_layout((self.tile_m, self.head_dim), stride=(self.head_dim + VEC16, 1))
-        self.kernel(tiled_mma, mAcc, mOut, scale, sOut_layout).launch(
-            grid=(num_m, mAcc.shape[1], mAcc.shape[0]), block=[DQ_THREADS, 1, 1], stream=stream
+        self.kernel(tiled_mma, mAcc, mOut, scale, sOut_layout, mCuSeqlens, mSeqUsed).launch(
+            grid=(num_m, mAcc.shape[1], num_b), block=[DQ_THREADS, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, tiled_mma: cute.TiledMma, mAcc, mOut, scale: Float32, sOut_layout: cute.Layout):
-        tidx, _, _ = cute.arch.thread_idx()
+    def kernel(self, tiled_mma: cute.TiledMma, mAcc, mOut, scale: Float32, sOut_layout: cute.Layout, mCuSeqlens,
+               mSeqUsed):
         m, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.varlen):
+            off, seqlen = vlen.seq_rows(mCuSeqlens, mSeqUsed, batch)
+            if m * self.tile_m < seqlen:
+                pad = vlen.padded_offset(off, batch, SEQ_PAD)
+                self.tile(tiled_mma, cute.domain_offset((0, 0, pad, 0), mAcc), cute.domain_offset((0, off, 0, 0), mOut),
+                          scale, sOut_layout, m, head, 0, seqlen)
+        else:
+            self.tile(tiled_mma, mAcc, mOut, scale, sOut_layout, m, head, batch, mOut.shape[1])
+
+    @cute.jit
+    def tile(self, tiled_mma, mAcc, mOut, scale: Float32, sOut_layout: cute.Layout, m, head, batch, seqlen):
+        tidx, _, _ = cute.arch.thread_idx()
         d = self.head_dim
-        smem = utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         sOut = smem.allocate_tensor(self.dtype, sOut_layout, byte_alignment=16)  # (tile_m, d), padded rows
         thr = tiled_mma.get_slice(tidx)
         gAcc = cute.local_tile(mAcc[batch, head, None, None], (self.tile_m, d), (m, 0))
@@ -262,7 +332,7 @@ class BwdPostprocessDq:
         for p in cutlass.range_constexpr(self.tile_m // rows_per_pass):
             r = p * rows_per_pass + tidx // lanes
             row = m * self.tile_m + r
-            if row < mOut.shape[1]:
+            if row < seqlen:
                 for j in cutlass.range_constexpr(per_thread):
                     cute.autovec_copy(
                         cute.local_tile(sOut[r, None], (VEC16,), (j * lanes + chunk,)),

@@ -142,12 +142,13 @@ def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     dlse = torch.randn(1, 70, 4).transpose(1, 2)  # strided: made contiguous on the way
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
     (key, args), = seen["bwd_pre"]
-    assert key[-1] == "dlse" and args[-1].stride(-1) == 1 and torch.equal(args[-1], dlse)
-    assert args[-1].dtype == torch.float32
+    # (out, dout, lse, lse2, dsum, dq_acc, dlse, then the varlen arguments: none dense)
+    assert key[-1] == "dlse" and args[6].stride(-1) == 1 and torch.equal(args[6], dlse)
+    assert args[6].dtype == torch.float32 and args[7:] == (None, None, 0)
     seen.clear()
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
     (key, args), = seen["bwd_pre"]
-    assert key == ("bwd_pre", "bf16", 64) and args[-1] is None
+    assert key == ("bwd_pre", "bf16", 64) and args[6] is None
 
 
 def test_window_flags():
@@ -203,7 +204,10 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
                          softcap=20.0, sink=sink)
         key, args = seen["main"]
         assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True,) * 4
-        assert args[13:17] == (33, 4, 0.125 / 20.0, 20.0 * math.log2(math.e))
+        # (q, k, v, dout, lse2, dsum, dq_acc, dk, dv, sem_q, sem_kv, 4 varlen tensors: none dense,
+        # scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, max_seqlen_k, ...)
+        assert args[11:15] == (None,) * 4 and args[21] == 0
+        assert args[17:21] == (33, 4, 0.125 / 20.0, 20.0 * math.log2(math.e))
         assert len(res) == 4 and res[3].dtype == dt and res[3].shape == (4,)
         want = -(torch.exp(sink.float()[None, :, None] - lse2_val[..., :70] / math.log2(math.e))
                  * dsum_val[..., :70]).sum((0, 2))
@@ -211,7 +215,7 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
     launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
     key, args = seen["main"]
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
-    assert args[13:17] == (0, 0, 0.0, 0.0)
+    assert args[17:21] == (0, 0, 0.0, 0.0)
 
 
 def test_feature_check_harness_on_cpu(monkeypatch):

@@ -129,15 +129,15 @@ def test_window_of_follows_transformers_convention():
 
 
 def test_padded_and_packed_batches_say_what_they_need(fake_fa4):
-    # A padded batch or packed sequences go to fa4's packed varlen forward, never silently to the
-    # dense path; training through it says the varlen backward is missing.
+    # A padded batch or packed sequences go to fa4's packed varlen path, never silently to the
+    # dense one; training through it reaches the varlen autograd (here: the CUDA check).
     module = type("Attn", (torch.nn.Module,), {"is_causal": True})()
     x = torch.zeros(1, 2, 6, 64, dtype=torch.bfloat16)
     mask = torch.tensor([[0, 1, 1, 1, 1, 1]], dtype=torch.bool)
     with pytest.raises(ValueError, match="CUDA devices only"):  # the packed kernel's own check
         fa4_hf.attention_forward(module, x, x, x, mask)
     xg = x.clone().requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="varlen backward not built yet"):
+    with pytest.raises(ValueError, match="CUDA devices only"):
         fa4_hf.attention_forward(module, xg, x, x, None, position_ids=torch.tensor([[0, 1, 2, 0, 1, 2]]))
     assert fake_fa4 == []
     # A mask without padding is the dense path.

@@ -1,0 +1,115 @@
+"""The dK/dV epilogue's stores of the Hopper backward (a FlashBwdSm90 mixin, fa4.sm90.bwd).
+
+Three ways out of a CTA's fp32 dK/dV accumulators: relaxed reductions into the GQA fp32
+accumulators (red_tile), element stores from the fragment with rows past seqlen_k dropped
+(store_dkv_rows: dkv_store 'direct', and a varlen sequence's last, partial key tile), and stmatrix
+into the K/V shared tiles plus one TMA store each (store_dkv_tma).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import warp
+
+from fa4.common import semaphore
+from fa4.common.tma import seq_tiles
+from fa4.sm90.bwd_config import THREADS_PER_WG
+
+# Named barrier of fa4.sm90.bwd: 256 consumers, sK/sV free for the dK/dV tiles, then the tiles written.
+BAR_EPI = 14
+NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
+
+
+class DkvStores:
+    """dK/dV leaving the CTA (see the module docstring)."""
+
+    @cute.jit
+    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):
+        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions."""
+        nrow = cute.size(r_mn, mode=[0])
+        ncol = cute.size(r_mn, mode=[1])
+        base = g_mn.iterator
+        for r in cutlass.range_constexpr(nrow):
+            if cutlass.const_expr(v2):
+                # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
+                for c in cutlass.range_constexpr(ncol // 2):
+                    off = cute.crd2idx((r, 2 * c), g_mn.layout)
+                    semaphore.red_add_f32x2(base + off, r_mn[r, 2 * c], r_mn[r, 2 * c + 1])
+            else:
+                for c in cutlass.range_constexpr(ncol):
+                    semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
+
+    @cute.jit
+    def store_dkv_rows(self, dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq):
+        """dK/dV element by element from the fragment, rows past seqlen_k dropped (dkv_store
+        'direct', and varlen's partial tiles)."""
+        d, dv = self.head_dim, self.head_dim_v
+        off_k, seqlen_k = seq[1], seq[3]
+        # (batch, seqlen_k, heads_kv, d) in the input dtype; rows past seqlen_k are dropped
+        # (varlen: past the sequence's keys, the next sequence's rows).
+        if cutlass.const_expr(self.varlen):
+            mdK = cute.domain_offset((0, off_k, 0, 0), mdK)
+            mdV = cute.domain_offset((0, off_k, 0, 0), mdV)
+            batch = 0
+        gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
+        gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, dv), (n_block, 0))
+        cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
+        tcD = dkv_thr.partition_C(cD)
+        tdKg = dkv_thr.partition_C(gdK)
+        tdVg = dv_thr.partition_C(gdV)
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdK.store(acc_dK.load().to(self.dtype))
+        rdV.store(acc_dV.load().to(self.dtype))
+        if cutlass.const_expr(dv == d):
+            for i in cutlass.range_constexpr(cute.size(rdK)):
+                if tcD[i][0] < seqlen_k:
+                    tdKg[i] = rdK[i]
+                    tdVg[i] = rdV[i]
+        else:
+            tcDv = dv_thr.partition_C(
+                cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
+            )
+            for i in cutlass.range_constexpr(cute.size(rdK)):
+                if tcD[i][0] < seqlen_k:
+                    tdKg[i] = rdK[i]
+            for i in cutlass.range_constexpr(cute.size(rdV)):
+                if tcDv[i][0] < seqlen_k:
+                    tdVg[i] = rdV[i]
+
+    @cute.jit
+    def store_dkv_tma(self, dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma):
+        """dK/dV through the K/V shared tiles and one TMA store each (dkv_store 'tma')."""
+        tma_dk, tma_dv = tma_dkv[0], tma_dkv[1]
+        rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
+        rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
+        rdK.store(acc_dK.load().to(self.dtype))
+        rdV.store(acc_dV.load().to(self.dtype))
+        # Both consumers' last GEMMs read sK and sV (dQ = dS K reads every key row): both must be
+        # done before either overwrites them.
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+        # A thread's accumulator holds two adjacent head_dim columns of a key row per 8x8 block:
+        # the stmatrix register order, 16-byte rows of the K-major tile.
+        st = cute.make_tiled_copy_C(
+            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dkv_mma
+        )
+        st_thr = st.get_slice(ctid)
+        cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
+        if cutlass.const_expr(dv_mma is not dkv_mma):
+            st = cute.make_tiled_copy_C(
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dv_mma
+            )
+            st_thr = st.get_slice(ctid)
+        cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
+        # Generic-proxy stores, read by the TMA engine (async proxy).
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+        if ctid == 0:
+            tKs, tKg = seq_tiles(tma_dk, mdK, sK, (self.tile_n, self.head_dim), head_kv, batch)
+            tVs, tVg = seq_tiles(tma_dv, mdV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
+            cute.copy(tma_dk, tKs[None, 0], tKg[None, n_block])
+            cute.copy(tma_dv, tVs[None, 0], tVg[None, n_block])
+            cute.arch.cp_async_bulk_commit_group()
+            # Shared memory must stay valid until the engine has read it (the CTA exits next).
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
