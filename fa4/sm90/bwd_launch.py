@@ -279,8 +279,8 @@ class _VarlenPlan:
         self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, max_seqlen_k,
                              *runtime_args(config))
         tq_pad, tk_pad = padded_total(tq, b, SEQ_PAD), padded_total(tk, b, SEQ_PAD)
-        self.ws = (hq * tq_pad * (2 + d), ((1, hq, tq_pad), (1, hq, tq_pad), (1, hq, tq_pad, d)))
-        self.acc = (hkv * tk_pad * (d + dv), ((1, hkv, tk_pad, d), (1, hkv, tk_pad, dv))) if gqa else None
+        self.ws = (hq * tq_pad * (2 + d), _layout(((1, hq, tq_pad), (1, hq, tq_pad), (1, hq, tq_pad, d))))
+        self.acc = (hkv * tk_pad * (d + dv), _layout(((1, hkv, tk_pad, d), (1, hkv, tk_pad, dv)))) if gqa else None
         self.sems = None
         if deterministic:
             # Turns per (sequence, head, tile): the sequence is the semaphores' batch index.
