@@ -53,9 +53,15 @@ SMEM_RESERVED = 2048
 # gqa_reduce 'loop' launches group-factor times fewer CTAs (one per key tile, K/V head and batch),
 # each one CTA an SM (its shared memory and registers). Below two waves of the H100 SXM / H200's
 # 132 SMs, causal CTAs of unequal length leave SMs idle at the tail: default_config keeps
-# 'atomic' there (more, shorter CTAs). A prediction until bench/device_s10_gqaloop.sh has measured
-# both at the issue's shapes (Qwen2.5-7B 4k B2 KV4, 256 CTAs, falls just under it).
+# 'atomic' there (more, shorter CTAs).
 GQA_LOOP_MIN_CTAS = 2 * 132
+# ... and only where the query range is short against the keys. Measured on the H200 (session 10,
+# bench/bench_gqa_loop.py, causal hd128, loop / atomic): Sq = Sk: Llama-3-8B 8k 0.945, Qwen2.5-7B 4k
+# 0.758 (a key tile sees many query tiles: 'atomic''s many short CTAs balance better, and its fp32
+# dK/dV traffic is small per step); Sq 2k / Sk 8k 1.040; Sq 128 / Sk 8k (B8) 2.83 (a key tile sees
+# one or two query tiles: 'atomic' pays its dK/dV zeroing, fp32 adds and postprocess per head for
+# almost no work). Deterministic alike: 0.90 / 0.74 / 1.42 / 3.21.
+GQA_LOOP_MAX_Q_OVER_K = 0.5
 # Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
@@ -369,9 +375,11 @@ def default_spt_order(problem: Problem, gqa_reduce: str) -> bool:
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
-    """'loop' under GQA where its grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also
-    the only value without GQA, and varlen's)."""
+    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys and the
+    grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and
+    varlen's)."""
     if (problem.heads_q == problem.heads_kv or getattr(problem, "varlen", False)
+            or problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k
             or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS):
         return "atomic"
     return "loop"
