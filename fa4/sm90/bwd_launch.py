@@ -171,6 +171,26 @@ def _views(buf: torch.Tensor, layout) -> list[torch.Tensor]:
     return [buf.as_strided(shape, stride, offset) for shape, stride, offset in layout]
 
 
+def _semaphores(sems, dev):
+    """(sem_q, sem_kv) views of one zeroed int32 buffer (deterministic mode), or (None, None)."""
+    if sems is None:
+        return None, None
+    buf = torch.zeros(sems[0], device=dev, dtype=torch.int32)
+    sem_kv = buf[sems[1]:].view(sems[3]) if sems[3] is not None else None
+    return buf[:sems[1]].view(sems[2]), sem_kv
+
+
+def _row_stats(lse, dlse):
+    """LSE and its gradient as the preprocess reads them: unit inner stride, dLSE in fp32."""
+    if lse.stride(-1) != 1:
+        lse = lse.contiguous()
+    if dlse is not None:
+        dlse = dlse.to(torch.float32)
+        if dlse.stride(-1) != 1:
+            dlse = dlse.contiguous()
+    return lse, dlse
+
+
 _plans: dict = {}
 
 
@@ -203,18 +223,8 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     else:
         dk_out = torch.empty_like(k)
         dv_out = torch.empty_like(v)
-    sem_q = sem_kv = None
-    if plan.sems is not None:
-        sems = torch.zeros(plan.sems[0], device=dev, dtype=torch.int32)
-        sem_q = sems[:plan.sems[1]].view(plan.sems[2])
-        if plan.sems[3] is not None:
-            sem_kv = sems[plan.sems[1]:].view(plan.sems[3])
-    if lse.stride(-1) != 1:
-        lse = lse.contiguous()
-    if dlse is not None:
-        dlse = dlse.to(f32)
-        if dlse.stride(-1) != 1:
-            dlse = dlse.contiguous()
+    sem_q, sem_kv = _semaphores(plan.sems, dev)
+    lse, dlse = _row_stats(lse, dlse)
     with torch.cuda.device(dev):
         plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, 0)
         plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, None, None,
@@ -338,18 +348,9 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
         dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
     else:
         dk_out, dv_out = new_k(k).unsqueeze(0), new_k(v).unsqueeze(0)
-    sem_q = sem_kv = None
-    if plan.sems is not None:
-        sems = torch.zeros(plan.sems[0], device=dev, dtype=torch.int32)
-        sem_q = sems[:plan.sems[1]].view(plan.sems[2])
-        if plan.sems[3] is not None:
-            sem_kv = sems[plan.sems[1]:].view(plan.sems[3])
-    if lse.stride(-1) != 1:
-        lse = lse.contiguous()
+    sem_q, sem_kv = _semaphores(plan.sems, dev)
+    lse, dlse = _row_stats(lse, dlse)
     if dlse is not None:
-        dlse = dlse.to(f32)
-        if dlse.stride(-1) != 1:
-            dlse = dlse.contiguous()
         dlse = dlse.unsqueeze(0)
     q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
     with _on_device(dev):
