@@ -57,8 +57,8 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
+from cutlass import tensor_utils
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
@@ -172,8 +172,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         mV = cute.make_tensor(mV.iterator, cute.select(mV.layout, mode=[1, 3, 2, 0]))
         mdO = cute.make_tensor(mdO.iterator, cute.select(mdO.layout, mode=[1, 3, 2, 0]))
         d, dv = self.head_dim, self.head_dim_v
-        kmaj = warpgroup.OperandMajorMode.K
-        mnmaj = warpgroup.OperandMajorMode.MN
+        kmaj = cute.nvgpu.OperandMajorMode.K
+        mnmaj = cute.nvgpu.OperandMajorMode.MN
         if cutlass.const_expr(self.split):
             sdp_mma, dkv_mma, dv_mma = bwd_split.make_split_mmas(self.dtype, self.tile_m, d, dv)
         else:
@@ -191,7 +191,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
         # B = K^T (head_dim contiguous); the two consumers split head_dim or the rows (dq_split).
         dq_mma = make_dq_mma(self.dtype, d, self.config.dq_split)
-        row_major = utils.LayoutEnum.ROW_MAJOR
+        row_major = tensor_utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
         dpv_tiler = (self.tile_n, self.tile_m, dv)  # dP^T = V dO^T reduces over head_dim_v
         # K, Q and dO are also read MN-major in column slices (dQ's, dK's and dV's WGMMA N per
@@ -205,7 +205,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         sQ_layout = bwd_split.k_major_layout("b", sdp_tiler, self.dtype, self.q_stages, d // halves)
         sdO_layout = bwd_split.k_major_layout("b", dpv_tiler, self.dtype, self.do_stages, dv // halves)
         sdS_layout = sm90_utils.make_smem_layout_a(
-            utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.ds_stages
+            tensor_utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.ds_stages
         )
         # P^T (keys x queries, queries contiguous): one buffer per dS buffer under dkv_split 'head_dim'.
         sP_layout = sm90_utils.make_smem_layout_a(
@@ -286,12 +286,12 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         if not self.p_smem and self.head_dim_v == self.head_dim:
             return dkv_mma
         if not self.p_smem:
-            kmaj, mnmaj = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+            kmaj, mnmaj = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
             return sm90_utils.make_trivial_tiled_mma(
                 self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.head_dim_v),
                 warpgroup.OperandSource.RMEM,
             )
-        kmaj, mnmaj = warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN
+        kmaj, mnmaj = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
         return sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, kmaj, mnmaj, Float32, (2, 1, 1), (ROWS_PER_WG, self.head_dim_v)
         )

@@ -65,9 +65,8 @@ def make_dq_mma(dtype, head_dim: int, split: str = "head_dim"):
     """dQ = dS K: A = dS (query index contiguous), B = K^T. The two warpgroups split head_dim
     (each an N = d/2 half of every row) or, with split 'rows', the query rows (64 each, N = d)."""
     import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass.cute.nvgpu import warpgroup
 
-    mnmaj = warpgroup.OperandMajorMode.MN
+    mnmaj = cute.nvgpu.OperandMajorMode.MN
     if split == "rows":
         return sm90_utils.make_trivial_tiled_mma(dtype, dtype, mnmaj, mnmaj, Float32, (DQ_WGS, 1, 1), (64, head_dim))
     return sm90_utils.make_trivial_tiled_mma(
