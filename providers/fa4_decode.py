@@ -20,7 +20,7 @@ from fa4.decode_problem import DecodeProblem
 from fa4.knobs import Violation
 
 from .base import Provider
-from .fa4_provider import sm90_unavailable
+from .fa4_provider import sm90_compile_unavailable, sm90_unavailable
 
 NAME = "fa4-decode"
 
@@ -200,14 +200,7 @@ class Fa4DecodeProvider(Provider):
         return not self.problem_errors(problem)
 
     def compile_available(self) -> str | None:
-        from fa4.sm90.compile import ensure_target
-
-        ensure_target()
-        try:
-            import cutlass  # noqa: F401
-        except Exception as e:  # noqa: BLE001
-            return f"CuTe DSL not importable: {e}"
-        return None
+        return sm90_compile_unavailable()
 
     def compile_variant(self, problem, config):
         """The decode kernel a config needs at this problem; runtime knobs (num_splits, pack_gqa) are

@@ -11,6 +11,19 @@ from fa4.problem import Problem
 from .base import Provider
 
 
+def sm90_compile_unavailable() -> str | None:
+    """Why our sm90 kernels cannot be compiled here, or None: the CuTe DSL compiles for sm_90a on
+    any machine (fake tensors, CUTE_DSL_ARCH), so only its import can fail."""
+    from fa4.sm90.compile import ensure_target
+
+    ensure_target()
+    try:
+        import cutlass  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        return f"CuTe DSL not importable: {e}"
+    return None
+
+
 def sm90_unavailable(what: str) -> str | None:
     """Why our sm90 kernels (``what``: "fa4 kernels are", ...) cannot run here, or None."""
     try:
@@ -119,15 +132,7 @@ class Fa4Provider(Provider):
         return not self.problem_errors(problem)
 
     def compile_available(self) -> str | None:
-        # CuTe DSL compiles for sm_90a on any machine (fake tensors, CUTE_DSL_ARCH).
-        from fa4.sm90.compile import ensure_target
-
-        ensure_target()
-        try:
-            import cutlass  # noqa: F401
-        except Exception as e:  # noqa: BLE001
-            return f"CuTe DSL not importable: {e}"
-        return None
+        return sm90_compile_unavailable()
 
     def compile_variant(self, problem: Problem, config):
         gqa = problem.heads_q != problem.heads_kv

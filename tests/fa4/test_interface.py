@@ -369,16 +369,23 @@ FEATURE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("feat", FEATURE_CASES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
-def test_features_reach_both_launches_and_grads_match(calls, causal, feat):
-    q, k, v, dout = inputs(sq=29, sk=41)
+def with_sink(feat: dict, q):
+    """(kwargs, sink): a case's features with its learnable_sink ("fp32"/"bf16") made a leaf
+    tensor of shape (heads_q,) in that dtype (None without one)."""
     kw = dict(feat)
     sink = None
     if "learnable_sink" in kw:
         dt = torch.float32 if kw["learnable_sink"] == "fp32" else torch.bfloat16
         sink = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(5)).to(dt).requires_grad_()
         kw["learnable_sink"] = sink
+    return kw, sink
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("feat", FEATURE_CASES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+def test_features_reach_both_launches_and_grads_match(calls, causal, feat):
+    q, k, v, dout = inputs(sq=29, sk=41)
+    kw, sink = with_sink(feat, q)
     out, lse = launch._with_grad(q, k, v, None, causal, True, None, None, False, None, **kw)
     w = torch.randn(lse.shape, generator=torch.Generator().manual_seed(6))
     ((out.float() * dout.float()).sum() + (lse * w).sum()).backward()
@@ -421,12 +428,7 @@ def test_compile_fullgraph_carries_the_features_and_matches_eager(calls, feat):
 
     torch._dynamo.reset()
     q, k, v, dout = inputs(2, 29, 41, 4, 2)
-    kw = dict(feat)
-    sink = None
-    if "learnable_sink" in kw:
-        dt = torch.float32 if kw["learnable_sink"] == "fp32" else torch.bfloat16
-        sink = torch.randn(q.shape[2], generator=torch.Generator().manual_seed(5)).to(dt).requires_grad_()
-        kw["learnable_sink"] = sink
+    kw, sink = with_sink(feat, q)
     w = torch.randn(q.shape[0], q.shape[2], q.shape[1], generator=torch.Generator().manual_seed(6))
 
     def f(q, k, v, sink, w):

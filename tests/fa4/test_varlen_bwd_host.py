@@ -241,18 +241,9 @@ def test_no_pair_answers_zeros_without_a_launch(fake_bwd):
 @pytest.fixture
 def fake_gpu(fake_bwd, monkeypatch):
     """Both directions faked: the forward's kernel by tests/fa4/test_varlen_host's model."""
-    from fa4 import varlen
-    from fa4.arch import SM90
-    from tests.fa4.test_varlen_host import _kernel_model
+    from tests.fa4.test_varlen_host import install_fake_forward
 
-    def compiled(key, build):
-        return lambda *a: _kernel_model(*a, causal=key.causal, softcap=key.has_softcap)
-
-    monkeypatch.setattr(varlen, "compiled", compiled)
-    monkeypatch.setattr(varlen, "arch_of", lambda device: SM90)
-    monkeypatch.setattr(varlen, "_on_cuda", lambda t: True)
-    monkeypatch.setattr(varlen, "_on_device", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(varlen, "_plans", {})
+    install_fake_forward(monkeypatch)
     return fake_bwd
 
 

@@ -161,8 +161,9 @@ def _kernel_model(q4, k4, v4, o4, lse3, sink, cu_q, cu_k, used_q, used_k, scale_
             lse3[:, :, a:a + n] = lse
 
 
-@pytest.fixture
-def fake_launch(monkeypatch):
+def install_fake_forward(monkeypatch) -> list:
+    """fa4.varlen's launch with the GPU faked: the kernel is _kernel_model, the tensors count as on
+    an sm90 device, a fresh plan cache. Returns the compile keys asked for, in order."""
     import contextlib
 
     from fa4 import varlen
@@ -180,6 +181,11 @@ def fake_launch(monkeypatch):
     monkeypatch.setattr(varlen, "_on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(varlen, "_plans", {})
     return keys
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    return install_fake_forward(monkeypatch)
 
 
 def _dense_ref(q, k, v, cq, ck, causal, window_size=(None, None), softcap=0.0, sink=None):
