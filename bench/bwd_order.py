@@ -1,0 +1,184 @@
+"""The backward's launch order (the runtime knobs spt_order and head_swizzle: one compiled kernel
+per shape, no recompiles) against the reference FA4, at the shapes where issues 18 and 20 miss
+their bars: packed varlen (8 documents of 512-4096 tokens), the sliding window, the sink, the GQA
+shapes of real models, and plain causal as the control.
+
+Why it may matter: a CTA's work under causal masking is the number of query tiles its key tile
+sees, so it varies up to 32x inside one launch; packed varlen adds one grid row per document whose
+key tiles past the document's end exit at once. A list-scheduling model of the varlen launch on
+132 SMs (bench/RESULTS.md, session 11) gives 0.957 of the ideal for today's default order
+(shortest key tiles first, one head per group) and 0.993 for the longest-first order with 16
+heads per group. Prediction: varlen causal backward +3%; dense shapes within noise.
+
+Both sides run their backward launch alone on the reference forward's out and lse (as
+bench/check_bwd_feat.py and bench/bench_varlen.py do), do_bench median; every variant is timed
+twice in interleaved rounds and the reference at the start and end of each round.
+
+    python bench/bwd_order.py [--out rows.json] [--shapes varlen,llama,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+LENS = [2048, 512, 4096, 1024, 3072, 1536, 2560, 1536]
+# name: (B, Sq, Sk, Hq, Hkv, d), causal, ours' features, the reference's keywords
+SHAPES = {
+    "varlen-causal": ((None, None, None, 16, 16, 128), True, {}, {}),
+    "varlen": ((None, None, None, 16, 16, 128), False, {}, {}),
+    "window": ((1, 16384, 16384, 16, 16, 128), False, dict(window_left=1023, window_right=0),
+               dict(window_size=(1023, 0))),
+    "sink": ((2, 8192, 8192, 16, 16, 128), True, dict(sink=True), dict(learnable_sink=True)),
+    "llama3-8b-8k": ((1, 8192, 8192, 32, 8, 128), True, {}, {}),
+    "qwen2.5-7b-4k": ((2, 4096, 4096, 28, 4, 128), True, {}, {}),
+    "causal-8k": ((2, 8192, 8192, 16, 16, 128), True, {}, {}),
+}
+ORDERS = [(spt, swz) for spt in (True, False) for swz in (1, 2, 4, 8, 16)]
+
+
+def pairs(shape, causal, feat):
+    """Visible (query, key) pairs summed over batch and heads: the FLOPs' region."""
+    B, Sq, Sk, Hq = shape[:4]
+    if B is None:
+        return sum(n * (n + 1) // 2 if causal else n * n for n in LENS) * Hq
+    i = torch.arange(Sq, dtype=torch.int64)
+    o = Sk - Sq
+    hi = torch.full_like(i, Sk - 1)
+    right = 0 if causal else feat.get("window_right", -1)
+    if causal or right >= 0:
+        hi = torch.minimum(hi, i + o + right)
+    left = feat.get("window_left", -1)
+    lo = torch.zeros_like(i) if left < 0 else torch.clamp(i + o - left, min=0)
+    return int((hi - lo + 1).clamp(min=0).sum().item()) * B * Hq
+
+
+def setup(name):
+    """(ours(config) -> grads, ref() -> grads, default config, FLOPs) of one shape."""
+    from flash_attn.cute import flash_attn_func as ref_fa
+    from flash_attn.cute import flash_attn_varlen_func as ref_varlen
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    from fa4.features import normalize
+    from fa4.lookup import resolve_config
+    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_launch import launch_bwd, launch_bwd_varlen
+    from fa4.tensors import arch_of, problem_of
+    from fa4.varlen import bwd_problem
+
+    shape, causal, feat, ref_kw = SHAPES[name]
+    B, Sq, Sk, Hq, Hkv, d = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bf = torch.bfloat16
+    scale = 1 / math.sqrt(d)
+    flops = 2.5 * 4 * d * pairs(shape, causal, feat)
+    if B is None:
+        tot, m = sum(LENS), max(LENS)
+        q, k, v, dout = (torch.randn(tot, h, d, device="cuda", dtype=bf, generator=g) for h in (Hq, Hkv, Hkv, Hq))
+        cu = torch.tensor([0] + list(torch.tensor(LENS).cumsum(0)), device="cuda", dtype=torch.int32)
+        with torch.no_grad():
+            res = ref_varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
+                             causal=causal, return_lse=True)
+        out, lse = res[0], res[1].float().contiguous()
+        problem = bwd_problem(q, k, v, len(LENS), m, m, normalize(q[None], causal, (None, None), None, 0.0), False)
+        config = resolve_config(problem, arch_of(q.device), None)[1]
+
+        def ours(cfg):
+            return launch_bwd_varlen(dout, q, k, v, out, lse, cu, cu, m, m, None, None, scale, causal, False, cfg)
+
+        def ref():
+            return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, 0.0, window_size_left=None,
+                                   window_size_right=None, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
+                                   max_seqlen_k=m)
+        return ours, ref, config, flops
+    q = torch.randn(B, Sq, Hq, d, device="cuda", dtype=bf, generator=g)
+    k, v = (torch.randn(B, Sk, Hkv, d, device="cuda", dtype=bf, generator=g) for _ in range(2))
+    dout = torch.randn(B, Sq, Hq, d, device="cuda", dtype=bf, generator=g)
+    sink = torch.randn(Hq, device="cuda", generator=g) if feat.get("sink") else None
+    ref_kw = dict(ref_kw)
+    if sink is not None:
+        ref_kw["learnable_sink"] = sink
+    with torch.no_grad():
+        res = ref_fa(q, k, v, causal=causal, return_lse=True, **ref_kw)
+    out, lse = res[0], res[1].float().contiguous()
+    kw = {n: x for n, x in feat.items() if n != "sink"}
+    config = default_config(problem_of(q, k, v, causal, pass_="bwd"))
+
+    def ours(cfg):
+        return launch_bwd(dout, q, k, v, out, lse, scale, causal, False, cfg, sink=sink, **kw)
+
+    left, right = ref_kw.get("window_size", (None, None))
+
+    def ref():
+        return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, 0.0, window_size_left=left,
+                               window_size_right=right, learnable_sink=ref_kw.get("learnable_sink"))
+    return ours, ref, config, flops
+
+
+def bench_shape(name, rounds=2):
+    import triton.testing as tt
+
+    def timed(fn):
+        return tt.do_bench(fn, warmup=10, rep=80, return_mode="median")
+
+    ours, ref, config, flops = setup(name)
+    b = ref()
+    a = ours(config)
+    diff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
+               for x, y in zip(a, b))
+    times = {o: [] for o in ORDERS}
+    ref_t = []
+    for r in range(rounds):
+        ref_t.append(timed(ref))
+        for o in (ORDERS if r % 2 == 0 else ORDERS[::-1]):
+            cfg = dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
+            times[o].append(timed(lambda cfg=cfg: ours(cfg)))
+        ref_t.append(timed(ref))
+    t_ref = sorted(ref_t)[len(ref_t) // 2]
+    row = dict(name=name, default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
+               config=str(config), max_rel_diff_vs_ref=diff, ref_ms=ref_t, ref_tflops=flops / t_ref / 1e9,
+               orders={f"spt={int(o[0])} swz={o[1]}": dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
+                       for o, t in times.items()})
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    rows = []
+    for name in a.shapes.split(","):
+        try:
+            row = bench_shape(name, a.rounds)
+        except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
+            row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
+        rows.append(row)
+        print("BENCH " + json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "w") as fh:
+                json.dump(rows, fh, indent=1)
+        torch.cuda.empty_cache()
+    print("\n| shape | default | ref TFLOP/s | " + " | ".join(f"spt{int(s)} s{w}" for s, w in ORDERS) + " |")
+    print("|" + "---|" * (3 + len(ORDERS)))
+    for x in rows:
+        if "error" in x:
+            print(f"| {x['name']} | error: {x['error'][:120]} |")
+            continue
+        d = x["default"]
+        cells = " | ".join(f"{x['orders'][f'spt={int(s)} swz={w}']['ratio']:.3f}" for s, w in ORDERS)
+        print(f"| {x['name']} | spt{int(d['spt_order'])} s{d['head_swizzle']} | {x['ref_tflops']:.0f} | {cells} |")
+
+
+if __name__ == "__main__":
+    main()
