@@ -155,7 +155,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--orders", default=None, help="e.g. 1:1,0:2,0:4 (spt_order:head_swizzle)")
     a = ap.parse_args()
+    if a.orders:
+        ORDERS[:] = [(bool(int(x.split(":")[0])), int(x.split(":")[1])) for x in a.orders.split(",")]
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
     for name in a.shapes.split(","):
