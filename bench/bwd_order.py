@@ -46,9 +46,11 @@ SHAPES = {
     "hd192-8k": ((2, 8192, 8192, 10, 10, 192), True, {}, {}),
     "hd256-8k": ((2, 8192, 8192, 8, 8, 256), True, {}, {}),
     "sq2k-sk8k": ((1, 2048, 8192, 64, 8, 128), True, {}, {}),
+    "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True, {}, {}),
     "noncausal-8k": ((2, 8192, 8192, 16, 16, 128), False, {}, {}),
 }
 ORDERS = [(spt, swz) for spt in (True, False) for swz in (1, 2, 4, 8, 16)]
+DEFAULT = ("default", 0)  # the shape's default config as it is
 
 
 def pairs(shape, causal, feat):
@@ -129,6 +131,10 @@ def setup(name):
     return ours, ref, config, flops
 
 
+def label(o):
+    return "default" if o == DEFAULT else f"spt={int(o[0])} swz={o[1]}"
+
+
 def bench_shape(name, rounds=2):
     import triton.testing as tt
 
@@ -145,13 +151,13 @@ def bench_shape(name, rounds=2):
     for r in range(rounds):
         ref_t.append(timed(ref))
         for o in (ORDERS if r % 2 == 0 else ORDERS[::-1]):
-            cfg = dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
+            cfg = config if o == DEFAULT else dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
             times[o].append(timed(lambda cfg=cfg: ours(cfg)))
         ref_t.append(timed(ref))
     t_ref = sorted(ref_t)[len(ref_t) // 2]
     row = dict(name=name, default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
                config=str(config), max_rel_diff_vs_ref=diff, ref_ms=ref_t, ref_tflops=flops / t_ref / 1e9,
-               orders={f"spt={int(o[0])} swz={o[1]}": dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
+               orders={label(o): dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
                        for o, t in times.items()})
     return row
 
@@ -164,7 +170,8 @@ def main():
     ap.add_argument("--orders", default=None, help="e.g. 1:1,0:2,0:4 (spt_order:head_swizzle)")
     a = ap.parse_args()
     if a.orders:
-        ORDERS[:] = [(bool(int(x.split(":")[0])), int(x.split(":")[1])) for x in a.orders.split(",")]
+        ORDERS[:] = [DEFAULT if x == "default" else (bool(int(x.split(":")[0])), int(x.split(":")[1]))
+                     for x in a.orders.split(",")]
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
     for name in a.shapes.split(","):
@@ -178,14 +185,14 @@ def main():
             with open(a.out, "w") as fh:
                 json.dump(rows, fh, indent=1)
         torch.cuda.empty_cache()
-    print("\n| shape | default | ref TFLOP/s | " + " | ".join(f"spt{int(s)} s{w}" for s, w in ORDERS) + " |")
+    print("\n| shape | default | ref TFLOP/s | " + " | ".join(label(o) for o in ORDERS) + " |")
     print("|" + "---|" * (3 + len(ORDERS)))
     for x in rows:
         if "error" in x:
             print(f"| {x['name']} | error: {x['error'][:120]} |")
             continue
         d = x["default"]
-        cells = " | ".join(f"{x['orders'][f'spt={int(s)} swz={w}']['ratio']:.3f}" for s, w in ORDERS)
+        cells = " | ".join(f"{x['orders'][label(o)]['ratio']:.3f}" for o in ORDERS)
         print(f"| {x['name']} | spt{int(d['spt_order'])} s{d['head_swizzle']} | {x['ref_tflops']:.0f} | {cells} |")
 
 

@@ -221,6 +221,7 @@ def bench():
 
     from flash_attn.cute import flash_attn_func as ref_fa
 
+    from fa4.launch import bwd_config_for
     from fa4.sm90.bwd_launch import launch_bwd
 
     rows = []
@@ -240,7 +241,8 @@ def bench():
                 res = ref_fa(q, k, v, causal=causal, return_lse=True, **ref_kw)
             out, lse = res[0], res[1].float().contiguous()
             feat = {n: x for n, x in ours_feat.items() if n != "sink"}
-            config = default_for(q, k, v, causal, False, feat.get("softcap", 0.0))
+            # The config a flash_attn_func call's backward resolves (the features in its problem).
+            config = bwd_config_for(q, k, v, causal, False, None, sink=sink is not None, **feat)
 
             def ours():
                 return launch_bwd(dout, q, k, v, out, lse, scale, causal, False, config, sink=sink, **feat)

@@ -322,26 +322,19 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     where a CTA stores finished tiles (no GQA, or GQA with gqa_reduce 'loop', which
     default_gqa_reduce picks where its grid fills the machine); query tile 128 at
     hd64 where it fits (not deterministic GQA), its dQ GEMM split by rows, else tile 64; the
-    deterministic non-causal kernel walks 4 (hd64) or 8 (hd128) heads per scheduling group.
+    launch order of default_launch_order.
 
     Measured on the H200 (S=8192, bench/RESULTS.md): at hd64 tile_m 128 with P^T from registers is
     +7.5% (non-causal) / +6% (causal) over 64 (deterministic at tile_m 64 would be 0.84 of the
     tile-128 non-deterministic kernel); dq_split 'rows' +1.4-2.3% / +3.5-3.8% over 'head_dim' at
     that tile; stages 1 loses 12-25% and 3 is within noise; ds_stages 1 is within noise; dq_accum
-    'red_v2' loses 8-22%; spt_order and head_swizzle 2 are within noise non-deterministic, head_swizzle
-    4 loses 7-14% at hd128. Deterministic non-causal, where every key tile of a head adds into the
-    same dQ tiles in turn, head_swizzle 4 took hd64 from 0.89 to 0.99 of the non-deterministic
-    kernel (8: 0.975) and 8 took hd128 from 0.947 to 0.974; causal it stays 1 (8 lost 10% at
-    hd128). dkv_store 'tma' over 'direct': +0.2% / +3.7% / +3.3% / +4.8% (hd64, hd64 causal, hd128,
-    hd128 causal; deterministic alike).
+    'red_v2' loses 8-22%; dkv_store 'tma' over 'direct': +0.2% / +3.7% / +3.3% / +4.8% (hd64, hd64
+    causal, hd128, hd128 causal; deterministic alike).
     """
-    swizzle = 1
-    if problem.deterministic and not problem.causal:
-        swizzle = 4 if problem.head_dim == 64 else 8
     if problem.head_dim in SPLIT_HEAD_DIMS:
-        return _default_split(problem, arch, swizzle)
+        return _default_split(problem, arch)
     reduce = default_gqa_reduce(problem, TILE_N)
-    spt = default_spt_order(problem, reduce)
+    spt, swizzle = default_launch_order(problem, reduce)
     for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
         for st in (2, 1):
             for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
@@ -360,18 +353,42 @@ def loop_ctas(problem: Problem, tile_n: int) -> int:
     return -(-problem.seqlen_k // tile_n) * problem.heads_kv * problem.batch
 
 
-def default_spt_order(problem: Problem, gqa_reduce: str) -> bool:
-    """Shortest key tiles first (True) except for non-deterministic causal 'loop' kernels.
+def masked(problem: Problem) -> bool:
+    """A right bound cuts the key tiles (causal, or a window's right side): the CTAs' work then
+    varies with their key tile, and the launch order decides the tail."""
+    return problem.causal or problem.window_right >= 0
 
-    A 'loop' CTA does the group factor times the work of an 'atomic' one, and under causal masking
-    key tile 0's CTA is the longest (every query tile of every head of its group: 512 steps at
-    Llama-3-8B 8k against ~126 per SM on average). Launched last, as SPT does, it runs alone at
-    the tail: a list-scheduling model on 132 SMs (fixed cost 3 steps a CTA) gives Llama 8k 1276
-    steps with SPT vs 1025 with the natural, longest-first order (ideal 1008; 'atomic' 1120 /
-    1058), Qwen2.5-7B 4k 678 vs 454 (ideal 448). Deterministic keeps SPT: its dQ turns then never
-    wait (the first turn of each tile goes to the CTA launched first), while longest-first makes
-    key tile n wait ~2n steps per head for key tile 0's adds."""
-    return not (gqa_reduce == "loop" and problem.causal and not problem.deterministic)
+
+def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
+    """(spt_order, head_swizzle) of the default config.
+
+    Non-deterministic and masked (causal or a window's right bound): the longest key tiles first
+    (spt_order False) with 4 heads per scheduling group at head_dim 96/128, 2 at 64 and 1 with
+    dkv_split 'head_dim' (192/256) and under gqa_reduce 'loop' (its groups are K/V heads, each a
+    group factor times the work). Measured on the H200 (bench/RESULTS.md, session 11, two runs,
+    against spt_order True / head_swizzle 1): causal S8k +4%, Llama-3-8B 8k +4%, Qwen2.5-7B 4k
+    +6%, sink +4%, window +1-2%, varlen causal +0.5-1.5% at hd128; hd64 +2%; hd192/256 +3-4%
+    (spt alone); Sq 2k / Sk 8k 'loop' loses 3.5% with 4 heads per group. The session 8 finding
+    that this was noise (and head_swizzle 4 a 7-14% loss) was an older kernel's.
+
+    Deterministic, 'loop' included: shortest key tiles first (its dQ turns then never wait: the
+    first turn of each tile goes to the CTA launched first, while longest-first makes key tile n
+    wait ~2n steps per head for key tile 0's adds); non-causal, where every key tile of a head adds
+    into the same dQ tiles in turn, 4 (hd64) or 8 (hd >= 96) heads per group (hd64 0.89 -> 0.99 of
+    the non-deterministic kernel, hd128 0.947 -> 0.974), causal 1 (8 lost 10% at hd128).
+
+    Non-deterministic, unmasked: the order only moves L2 reuse; more heads per group lost 1.5-2.5%
+    non-causal at S8k: (True, 1), as before (spt_order has no effect there).
+    """
+    if problem.deterministic:
+        if problem.causal:
+            return True, 1
+        return True, (4 if problem.head_dim == 64 else 8)
+    if not masked(problem):
+        return True, 1
+    if gqa_reduce == "loop" or problem.head_dim in SPLIT_HEAD_DIMS:
+        return False, 1
+    return False, (2 if problem.head_dim == 64 else 4)
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
@@ -385,7 +402,7 @@ def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
     return "loop"
 
 
-def _default_split(problem: Problem, arch: Arch, swizzle: int) -> BwdConfigSm90:
+def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
     """head_dim 192/256: dkv_split 'head_dim' at tile_m 64 (the registers allow no more), the
     deepest Q/dO ring and dS/P^T double buffer the shared memory allows with bulk dQ adds, then
     with per-thread ones: at 192 (and 192/128) that is the full 2/2/bulk kernel; at 256 a
@@ -393,7 +410,7 @@ def _default_split(problem: Problem, arch: Arch, swizzle: int) -> BwdConfigSm90:
     is taken over a one-deep one with 'bulk' (at 64/128 a one-deep ring lost 12-25%, 'red_v2'
     8-22%; not yet measured here)."""
     reduce = default_gqa_reduce(problem, ROWS_PER_WG)
-    spt = default_spt_order(problem, reduce)
+    spt, swizzle = default_launch_order(problem, reduce)
     for st, ds, acc in ((2, 2, "bulk"), (2, 1, "bulk"), (2, 2, "red_v2"), (2, 1, "red_v2"),
                         (1, 2, "bulk"), (1, 1, "bulk")):
         for dkv in ("tma", "direct"):

@@ -323,3 +323,45 @@ def test_window_dq_turns_are_a_launch_ordered_permutation(sq, sk, causal, spt, l
         assert sorted(turns.values()) == list(range(len(visitors))), (m, turns)
         by_turn = sorted(visitors, key=turns.get)
         assert [launch[n] for n in by_turn] == sorted(launch[n] for n in visitors), (m, turns)
+
+
+# (head_dim, causal, window_right, deterministic, heads_kv of 16 query heads) -> (spt_order,
+# head_swizzle): the H200's session-11 launch-order sweep (bench/RESULTS.md) as the default rule.
+LAUNCH_ORDER = [
+    ((128, True, -1, False, 16), (False, 4)),  # causal S8k +4%, sink +4%
+    ((128, True, -1, False, 4), (False, 4)),  # GQA 'atomic' (Sq = Sk): Llama +4%, Qwen +6%
+    ((96, True, -1, False, 16), (False, 4)),
+    ((64, True, -1, False, 16), (False, 2)),  # hd64 +2%
+    ((192, True, -1, False, 16), (False, 1)),  # split head dims: spt alone +3-4%
+    ((256, True, -1, False, 16), (False, 1)),
+    ((128, False, 0, False, 16), (False, 4)),  # a window's right bound masks like causal
+    ((128, False, -1, False, 16), (True, 1)),  # unmasked: more heads per group lost
+    ((128, True, -1, True, 16), (True, 1)),  # deterministic: shortest first, its turns never wait
+    ((64, False, -1, True, 16), (True, 4)),
+    ((128, False, -1, True, 16), (True, 8)),
+]
+
+
+@pytest.mark.parametrize("key,want", LAUNCH_ORDER)
+def test_default_launch_order(key, want):
+    hd, causal, right, det, hkv = key
+    prob = Problem(batch=2, seqlen_q=8192, seqlen_k=8192, heads_q=16, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
+                   causal=causal, deterministic=det, window_right=right, pass_="bwd", dtype="bf16")
+    cfg = default_config(prob)
+    assert (cfg.spt_order, cfg.head_swizzle) == want
+    assert not violations(cfg, prob)
+
+
+def test_default_launch_order_of_loop_and_varlen():
+    # 'loop' (Sq << Sk under GQA) walks whole K/V heads: one per group, longest first (Sq 2k / Sk 8k
+    # lost 3.5% with 4); varlen takes the dense rule ('atomic').
+    loop = Problem(batch=1, seqlen_q=2048, seqlen_k=8192, heads_q=64, heads_kv=8, head_dim=128, head_dim_v=128,
+                   causal=True, pass_="bwd", dtype="bf16")
+    cfg = default_config(loop)
+    assert (cfg.gqa_reduce, cfg.spt_order, cfg.head_swizzle) == ("loop", False, 1)
+    packed = dataclasses.replace(Problem(batch=8, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16,
+                                         head_dim=128, head_dim_v=128, causal=True, pass_="bwd", dtype="bf16"),
+                                 varlen=True, varlen_mean_q=2048, varlen_mean_k=2048)
+    cfg = default_config(packed)
+    assert (cfg.gqa_reduce, cfg.spt_order, cfg.head_swizzle) == ("atomic", False, 4)
+    assert not violations(cfg, packed)

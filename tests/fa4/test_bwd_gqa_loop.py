@@ -221,8 +221,10 @@ def test_default_rule_at_the_issue_shapes(name, det):
     cfg = default_config(prob)
     assert cfg.gqa_reduce == want and not violations(cfg, prob)
     assert cfg.dkv_store == ("tma" if want == "loop" else "direct")
-    # Causal 'loop' launches the longest key tiles first unless deterministic (default_spt_order).
-    assert cfg.spt_order == (want == "atomic" or det)
+    # Causal: the longest key tiles first unless deterministic (default_launch_order), 'loop' with
+    # one K/V head per scheduling group.
+    assert cfg.spt_order == det
+    assert cfg.head_swizzle == (1 if det or want == "loop" else 4)
 
 
 def test_default_rule_is_a_pure_function_of_the_grid():
@@ -233,7 +235,7 @@ def test_default_rule_is_a_pure_function_of_the_grid():
         want = "loop" if hq != hkv and n >= 264 and 2 * 1024 <= sk else "atomic"
         assert default_gqa_reduce(prob, 128) == want
         assert default_config(prob).gqa_reduce == want
-        assert default_config(prob).spt_order == (want == "atomic")  # causal, non-deterministic
+        assert not default_config(prob).spt_order  # causal, non-deterministic: longest first
         assert default_config(dataclasses.replace(prob, causal=False)).spt_order  # no effect: the default
     # The split path (hd192/256) counts its 64-row key tiles.
     prob = gqa(1, 1024, 4096, 16, 4, hd=256)

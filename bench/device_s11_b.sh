@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Session 11, GPU start 2 (after README command (1)): the new default launch order of the backward
+# (fa4.sm90.bwd_config.default_launch_order) on the H200.
+#  1. GPU tests of the backward whose default changed (dense, features, varlen), 12 xdist workers.
+#  2. bench/bwd_order.py: the default against the old order (spt 1, swizzle 1) at every shape,
+#     ours/ref; bench/bench_varlen.py (issue 18's varlen bar through its own script);
+#     bench/check_bwd_feat.py (window, softcap, sink backward).
+#  3. bench/hf_train.py --family gemma2 (softcap, alternating sliding layers) and gpt_oss (sinks).
+# Logs under $OUT (one tar).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-bench/logs/s11_b}"
+mkdir -p "$out"
+work=$(mktemp -d)
+finish() { tar -C "$work" -cf "$out/s11_b.tar" . ; echo "wrote $out/s11_b.tar"; }
+trap finish EXIT
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export FA4_LOOKUP_LOCAL_DB=0
+unset FA4_TUNING_URL
+step() {  # name, timeout, command...
+  local name=$1 limit=$2; shift 2
+  echo "\$ $*" > "$work/$name.log"
+  local t=$SECONDS
+  timeout "$limit" "$@" >> "$work/$name.log" 2>&1
+  local rc=$?
+  echo "[$name rc=$rc wall=$((SECONDS - t))s]" | tee -a "$work/$name.log"
+  grep -v "^BENCH \|Warning\|generate_mlir\|warnings.warn" "$work/$name.log" | tail -n "${TAILN:-25}"
+}
+workers=""
+python3 -c "import xdist" 2>/dev/null && workers="-n 12"
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  TAILN=6 step tests 170 python3 -m pytest -q $workers -p no:cacheprovider -rf tests/fa4/test_bwd_gpu.py \
+    tests/fa4/test_bwd_feat_gpu.py tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_bwd_gqa_loop_gpu.py
+fi
+TAILN=22 step order 200 python3 bench/bwd_order.py --orders default,1:1 --rounds 2 --out "$work/order.json"
+TAILN=8 step varlen 90 python3 bench/bench_varlen.py --out "$work/varlen.json"
+TAILN=8 step feat 90 python3 bench/check_bwd_feat.py --out "$work/feat.json"
+if [ "${SKIP_HF:-0}" != 1 ]; then
+  TAILN=6 step gemma2 120 python3 bench/hf_train.py --family gemma2 --steps 12
+  TAILN=6 step gpt_oss 120 python3 bench/hf_train.py --family gpt_oss --steps 12
+fi
