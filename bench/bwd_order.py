@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 LENS = [2048, 512, 4096, 1024, 3072, 1536, 2560, 1536]
-# name: (B, Sq, Sk, Hq, Hkv, d), causal, ours' features, the reference's keywords
+# name: (B, Sq, Sk, Hq, Hkv, d[, dv]), causal, ours' features, the reference's keywords
 SHAPES = {
     "varlen-causal": ((None, None, None, 16, 16, 128), True, {}, {}),
     "varlen": ((None, None, None, 16, 16, 128), False, {}, {}),
@@ -43,7 +43,10 @@ SHAPES = {
     "causal-8k": ((2, 8192, 8192, 16, 16, 128), True, {}, {}),
     "gpt2-1k": ((16, 1024, 1024, 12, 12, 64), True, {}, {}),
     "hd64-8k": ((2, 8192, 8192, 32, 32, 64), True, {}, {}),
+    "hd96-8k": ((2, 8192, 8192, 21, 21, 96), True, {}, {}),
+    "hd96-8k-noncausal": ((2, 8192, 8192, 21, 21, 96), False, {}, {}),
     "hd192-8k": ((2, 8192, 8192, 10, 10, 192), True, {}, {}),
+    "hd192v128-8k": ((2, 8192, 8192, 10, 10, 192, 128), True, {}, {}),
     "hd256-8k": ((2, 8192, 8192, 8, 8, 256), True, {}, {}),
     "sq2k-sk8k": ((1, 2048, 8192, 64, 8, 128), True, {}, {}),
     "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True, {}, {}),
@@ -83,11 +86,12 @@ def setup(name):
     from fa4.varlen import bwd_problem
 
     shape, causal, feat, ref_kw = SHAPES[name]
-    B, Sq, Sk, Hq, Hkv, d = shape
+    B, Sq, Sk, Hq, Hkv, d = shape[:6]
+    dv = shape[6] if len(shape) > 6 else d
     g = torch.Generator(device="cuda").manual_seed(0)
     bf = torch.bfloat16
     scale = 1 / math.sqrt(d)
-    flops = 2.5 * 4 * d * pairs(shape, causal, feat)
+    flops = 2.5 * 2 * (d + dv) * pairs(shape, causal, feat)
     if B is None:
         tot, m = sum(LENS), max(LENS)
         q, k, v, dout = (torch.randn(tot, h, d, device="cuda", dtype=bf, generator=g) for h in (Hq, Hkv, Hkv, Hq))
@@ -108,8 +112,9 @@ def setup(name):
                                    max_seqlen_k=m)
         return ours, ref, config, flops
     q = torch.randn(B, Sq, Hq, d, device="cuda", dtype=bf, generator=g)
-    k, v = (torch.randn(B, Sk, Hkv, d, device="cuda", dtype=bf, generator=g) for _ in range(2))
-    dout = torch.randn(B, Sq, Hq, d, device="cuda", dtype=bf, generator=g)
+    k = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=bf, generator=g)
+    v = torch.randn(B, Sk, Hkv, dv, device="cuda", dtype=bf, generator=g)
+    dout = torch.randn(B, Sq, Hq, dv, device="cuda", dtype=bf, generator=g)
     sink = torch.randn(Hq, device="cuda", generator=g) if feat.get("sink") else None
     ref_kw = dict(ref_kw)
     if sink is not None:
