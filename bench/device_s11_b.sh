@@ -32,7 +32,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   TAILN=6 step tests 170 python3 -m pytest -q $workers -p no:cacheprovider -rf tests/fa4/test_bwd_gpu.py \
     tests/fa4/test_bwd_feat_gpu.py tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_bwd_gqa_loop_gpu.py
 fi
-TAILN=22 step order 200 python3 bench/bwd_order.py --orders default,1:1 --rounds 2 --out "$work/order.json"
+TAILN=22 step order 280 python3 bench/bwd_order.py --orders default,1:1 --rounds 2 --out "$work/order.json"
 TAILN=8 step varlen 90 python3 bench/bench_varlen.py --out "$work/varlen.json"
 TAILN=8 step feat 90 python3 bench/check_bwd_feat.py --out "$work/feat.json"
 if [ "${SKIP_HF:-0}" != 1 ]; then

@@ -141,8 +141,10 @@ class BwdConfigSm90:
     )
     spt_order: bool = knob(
         (True, False), True,
-        "Causal: launch the shortest key tiles (highest n_block) first and give them the first dQ turns "
-        "(shortest processing time first), so deterministic lock waits stay short. No effect non-causal.",
+        "Masked (causal, a window's right bound): launch the shortest key tiles (highest n_block) first and "
+        "give them the first dQ turns (shortest processing time first), so deterministic lock waits stay "
+        "short; False launches the longest first, the shorter tail the non-deterministic kernels want "
+        "(default_launch_order). Without a mask every key tile does the same work.",
         runtime=int,  # the kernel's spt flag
     )
     head_swizzle: int = knob(
