@@ -38,9 +38,11 @@ SHAPES = {
     "window": ((1, 16384, 16384, 16, 16, 128), False, dict(window_left=1023, window_right=0),
                dict(window_size=(1023, 0))),
     "sink": ((2, 8192, 8192, 16, 16, 128), True, dict(sink=True), dict(learnable_sink=True)),
+    "softcap": ((2, 8192, 8192, 16, 16, 128), True, dict(softcap=30.0), dict(softcap=30.0)),
     "llama3-8b-8k": ((1, 8192, 8192, 32, 8, 128), True, {}, {}),
     "qwen2.5-7b-4k": ((2, 4096, 4096, 28, 4, 128), True, {}, {}),
     "causal-8k": ((2, 8192, 8192, 16, 16, 128), True, {}, {}),
+    "llama3.2-1b-8k": ((1, 8192, 8192, 32, 8, 64), True, {}, {}),
     "gpt2-1k": ((16, 1024, 1024, 12, 12, 64), True, {}, {}),
     "hd64-8k": ((2, 8192, 8192, 32, 32, 64), True, {}, {}),
     "hd96-8k": ((2, 8192, 8192, 21, 21, 96), True, {}, {}),
@@ -80,9 +82,9 @@ def setup(name):
 
     from fa4.features import normalize
     from fa4.lookup import resolve_config
-    from fa4.sm90.bwd_config import default_config
+    from fa4.launch import bwd_config_for
     from fa4.sm90.bwd_launch import launch_bwd, launch_bwd_varlen
-    from fa4.tensors import arch_of, problem_of
+    from fa4.tensors import arch_of
     from fa4.varlen import bwd_problem
 
     shape, causal, feat, ref_kw = SHAPES[name]
@@ -123,7 +125,8 @@ def setup(name):
         res = ref_fa(q, k, v, causal=causal, return_lse=True, **ref_kw)
     out, lse = res[0], res[1].float().contiguous()
     kw = {n: x for n, x in feat.items() if n != "sink"}
-    config = default_config(problem_of(q, k, v, causal, pass_="bwd"))
+    # The config a flash_attn_func call's backward resolves (the features in its problem).
+    config = bwd_config_for(q, k, v, causal, False, None, sink=sink is not None, **kw)
 
     def ours(cfg):
         return launch_bwd(dout, q, k, v, out, lse, scale, causal, False, cfg, sink=sink, **kw)
@@ -131,7 +134,7 @@ def setup(name):
     left, right = ref_kw.get("window_size", (None, None))
 
     def ref():
-        return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, 0.0, window_size_left=left,
+        return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw.get("softcap", 0.0), window_size_left=left,
                                window_size_right=right, learnable_sink=ref_kw.get("learnable_sink"))
     return ours, ref, config, flops
 
