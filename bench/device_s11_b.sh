@@ -32,10 +32,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
   TAILN=6 step tests 170 python3 -m pytest -q $workers -p no:cacheprovider -rf tests/fa4/test_bwd_gpu.py \
     tests/fa4/test_bwd_feat_gpu.py tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_bwd_gqa_loop_gpu.py
 fi
-TAILN=22 step order 280 python3 bench/bwd_order.py --orders default,1:1 --rounds 2 --shapes varlen-causal,varlen,window,sink,softcap,llama3-8b-8k,qwen2.5-7b-4k,causal-8k,llama3.2-1b-8k,gpt2-1k,hd64-8k,hd96-8k,hd192-8k,hd192v128-8k,hd256-8k,sq2k-sk8k,sq128-sk8k --out "$work/order.json"
-
-
+[ "${SKIP_ORDER:-0}" = 1 ] || TAILN=22 step order 280 python3 bench/bwd_order.py --orders default,1:1 --rounds 2 --shapes varlen-causal,varlen,window,sink,softcap,llama3-8b-8k,qwen2.5-7b-4k,causal-8k,llama3.2-1b-8k,gpt2-1k,hd64-8k,hd96-8k,hd192-8k,hd192v128-8k,hd256-8k,sq2k-sk8k,sq128-sk8k --out "$work/order.json"
 if [ "${SKIP_HF:-0}" != 1 ]; then
   TAILN=6 step gemma2 120 python3 bench/hf_train.py --family gemma2 --steps 12
-
 fi
