@@ -54,6 +54,7 @@ SHAPES = {
     "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True, {}, {}),
     "noncausal-8k": ((2, 8192, 8192, 16, 16, 128), False, {}, {}),
 }
+DET = [False]  # --det: the deterministic kernels, both sides
 ORDERS = [(spt, swz) for spt in (True, False) for swz in (1, 2, 4, 8, 16)]
 DEFAULT = ("default", 0)  # the shape's default config as it is
 
@@ -102,16 +103,16 @@ def setup(name):
             res = ref_varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
                              causal=causal, return_lse=True)
         out, lse = res[0], res[1].float().contiguous()
-        problem = bwd_problem(q, k, v, len(LENS), m, m, normalize(q[None], causal, (None, None), None, 0.0), False)
+        problem = bwd_problem(q, k, v, len(LENS), m, m, normalize(q[None], causal, (None, None), None, 0.0), DET[0])
         config = resolve_config(problem, arch_of(q.device), None)[1]
 
         def ours(cfg):
-            return launch_bwd_varlen(dout, q, k, v, out, lse, cu, cu, m, m, None, None, scale, causal, False, cfg)
+            return launch_bwd_varlen(dout, q, k, v, out, lse, cu, cu, m, m, None, None, scale, causal, DET[0], cfg)
 
         def ref():
             return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, 0.0, window_size_left=None,
                                    window_size_right=None, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
-                                   max_seqlen_k=m)
+                                   max_seqlen_k=m, deterministic=DET[0])
         return ours, ref, config, flops
     q = torch.randn(B, Sq, Hq, d, device="cuda", dtype=bf, generator=g)
     k = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=bf, generator=g)
@@ -126,16 +127,17 @@ def setup(name):
     out, lse = res[0], res[1].float().contiguous()
     kw = {n: x for n, x in feat.items() if n != "sink"}
     # The config a flash_attn_func call's backward resolves (the features in its problem).
-    config = bwd_config_for(q, k, v, causal, False, None, sink=sink is not None, **kw)
+    config = bwd_config_for(q, k, v, causal, DET[0], None, sink=sink is not None, **kw)
 
     def ours(cfg):
-        return launch_bwd(dout, q, k, v, out, lse, scale, causal, False, cfg, sink=sink, **kw)
+        return launch_bwd(dout, q, k, v, out, lse, scale, causal, DET[0], cfg, sink=sink, **kw)
 
     left, right = ref_kw.get("window_size", (None, None))
 
     def ref():
         return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw.get("softcap", 0.0), window_size_left=left,
-                               window_size_right=right, learnable_sink=ref_kw.get("learnable_sink"))
+                               window_size_right=right, learnable_sink=ref_kw.get("learnable_sink"),
+                               deterministic=DET[0])
     return ours, ref, config, flops
 
 
@@ -163,7 +165,7 @@ def bench_shape(name, rounds=2):
             times[o].append(timed(lambda cfg=cfg: ours(cfg)))
         ref_t.append(timed(ref))
     t_ref = sorted(ref_t)[len(ref_t) // 2]
-    row = dict(name=name, default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
+    row = dict(name=name, deterministic=DET[0], default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
                config=str(config), max_rel_diff_vs_ref=diff, ref_ms=ref_t, ref_tflops=flops / t_ref / 1e9,
                orders={label(o): dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
                        for o, t in times.items()})
@@ -175,8 +177,10 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--det", action="store_true", help="deterministic backwards (ours and the reference's)")
     ap.add_argument("--orders", default=None, help="e.g. 1:1,0:2,0:4 (spt_order:head_swizzle)")
     a = ap.parse_args()
+    DET[0] = a.det
     if a.orders:
         ORDERS[:] = [DEFAULT if x == "default" else (bool(int(x.split(":")[0])), int(x.split(":")[1]))
                      for x in a.orders.split(",")]

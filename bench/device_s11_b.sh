@@ -36,3 +36,7 @@ fi
 if [ "${SKIP_HF:-0}" != 1 ]; then
   TAILN=6 step gemma2 120 python3 bench/hf_train.py --family gemma2 --steps 12
 fi
+if [ "${SKIP_DET:-0}" != 1 ]; then
+  TAILN=10 step det 150 python3 bench/bwd_order.py --det --orders default,1:2,1:4,0:4 --rounds 2 \
+    --shapes llama3-8b-8k,qwen2.5-7b-4k,causal-8k,llama3.2-1b-8k,sq2k-sk8k,varlen-causal --out "$work/det.json"
+fi
