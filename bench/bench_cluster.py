@@ -3,8 +3,9 @@
 One process, do_bench median (as bench/check_bwd.py): B = 16384 / S, H = 2048 / head_dim, bf16,
 causal and not. For each shape: our default config ("off"), the same with the exchange ("on",
 bench/check_bwd.exchanged: one dS buffer where two no longer fit, hd192, timed beside "off ds1",
-the default with one dS buffer, so the exchange's own effect is on/off-ds1), the reference FA4. Before timing, "on" is
-compared with "off" on the timed inputs (max |on - off| / max |off| per gradient).
+the default with one dS buffer, so the exchange's own effect is on/off-ds1), the reference FA4.
+Before timing, "on" is compared with "off" on the timed inputs (max |on - off| / max |off| per
+gradient). bench_shape runs on the CPU with the GPU faked (tests/fa4/test_bwd_pair.py).
 
     python bench/bench_cluster.py [--hds 256,192,192:128] [--seqlen 8192] [--out results.json]
 """
@@ -24,7 +25,6 @@ import check_bwd  # noqa: E402
 
 from fa4.problem import Problem  # noqa: E402
 from fa4.sm90.bwd_config import default_config, violations  # noqa: E402
-from fa4.sm90.bwd_launch import flash_attn_bwd  # noqa: E402
 from fa4.tensors import problem_of  # noqa: E402
 
 
@@ -37,9 +37,54 @@ def configs(prob: Problem) -> dict:
     return {k: c for k, c in out.items() if not violations(c, prob)}
 
 
-def main():
+def bench_shape(S: int, D, causal: bool, device="cuda", tokens: int = 16384, width: int = 2048) -> dict:
+    """One row: TFLOP/s of each config of configs() and of the reference FA4 at B = tokens / S,
+    H = width / head_dim, and how far "on" is from "off" on the timed inputs."""
     import triton.testing as tt
 
+    import fa4
+    from fa4.sm90 import bwd_launch
+
+    d, dv = check_bwd.dims(D)
+    B, H = max(1, tokens // S), width // d
+    g = torch.Generator(device=device).manual_seed(7)
+    q, k = (torch.randn(B, S, H, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    v, dout = (torch.randn(B, S, H, dv, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    prob = problem_of(q, k, v, causal, pass_="bwd")
+    flops = Problem(B, S, S, H, H, d, dv, causal=causal, pass_="bwd").flops
+    row = dict(S=S, D=check_bwd.label(D), causal=causal)
+    runs = {}
+    cfgs = configs(prob)
+    for name, cfg in cfgs.items():
+        runs[name] = lambda cfg=cfg: bwd_launch.flash_attn_bwd(dout, q, k, v, out, lse, None, causal, False, cfg)
+    try:
+        g_off, g_on = runs["off"](), runs["on"]()
+        row["on_vs_off"] = {n: ((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+                            for n, x, y in zip(("dq", "dk", "dv"), g_on, g_off)}
+    except Exception as e:  # noqa: BLE001 - a failing exchange must not hide the other numbers
+        print(f"on vs off failed at {row['D']} causal={causal}: {e}"[:300], flush=True)
+    try:
+        from flash_attn.cute import flash_attn_func as ref_fa4
+
+        qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
+        o = ref_fa4(qr, kr, vr, causal=causal)
+        o = o[0] if isinstance(o, tuple) else o
+        runs["ref FA4"] = lambda: torch.autograd.grad(o, (qr, kr, vr), dout, retain_graph=True)
+    except Exception as e:  # noqa: BLE001
+        print("reference FA4 unavailable:", str(e)[:200], flush=True)
+    for name, run in runs.items():
+        try:
+            run()
+            row[name] = flops / tt.do_bench(run, warmup=20, rep=200, return_mode="median") / 1e9
+        except Exception as e:  # noqa: BLE001
+            row[name] = None
+            print(f"{name} failed at {row['D']} causal={causal}: {e}"[:300], flush=True)
+    row["configs"] = {n: dataclasses.asdict(c) for n, c in cfgs.items()}
+    return row
+
+
+def main():
     ap = argparse.ArgumentParser()
     # hd256 first: where the exchange is expected to pay (a capped run still measures it).
     ap.add_argument("--hds", default="256,192,192:128")
@@ -48,47 +93,17 @@ def main():
     a = ap.parse_args()
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
-    S = a.seqlen
     for D in check_bwd.parse_hds(a.hds):
         for causal in (False, True):
-            d, dv = check_bwd.dims(D)
-            B, H = max(1, 16384 // S), 2048 // d
-            q, k, v, dout, out, lse = check_bwd.make_inputs(B, S, S, H, H, D, causal, torch.bfloat16, 7)
-            prob = problem_of(q, k, v, causal, pass_="bwd")
-            flops = Problem(B, S, S, H, H, d, dv, causal=causal, pass_="bwd").flops
-            row = dict(S=S, D=check_bwd.label(D), causal=causal)
-            runs = {}
-            cfgs = configs(prob)
-            for name, cfg in cfgs.items():
-                runs[name] = lambda cfg=cfg: flash_attn_bwd(dout, q, k, v, out, lse, None, causal, False, cfg)
-            if "on" in runs and "off" in runs:
-                g_off, g_on = runs["off"](), runs["on"]()
-                torch.cuda.synchronize()
-                row["on_vs_off"] = {n: ((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
-                                    for n, x, y in zip(("dq", "dk", "dv"), g_on, g_off)}
-            try:
-                from flash_attn.cute import flash_attn_func as ref_fa4
-
-                qr, kr, vr = (t.detach().requires_grad_() for t in (q, k, v))
-                o = ref_fa4(qr, kr, vr, causal=causal)
-                o = o[0] if isinstance(o, tuple) else o
-                runs["ref FA4"] = lambda o=o, qr=qr, kr=kr, vr=vr: torch.autograd.grad(
-                    o, (qr, kr, vr), dout, retain_graph=True)
-            except Exception as e:  # noqa: BLE001
-                print("reference FA4 unavailable:", str(e)[:200], flush=True)
-            for name, run in runs.items():
-                try:
-                    run()
-                    row[name] = flops / tt.do_bench(run, warmup=20, rep=200, return_mode="median") / 1e9
-                except Exception as e:  # noqa: BLE001
-                    row[name] = None
-                    print(f"{name} failed at {row['D']} causal={causal}: {e}"[:300], flush=True)
-            row["configs"] = {n: dataclasses.asdict(c) for n, c in cfgs.items()}
+            row = bench_shape(a.seqlen, D, causal)
             rows.append(row)
             print("BENCH " + json.dumps({k: v for k, v in row.items() if k != "configs"}), flush=True)
             if a.out:  # after every row: a run stopped by its time cap keeps what it measured
                 Path(a.out).write_text(json.dumps(rows, indent=1))
+    table(rows)
 
+
+def table(rows):
     def f(x):
         return f"{x:.0f}" if x else "-"
 
@@ -102,8 +117,6 @@ def main():
         diff = ", ".join(f"{x:.1e}" for x in w.get("on_vs_off", {}).values())
         print(f"| {w['S']} | {w['D']} | {w['causal']} | {f(o)} | {f(o1)} | {f(n)} | {r(n, o)} | {r(n, o1)} | "
               f"{f(ref)} | {r(o, ref)} | {r(n, ref)} | {diff} |")
-    if a.out:
-        Path(a.out).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

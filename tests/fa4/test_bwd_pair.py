@@ -133,3 +133,48 @@ def test_cluster_exchange_feasibility():
     assert any("shared memory" in v for v in violations(pair_cfg(stages=2), bwd(192)))
     assert not violations(pair_cfg(stages=2, ds_stages=1), bwd(192))
     assert not violations(pair_cfg(stages=2), bwd(192, 128))
+
+
+@pytest.mark.parametrize("hd,names", [(256, {"off", "on"}), (192, {"off", "on", "off ds1"})])
+def test_bench_harness_on_cpu(monkeypatch, hd, names):
+    """bench/bench_cluster.py's bench_shape with the GPU faked (tests/fa4/cpu_kernels' forward, the
+    backward by its equations after bwd_launch.resolve_config has accepted the config, do_bench a
+    single call of 1 ms): each config is run as named (the exchange only in "on", one dS buffer
+    beside it at hd192), on and off compared, and the reference's absence reported, not raised."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    from fa4.sm90 import bwd_launch
+    from fa4.tensors import problem_of
+    from tests.fa4 import cpu_kernels
+
+    cpu_kernels.install(monkeypatch)
+    seen = []
+
+    def fake_bwd(dout, q, k, v, out, lse, softmax_scale=None, causal=False, deterministic=False, config=None):
+        config = bwd_launch.resolve_config(problem_of(q, k, v, causal, pass_="bwd"), config)
+        seen.append((config.cluster_exchange, config.ds_stages))
+        return cpu_kernels.backward_math(dout, q, k, v, softmax_scale or q.shape[3] ** -0.5, causal)
+
+    monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
+    testing = types.ModuleType("triton.testing")
+    testing.do_bench = lambda run, **kw: (run(), 1.0)[1]
+    triton = types.ModuleType("triton")
+    triton.testing = testing
+    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.testing", testing)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # the reference: not importable here
+    spec = importlib.util.spec_from_file_location(
+        "bench_cluster", Path(__file__).resolve().parents[2] / "bench" / "bench_cluster.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = mod.bench_shape(128, hd, True, device="cpu", tokens=128, width=2 * hd)
+    assert set(row["configs"]) == names and "ref FA4" not in row
+    assert row["configs"]["on"]["cluster_exchange"] and not row["configs"]["off"]["cluster_exchange"]
+    assert {on for on, _ in seen} == {False, True}
+    assert {ds for on, ds in seen if on} == {1 if hd == 192 else 2}
+    assert row["on_vs_off"] == {"dq": 0.0, "dk": 0.0, "dv": 0.0}
+    flops = Problem(1, 128, 128, 2, 2, hd, hd, causal=True, pass_="bwd").flops
+    assert all(row[n] == pytest.approx(flops / 1e9) for n in names)
