@@ -70,6 +70,18 @@ def test_exchange_kernel_codegen(hd, hdv, causal, gqa):
     # (Each WGMMA of dQ is N = d/4; both GEMMs of the pair's K reduction, K = 64 each.)
 
 
+@pytest.mark.parametrize("hd", [192, 256])
+def test_exchange_with_sink_codegen(hd):
+    """A learnable sink (allowed: its gradient is the host's) compiles the same clean exchange."""
+    ensure_target()
+    prob = Problem(1, 8192, 8192, 16, 4, hd, hd, causal=True, pass_="bwd", sink=True)
+    cfg = exchanged(prob)
+    key = compile_key("bf16", hd, True, True, False, cfg, hd, has_sink=True)
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, [])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
+    assert ptx_counts(ptx)["cp.async.bulk.shared::cluster.shared::cta"] == 2
+
+
 def test_kernels_without_the_knob_have_no_cluster_code():
     ensure_target()
     prob = problem(256, 256, False, False)
