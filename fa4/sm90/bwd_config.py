@@ -148,7 +148,8 @@ class BwdConfigSm90:
         "K columns loaded once): half the fp32 dQ reductions per CTA (fa4.common.bwd_pair). Expected to pay "
         "where those reductions bound the step (head_dim 256: 64 KiB per step at tile_m 64; not yet "
         "measured, so never the default); it costs the peer's K slice and dS buffers in shared memory "
-        "(hd192: one dS buffer at stages 2) and the exchange's handshake per step.",
+        "(hd192: one dS buffer at stages 2) and the exchange's handshake per step. Not with varlen, "
+        "gqa_reduce 'loop', deterministic mode, a window or softcap (cluster_violations).",
     )
     spt_order: bool = knob(
         (True, False), True,
