@@ -40,12 +40,15 @@ def test_grads_match_reference(check_bwd, hd, causal, det, shape):
 # ring) exist only at tile_m 64, so they are changed together with it. Every change is feasible
 # and differs from the default: none is skipped.
 _T64 = dict(tile_m=64, dq_split="head_dim")
+# The launch order's knobs, whose default depends on the problem (default_launch_order): the other
+# order, and another group size than the default's.
+FLIP, OTHER = "flip", "other"
 KNOB_CHANGES = [(64, c) for c in (
-    dict(spt_order=False), dict(head_swizzle=4), dict(ds_stages=1), dict(dq_split="head_dim"),
+    dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(ds_stages=1), dict(dq_split="head_dim"),
     dict(dkv_store="direct"), _T64, dict(_T64, stages=1), dict(_T64, dq_accum="red_v2"), dict(_T64, dq_accum="red"),
     dict(_T64, dv_operand="smem"), dict(_T64, ds_store="sts"),
 )] + [(128, c) for c in (
-    dict(stages=1), dict(spt_order=False), dict(head_swizzle=4), dict(dv_operand="smem"), dict(ds_store="sts"),
+    dict(stages=1), dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(dv_operand="smem"), dict(ds_store="sts"),
     dict(ds_stages=1), dict(dkv_store="direct"),
 )]
 
@@ -63,6 +66,12 @@ def _check_knob_alone(check_bwd, hd, causal, change):
     from fa4.sm90.bwd_config import violations
 
     shape = check_bwd.variant_shape(change)
+    base = check_bwd.default_for(shape, hd, causal, False)
+    change = dict(change)
+    if change.get("spt_order") == FLIP:
+        change["spt_order"] = not base.spt_order
+    if change.get("head_swizzle") == OTHER:
+        change["head_swizzle"] = 1 if base.head_swizzle != 1 else 4
     cfg = check_bwd.default_for(shape, hd, causal, False, **change)
     assert cfg != check_bwd.default_for(shape, hd, causal, False), f"{change} is the default at hd{hd}"
     assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
@@ -127,11 +136,11 @@ def test_later_head_dims_fp16(check_bwd, hd, causal, shape):
 # Knobs moved off each later head dim's default, alone (or with what they need), where feasible.
 LATER_CHANGES = [(96, c) for c in (
     dict(stages=1), dict(ds_stages=1), dict(dv_operand="smem"), dict(ds_store="sts"), dict(dq_accum="red_v2"),
-    dict(dkv_store="direct"), dict(spt_order=False),
+    dict(dkv_store="direct"), dict(spt_order=FLIP),
 )] + [(hd, c) for hd in (192, (192, 128)) for c in (
     dict(ds_stages=1), dict(stages=1), dict(ds_store="sts"), dict(dq_accum="red_v2"), dict(dq_accum="red"),
     dict(dkv_store="direct"),
-)] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=False))]
+)] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=FLIP))]
 
 
 @pytest.mark.parametrize("causal", [False, True])
