@@ -28,6 +28,9 @@ SHAPES = {
     "qwen2.5-7b-4k": ((2, 4096, 4096, 28, 4, 128), True),
     "sq2k-sk8k": ((1, 2048, 8192, 64, 8, 128), True),
     "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True),
+    # hd64 under GQA: deterministic 'atomic' runs tile_m 64 there (its dK/dV locks spill at 128),
+    # 0.82 of the non-deterministic kernel in session 11; 'loop' has no dK/dV locks.
+    "llama3.2-1b-8k": ((1, 8192, 8192, 32, 8, 64), True),
 }
 VARIANTS = {
     "atomic": dict(gqa_reduce="atomic", dkv_store="direct"),
@@ -37,6 +40,8 @@ VARIANTS = {
     "loop spt": dict(gqa_reduce="loop", dkv_store="tma", spt_order=True),
     "loop lpt": dict(gqa_reduce="loop", dkv_store="tma", spt_order=False),
     "atomic lpt": dict(gqa_reduce="atomic", dkv_store="direct", spt_order=False),
+    # hd64: the 128-row query tile, which deterministic 'atomic' cannot take (violations()).
+    "loop t128": dict(gqa_reduce="loop", dkv_store="tma", tile_m=128, dq_split="rows"),
 }
 
 
