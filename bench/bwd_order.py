@@ -14,7 +14,12 @@ Both sides run their backward launch alone on the reference forward's out and ls
 bench/check_bwd_feat.py and bench/bench_varlen.py do), do_bench median; every variant is timed
 twice in interleaved rounds and the reference at the start and end of each round.
 
-    python bench/bwd_order.py [--out rows.json] [--shapes varlen,llama,...]
+    python bench/bwd_order.py [--out rows.json] [--shapes varlen-causal,llama3-8b-8k,...]
+        [--orders default,1:1,0:4] [--rounds 2] [--det]
+
+``--orders`` lists spt_order:head_swizzle pairs ("default": the config a call resolves, as it is);
+``--det`` times the deterministic kernels of both sides. Session 11's three runs of this script
+set today's default (fa4.sm90.bwd_config.default_launch_order).
 """
 
 from __future__ import annotations
