@@ -440,3 +440,23 @@ def test_shape_label_says_varlen():
 
     assert _shape_label(ISSUE).endswith("causal varlen mean 2048")
     assert "varlen mean 96,150" in _shape_label(dataclasses.replace(SMALL, seqlen_k=200, varlen_mean_k=150))
+
+
+def test_cli_without_gpu_counts_the_varlen_space_and_compiles_its_kernel(tmp_path):
+    """fa4-tune on a varlen problem on a machine without a GPU: the packed problem's space (persistent
+    off: the varlen kernel runs a CTA per tile) and a real sm_90a compile of the varlen kernel."""
+    import json
+
+    from fa4.knobs import iter_configs
+    from fa4.sm90 import fwd_config
+    from tests.tuner.test_cli import fa4_tune
+
+    r = fa4_tune("--provider", "fa4", "--batch", "8", "--seqlen", "4096", "--hdim", "128", "--causal",
+                 "--varlen-mean", "2048", "--trials", "1", "--json", "--db", f"sqlite:///{tmp_path / 'r.db'}",
+                 timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    assert Problem.from_dict(rep["problem"]) == ISSUE
+    feasible = [c for c in iter_configs(fwd_config.FwdConfigSm90) if not fwd_config.violations(c, ISSUE, SM90)]
+    assert rep["feasible"] == len(feasible) and not any(c.persistent for c in feasible)
+    assert rep["compile"]["compiled"] == 1 and rep["compile"]["ok"] == 1 and rep["compile"]["errors"] == []
