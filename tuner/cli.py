@@ -30,7 +30,7 @@ distributed tuning:
   --devices 0,1 (or all)   one worker process per GPU (CUDA_VISIBLE_DEVICES pinned), all on the
                            same Optuna studies; a lock file per GPU keeps a second fa4-tune off it.
   --seqlen 1024,2048 --hdim 64,128, or --shapes FILE (JSON list / CSV with a header of
-                           seqlen,hdim[,hdim_v,batch,heads,heads_kv,seqlen_k,causal,dtype,pass]):
+                           seqlen,hdim[,hdim_v,batch,heads,heads_kv,seqlen_k,causal,dtype,pass,varlen_mean]):
                            several shapes; workers start on different shapes and share trials.
   storage: one host -> leave --storage out (a journal file beside the DB; safe for many
            processes). Several hosts -> --storage postgresql://user:pass@host/db on each host
