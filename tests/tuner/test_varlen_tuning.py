@@ -58,13 +58,15 @@ def test_problem_varlen_seqlens_pair_the_two_sides():
         Problem.standard(1024, 64).varlen_seqlens()
 
 
-def _dense_flops(lq, lk, p, left=None, right=None):
-    pairs = visible_pairs(lq, lk, lk - lq, left, 0 if p.causal else right) if (p.causal or left is not None
-                                                                                 or right is not None) else lq * lk
-    if p.causal and left is None:
-        pairs = lq * lk / 2  # the convention: causal halves (not the exact triangle)
-    f = 2.0 * p.heads_q * pairs * (p.head_dim + p.head_dim_v)
-    return f * (2.5 if p.pass_ == "bwd" else 1.0)
+def _sequence_flops(lq, lk, p):
+    """One sequence by the FlashAttention convention: a window counts its visible pairs, causal
+    halves the rectangle, bwd = 2.5x."""
+    if p.has_window:
+        pairs = visible_pairs(lq, lk, lk - lq, p.window_left if p.window_left >= 0 else None,
+                              p.window_right if p.window_right >= 0 else None)
+    else:
+        pairs = lq * lk / (2 if p.causal else 1)
+    return 2.0 * p.heads_q * pairs * (p.head_dim + p.head_dim_v) * (2.5 if p.pass_ == "bwd" else 1.0)
 
 
 @pytest.mark.parametrize("problem", [
@@ -74,9 +76,7 @@ def _dense_flops(lq, lk, p, left=None, right=None):
 ], ids=["issue-causal", "full-bwd", "window", "sq!=sk"])
 def test_varlen_flops_sum_over_the_sequences(problem):
     lens_q, lens_k = problem.varlen_seqlens()
-    left = problem.window_left if problem.window_left >= 0 else None
-    right = problem.window_right if problem.window_right >= 0 else None
-    want = sum(_dense_flops(a, b, problem, left, right) for a, b in zip(lens_q, lens_k))
+    want = sum(_sequence_flops(a, b, problem) for a, b in zip(lens_q, lens_k))
     assert problem.flops == pytest.approx(want, rel=1e-12)
     assert harness.tflops(problem, 2.0) == pytest.approx(want / 2e-3 / 1e12)
     if problem is ISSUE:
