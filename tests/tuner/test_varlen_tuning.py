@@ -188,8 +188,9 @@ def test_bwd_check_compares_the_gradients_of_each_sequence():
 # ---- the providers with the launch faked ------------------------------------------------
 
 
-def _fake_bwd(monkeypatch) -> list:
-    """fa4.sm90.bwd_launch's varlen kernels replaced by tests/fa4/test_varlen_bwd_host.py's models."""
+def install_fake_backward(monkeypatch) -> list:
+    """fa4.sm90.bwd_launch's varlen kernels replaced by tests/fa4/test_varlen_bwd_host.py's models
+    (``monkeypatch``: anything with monkeypatch's setattr). Returns the keys built, in order."""
     from fa4.sm90 import bwd_launch
     from fa4.sm90.bwd_compile import BwdKernelKey
     from tests.fa4 import test_varlen_bwd_host as models
@@ -214,7 +215,7 @@ def fake_gpu(monkeypatch):
     """Both directions of the varlen launch faked; returns (forward keys, backward keys)."""
     from tests.fa4.test_varlen_host import install_fake_forward
 
-    return install_fake_forward(monkeypatch), _fake_bwd(monkeypatch)
+    return install_fake_forward(monkeypatch), install_fake_backward(monkeypatch)
 
 
 def test_fa4_make_fwd_runs_the_varlen_kernel_with_the_given_config(fake_gpu):
@@ -310,7 +311,7 @@ def test_flash_attn4_maps_the_packed_arguments(monkeypatch):
 # ---- measure() and a tuner run end to end ------------------------------------------------
 
 
-def _cpu_measuring(monkeypatch):
+def cpu_measuring(monkeypatch):
     """harness.measure on CPU tensors: no device synchronisation, and a timing loop that runs the
     callable once and reports 2 ms per rep."""
     make_inputs = harness.make_inputs
@@ -321,7 +322,7 @@ def _cpu_measuring(monkeypatch):
 
 @pytest.mark.parametrize("pass_", ["fwd", "bwd"])
 def test_measure_checks_and_counts_a_varlen_problem(fake_gpu, monkeypatch, pass_):
-    _cpu_measuring(monkeypatch)
+    cpu_measuring(monkeypatch)
     problem = dataclasses.replace(SMALL, pass_=pass_)
     p = Fa4Provider()
     m = p.measure(problem, p.default_config(problem, SM90), Settings(check_batches=3))
@@ -352,7 +353,7 @@ def test_a_tuner_run_on_a_varlen_problem(fake_gpu, monkeypatch, tmp_path):
     from tuner.study import Tuner
     from tuner.worker import InProcessRunner
 
-    _cpu_measuring(monkeypatch)
+    cpu_measuring(monkeypatch)
     problem = dataclasses.replace(SMALL, pass_="bwd")
     store = ResultsStore.open(f"sqlite:///{tmp_path / 'r.db'}")
     try:
@@ -460,3 +461,28 @@ def test_cli_without_gpu_counts_the_varlen_space_and_compiles_its_kernel(tmp_pat
     feasible = [c for c in iter_configs(fwd_config.FwdConfigSm90) if not fwd_config.violations(c, ISSUE, SM90)]
     assert rep["feasible"] == len(feasible) and not any(c.persistent for c in feasible)
     assert rep["compile"]["compiled"] == 1 and rep["compile"]["ok"] == 1 and rep["compile"]["errors"] == []
+
+
+def test_fa4_tune_on_a_fake_gpu_tunes_a_varlen_problem(tmp_path):
+    """fa4-tune --varlen-mean as a user runs it on a GPU machine (tests/fakegpu): the lock, the
+    measuring process (the launch faked there: tests/tuner/fake_providers.FakedLaunchFa4), the study,
+    the results DB and the report, for the packed problem."""
+    from store import ResultsStore
+    from tests.fakegpu import sitecustomize as fakegpu
+    from tests.tuner.test_gpu_paths import on_fake_gpus
+
+    db = f"sqlite:///{tmp_path}/tune.db"
+    r = on_fake_gpus(1, "--batch", "3", "--seqlen", "160", "--hdim", "64", "--heads", "4", "--heads-kv", "2",
+                     "--causal", "--varlen-mean", "96", "--pass", "bwd", "--trials", "3", "--verify-rounds", "0",
+                     "--provider", "plugin:tests.tuner.fake_providers:FakedLaunchFa4", "--db", db, tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    problem = dataclasses.replace(SMALL, pass_="bwd")
+    assert r.stdout.splitlines()[0] == f"fa4 on {fakegpu.NAME}: {problem.key()}"
+    tflops = problem.flops / 2e-3 / 1e12
+    assert f"default: {tflops:.1f} TFLOP/s, median 2.0000 ms" in r.stdout, r.stdout
+    with ResultsStore.open(db) as store:
+        rows = store.measurements(provider="fa4")
+        assert len(rows) >= 1 and all(r_["status"] == "ok" for r_ in rows), rows
+        assert all(r_["tflops"] == pytest.approx(tflops) for r_ in rows)
+        assert all(passes_error_rule(r_["error"], r_["ref_error"], 1e-4) for r_ in rows)
+        assert store.best(fakegpu.NAME, "fa4", problem) is not None
