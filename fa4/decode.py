@@ -242,8 +242,13 @@ def flash_attn_with_kvcache(
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                            seqused_q=None, seqused_k=None, page_table=None, softmax_scale=None, causal=False,
                            window_size=(None, None), learnable_sink=None, softcap=0.0, num_splits=1, pack_gqa=None,
-                           deterministic=False, return_lse=False, **unsupported):
+                           deterministic=False, return_lse=False, config=None, bwd_config=None, **unsupported):
     """The reference's variable-length entry, its names and positional order.
+
+    ``config`` overrides the tuned forward config (packed: a FwdConfigSm90, decode: a
+    DecodeConfigSm90, or a dict of its knobs) and ``bwd_config`` the packed backward's (a
+    BwdConfigSm90 or dict; checked at the forward call, as flash_attn_func's): what the tuner
+    measures a config with.
 
     Built: packed sequences, q (total_q, Hq, D) with ``cu_seqlens_q``/``cu_seqlens_k`` (and
     ``seqused_q``/``seqused_k``), causal/window/softcap/sinks, forward and backward (fa4.varlen:
@@ -266,14 +271,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
         from fa4.varlen import varlen_forward
 
         return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-                              softmax_scale, causal, window_size, softcap, learnable_sink, return_lse,
-                              deterministic=deterministic)
+                              softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, config=config,
+                              deterministic=deterministic, bwd_config=bwd_config)
     given = sorted(k_ for k_, v_ in unsupported.items() if v_ is not None)
     given += [n for n, v_, off in (("seqused_q", seqused_q, None), ("window_size", tuple(window_size), (None, None)),
-                                   ("learnable_sink", learnable_sink, None), ("softcap", softcap or 0.0, 0.0))
+                                   ("learnable_sink", learnable_sink, None), ("softcap", softcap or 0.0, 0.0),
+                                   ("bwd_config", bwd_config, None))
               if v_ != off]
     if given:
         raise NotImplementedError(f"fa4.flash_attn_varlen_func's decode path does not take {', '.join(given)}")
     return flash_attn_with_kvcache(q, k, v, cache_seqlens=seqused_k, page_table=page_table,
                                    softmax_scale=softmax_scale, causal=causal, num_splits=num_splits,
-                                   pack_gqa=pack_gqa, return_lse=return_lse)
+                                   pack_gqa=pack_gqa, return_lse=return_lse, config=config)

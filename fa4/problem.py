@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -27,7 +28,8 @@ class Problem:
     Packed variable-length sequences (``varlen``): ``batch`` is the number of sequences,
     seqlen_q/seqlen_k the longest one's lengths (the grid's extent), and ``varlen_mean_q``/
     ``varlen_mean_k`` the mean lengths (rounded; 0 when not varlen), what tells a packed batch of
-    many short documents from one of few long ones. The mask applies per sequence.
+    many short documents from one of few long ones. The mask applies per sequence. The lengths a
+    measurement packs (and its FLOPs count) are ``varlen_seqlens()``: fixed by these three numbers.
     """
 
     batch: int
@@ -101,16 +103,35 @@ class Problem:
         left = self.window_left if self.window_left >= 0 else None
         return visible_pairs(self.seqlen_q, self.seqlen_k, o, left, right)
 
+    def varlen_seqlens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(query lengths, key lengths) of the packed sequences a varlen problem stands for, in
+        packing order (sequence b's queries attend to sequence b's keys): varlen_lengths of each
+        side. ValueError when the problem is not varlen or its mean cannot be met."""
+        if not self.varlen:
+            raise ValueError("varlen_seqlens() is for varlen problems")
+        return (varlen_lengths(self.batch, self.seqlen_q, self.varlen_mean_q),
+                varlen_lengths(self.batch, self.seqlen_k, self.varlen_mean_k))
+
     @classmethod
     def standard(cls, seqlen: int, head_dim: int, **kw) -> "Problem":
-        """The benchmark convention: batch*seqlen = 16k tokens, heads*head_dim = 2048."""
-        batch = kw.pop("batch", None) or max(1, 16384 // seqlen)
+        """The benchmark convention: batch*seqlen = 16k tokens, heads*head_dim = 2048.
+
+        Varlen (``varlen_mean_q`` given; ``varlen`` follows): ``seqlen`` is the longest sequence, the
+        default batch holds 16k tokens in all (16384 // varlen_mean_q sequences) and the key side's
+        mean defaults to the query side's, scaled by seqlen_k / seqlen."""
+        seqlen_k = kw.pop("seqlen_k", None) or seqlen
+        if kw.get("varlen_mean_q"):
+            kw.setdefault("varlen", True)
+            if not kw.get("varlen_mean_k"):
+                kw["varlen_mean_k"] = default_varlen_mean_k(kw["varlen_mean_q"], seqlen, seqlen_k)
+        tokens = kw["varlen_mean_q"] if kw.get("varlen") and kw.get("varlen_mean_q") else seqlen
+        batch = kw.pop("batch", None) or max(1, 16384 // tokens)
         heads = kw.pop("heads_q", None) or max(1, 2048 // head_dim)
         heads_kv = kw.pop("heads_kv", None) or heads
         return cls(
             batch=batch,
             seqlen_q=seqlen,
-            seqlen_k=kw.pop("seqlen_k", None) or seqlen,
+            seqlen_k=seqlen_k,
             heads_q=heads,
             heads_kv=heads_kv,
             head_dim=head_dim,
@@ -121,10 +142,17 @@ class Problem:
     @property
     def flops(self) -> float:
         """FLOPs counted by the FlashAttention convention (causal halves, bwd = 2.5x fwd). Varlen:
-        B sequences of the mean lengths (an estimate: the lengths themselves are not kept)."""
+        the sum over the packed sequences (varlen_seqlens(), what a measurement runs), each counted
+        as a dense sequence of its own lengths; B sequences of the mean lengths where the mean
+        cannot be met (a problem no provider measures)."""
         if self.varlen:
-            return dataclasses.replace(self, seqlen_q=self.varlen_mean_q, seqlen_k=self.varlen_mean_k,
-                                       varlen=False, varlen_mean_q=0, varlen_mean_k=0).flops
+            dense = functools.partial(dataclasses.replace, self, batch=1, varlen=False, varlen_mean_q=0,
+                                      varlen_mean_k=0)
+            try:
+                lens_q, lens_k = self.varlen_seqlens()
+            except ValueError:
+                return self.batch * dense(seqlen_q=self.varlen_mean_q, seqlen_k=self.varlen_mean_k).flops
+            return sum(dense(seqlen_q=a, seqlen_k=b).flops for a, b in zip(lens_q, lens_k))
         f = 2.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.head_dim + self.head_dim_v)
         if self.has_window:
             # Windows count only the unmasked region (the reference's benchmark convention).
@@ -182,6 +210,48 @@ class Problem:
 
 FEATURE_DEFAULTS = {"window_left": -1, "window_right": -1, "softcap": 0.0, "sink": False, "varlen": False,
                     "varlen_mean_q": 0, "varlen_mean_k": 0}
+
+
+def default_varlen_mean_k(varlen_mean_q: int, seqlen_q: int, seqlen_k: int) -> int:
+    """The key side's mean length when only the query side's is given: the same shape of
+    distribution, scaled by seqlen_k / seqlen_q (equal for self-attention)."""
+    return max(1, round(varlen_mean_q * seqlen_k / seqlen_q))
+
+
+@functools.lru_cache(maxsize=256)
+def varlen_lengths(batch: int, max_len: int, mean_len: int) -> tuple[int, ...]:
+    """The lengths of ``batch`` packed sequences whose longest is ``max_len`` and whose mean is
+    exactly ``mean_len`` (sum = batch * mean_len, so the launch's rounded mean total / batch is it
+    too): one sequence of max_len, the other batch - 1 spread evenly around their own mean, as
+    widely as [1, max_len] allows; ascending, the longest last. Deterministic (a pure function:
+    a varlen Problem's key fixes what is measured). ValueError when no such lengths exist: every
+    sequence is at least 1 long, so mean_len * batch >= max_len + batch - 1, and a single
+    sequence has mean_len == max_len."""
+    for name, v in (("batch", batch), ("max_len", max_len), ("mean_len", mean_len)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if mean_len > max_len:
+        raise ValueError(f"mean length {mean_len} exceeds the longest {max_len}")
+    n = batch - 1
+    rest = mean_len * batch - max_len  # what the other sequences hold, 0 <= rest <= n * max_len
+    if rest < n or (n == 0 and rest != 0):
+        least = max_len if n == 0 else -(-(max_len + n) // batch)
+        raise ValueError(f"{batch} sequences with a longest of {max_len} (each at least 1) have a mean of at "
+                         f"least {least}, not {mean_len}")
+    if n == 0:
+        return (max_len,)
+    mid = rest / n
+    half = min(mid - 1, max_len - mid)
+    lens = [round(mid - half + 2 * half * i / (n - 1)) if n > 1 else round(mid) for i in range(n)]
+    # Rounding leaves the sum off by at most n / 2: one unit at a time onto sequences with room.
+    diff = rest - sum(lens)
+    while diff:
+        step = 1 if diff > 0 else -1
+        for i in range(n - 1, -1, -1) if step > 0 else range(n):
+            if diff and 1 <= lens[i] + step <= max_len:
+                lens[i] += step
+                diff -= step
+    return (*sorted(lens), max_len)
 
 
 def visible_pairs(seqlen_q: int, seqlen_k: int, offset: int, left: int | None, right: int | None) -> int:

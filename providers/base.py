@@ -27,7 +27,8 @@ class Provider:
     passes: tuple[str, ...] = ("fwd", "bwd")
     # Whether it runs issue 18's window / softcap / sink problems (harness.feature_kwargs).
     features: bool = False
-    # Whether its harness builds packed varlen inputs (cu_seqlens); none does yet.
+    # Whether it runs packed varlen problems (the harness's varlen_args: cu_seqlens of the
+    # problem's varlen_seqlens(), q/k/v packed by make_inputs).
     varlen: bool = False
     knob_cls: type | None = None
     # False only for providers that do not touch a GPU (the replay provider serves recorded
@@ -62,6 +63,11 @@ class Provider:
         if problem.varlen and not self.varlen:
             # A dense harness would time B padded sequences of the longest length: a wrong number.
             return [f"{self.name} does not measure packed variable-length (varlen) problems"]
+        if problem.varlen:
+            try:
+                problem.varlen_seqlens()
+            except ValueError as e:  # the lengths a measurement packs cannot be made
+                return [f"varlen: {e}"]
         return []
 
     def violations(self, config, problem: Problem, arch: Arch) -> list[str]:

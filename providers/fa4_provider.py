@@ -42,11 +42,13 @@ def sm90_unavailable(what: str) -> str | None:
 class Fa4Provider(Provider):
     """Both passes: the forward (FwdConfigSm90) and the backward (BwdConfigSm90, timed alone
     after one forward, deterministic as the problem asks). The knob class, feasibility,
-    default and compiled-kernel identity all follow the problem's pass."""
+    default and compiled-kernel identity all follow the problem's pass. Varlen problems run
+    through fa4.flash_attn_varlen_func on the harness's packed inputs (the varlen kernels)."""
 
     name = "fa4"
     passes = ("fwd", "bwd")
     features = True
+    varlen = True
 
     @property
     def knob_cls(self):
@@ -101,9 +103,16 @@ class Fa4Provider(Provider):
     def make_fwd(self, problem: Problem, config, q, k, v):
         import fa4
 
-        from providers.harness import feature_kwargs
+        from providers.harness import feature_kwargs, varlen_args
 
         feat = feature_kwargs(problem, q.device)
+        if problem.varlen:
+            packed = varlen_args(problem, q.device)
+
+            def run():
+                return fa4.flash_attn_varlen_func(q, k, v, causal=problem.causal, config=config, **packed, **feat)
+
+            return run
 
         def run():
             return fa4.flash_attn_func(q, k, v, causal=problem.causal, config=config, **feat)
@@ -118,10 +127,14 @@ class Fa4Provider(Provider):
         import fa4
 
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-        from providers.harness import feature_kwargs
+        from providers.harness import feature_kwargs, varlen_args
 
-        out = fa4.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic,
-                                  bwd_config=config, **feature_kwargs(problem, q.device))
+        kw = dict(causal=problem.causal, deterministic=problem.deterministic, bwd_config=config,
+                  **feature_kwargs(problem, q.device))
+        if problem.varlen:
+            out = fa4.flash_attn_varlen_func(q, k, v, **varlen_args(problem, q.device), **kw)
+        else:
+            out = fa4.flash_attn_func(q, k, v, **kw)
 
         def run():
             return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
@@ -146,11 +159,12 @@ class Fa4Provider(Provider):
                                                         problem.seqlen_k)
             return compile_key(problem.dtype, problem.head_dim, causal, gqa, problem.deterministic, config,
                                problem.head_dim_v, has_wl, has_wr, getattr(problem, "softcap", 0.0) > 0,
-                               bool(getattr(problem, "sink", False)))
+                               bool(getattr(problem, "sink", False)), varlen=problem.varlen)
         from fa4.sm90.compile import compile_key
 
+        # The varlen launch's key (fa4.varlen._plan): the forward measured alone returns no LSE.
         return compile_key(problem.dtype, problem.head_dim, problem.causal, False, config, problem.head_dim_v,
-                           **problem.kernel_flags())
+                           **problem.kernel_flags(), varlen=problem.varlen)
 
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
         """Compile the kernel ``config`` selects for ``arch`` (no GPU needed). For the backward

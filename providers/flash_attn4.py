@@ -155,6 +155,9 @@ class FlashAttn4Provider(Provider):
     name = "flash-attn-4"
     passes = ("fwd", "bwd")
     features = True
+    # Packed problems: cu_seqlens_q/k and max_seqlen_q/k, the same keywords in its forward and
+    # in its flash_attn_varlen_func (the backward).
+    varlen = True
     knob_cls = RefFa4FwdKnobs
 
     def available(self) -> str | None:
@@ -188,11 +191,12 @@ class FlashAttn4Provider(Provider):
 
     # ---- running -------------------------------------------------------------------
     def make_fwd(self, problem: Problem, config, q, k, v):
-        from providers.harness import feature_kwargs
+        from providers.harness import feature_kwargs, varlen_args
 
         ref = _import_reference()
         cfg = config or fwd_default(problem)
         feat = feature_kwargs(problem, q.device)
+        packed = varlen_args(problem, q.device) if problem.varlen else {}
 
         def run():
             return ref._flash_attn_fwd(
@@ -207,6 +211,7 @@ class FlashAttn4Provider(Provider):
                 tile_mn=(cfg.tile_m, cfg.tile_n),
                 mma_pv_is_rs=cfg.mma_pv_is_rs,
                 intra_wg_overlap=cfg.intra_wg_overlap,
+                **packed,
             )[0]
 
         return run
@@ -216,10 +221,13 @@ class FlashAttn4Provider(Provider):
 
         ref = _import_reference()
         q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-        from providers.harness import feature_kwargs
+        from providers.harness import feature_kwargs, varlen_args
 
-        out = ref.flash_attn_func(q, k, v, causal=problem.causal, deterministic=problem.deterministic,
-                                  **feature_kwargs(problem, q.device))
+        kw = dict(causal=problem.causal, deterministic=problem.deterministic, **feature_kwargs(problem, q.device))
+        if problem.varlen:  # by keyword: its varlen function takes qv fourth
+            out = ref.flash_attn_varlen_func(q, k, v, **varlen_args(problem, q.device), **kw)
+        else:
+            out = ref.flash_attn_func(q, k, v, **kw)
         if isinstance(out, tuple):
             out = out[0]
 
@@ -229,11 +237,12 @@ class FlashAttn4Provider(Provider):
         return run
 
     def supports_compile_only(self, problem: Problem) -> bool:
-        return problem.pass_ == "fwd"
+        # compile_only builds dense fake tensors; a packed problem is compiled by its first run.
+        return problem.pass_ == "fwd" and not problem.varlen
 
     def compile_only(self, problem: Problem, config, arch: Arch) -> str | None:
         """Compile the forward for ``arch`` on fake tensors (no launch, no GPU needed by the DSL)."""
-        if problem.pass_ != "fwd" or self.available() is not None:
+        if not self.supports_compile_only(problem) or self.available() is not None:
             return None
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode

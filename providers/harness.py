@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from fa4.problem import Problem
+from fa4.problem import varlen_lengths as varlen_lengths  # the packed lengths (one definition, in fa4)
 from fa4.timing import DEFAULT_TIMING, Timing
 
 OK = "ok"
@@ -165,22 +166,45 @@ def torch_dtype(name: str):
 
 
 def make_inputs(problem: Problem, seed: int, device="cuda"):
-    """Fresh standard-normal q, k, v (and dO for bwd), layout (batch, seqlen, heads, dim)."""
+    """Fresh standard-normal q, k, v (and dO for bwd), layout (batch, seqlen, heads, dim); for a
+    varlen problem packed, (total, heads, dim), the sequences of varlen_args back to back."""
     import torch
 
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     dt = torch_dtype(problem.dtype)
-    b = problem.batch
 
     def randn(*shape):
         return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt)
 
-    q = randn(b, problem.seqlen_q, problem.heads_q, problem.head_dim)
-    k = randn(b, problem.seqlen_k, problem.heads_kv, problem.head_dim)
-    v = randn(b, problem.seqlen_k, problem.heads_kv, problem.head_dim_v)
-    do = randn(b, problem.seqlen_q, problem.heads_q, problem.head_dim_v) if problem.pass_ == "bwd" else None
+    if problem.varlen:
+        lens_q, lens_k = problem.varlen_seqlens()
+        rows_q, rows_k = (sum(lens_q),), (sum(lens_k),)
+    else:
+        rows_q, rows_k = (problem.batch, problem.seqlen_q), (problem.batch, problem.seqlen_k)
+    q = randn(*rows_q, problem.heads_q, problem.head_dim)
+    k = randn(*rows_k, problem.heads_kv, problem.head_dim)
+    v = randn(*rows_k, problem.heads_kv, problem.head_dim_v)
+    do = randn(*rows_q, problem.heads_q, problem.head_dim_v) if problem.pass_ == "bwd" else None
     return q, k, v, do
+
+
+def cu_seqlens(lengths, device="cuda"):
+    """(B + 1,) int32 row offsets of packed sequences of ``lengths``, on the device."""
+    import itertools
+
+    import torch
+
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+def varlen_args(problem: Problem, device="cuda") -> dict:
+    """A varlen problem's packing as flash_attn_varlen_func's keyword arguments (ours and the
+    reference FA4's: the same names): cu_seqlens_q/k of Problem.varlen_seqlens() on the device, and
+    max_seqlen_q/k (host ints, the longest: the problem's seqlen_q/k)."""
+    lens_q, lens_k = problem.varlen_seqlens()
+    return {"cu_seqlens_q": cu_seqlens(lens_q, device), "cu_seqlens_k": cu_seqlens(lens_k, device),
+            "max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k)}
 
 
 def sink_for(problem: Problem, device="cuda"):
@@ -206,6 +230,7 @@ def feature_kwargs(problem: Problem, device="cuda") -> dict:
 def check_slices(problem: Problem, settings: Settings):
     """(batch indices, query-head indices, kv-head indices) compared against the reference.
 
+    Varlen: the batch indices are sequences (the last are the longest, at the largest offsets).
     Whole query-head groups are kept with their kv head so GQA gradients of K and V are
     complete within the slice.
     """
@@ -254,6 +279,16 @@ def reference_attention(problem: Problem, q, k, v, upcast: bool, sink=None):
     return o.transpose(1, 2)
 
 
+def _sequence(problem: Problem, t, b: int, side: str):
+    """Sequence ``b`` of q-side (``side`` "q": q, out, dO, dQ) or k-side ("k") tensor ``t`` as a
+    (1, seqlen, heads, dim) view: the dense batch entry, or the packed rows of the sequence."""
+    if not problem.varlen:
+        return t[b : b + 1]
+    lens = problem.varlen_seqlens()[0 if side == "q" else 1]
+    start = sum(lens[:b])
+    return t[start : start + lens[b]].unsqueeze(0)
+
+
 def _expand_kv(t, group: int):
     return t.repeat_interleave(group, dim=2) if group > 1 else t
 
@@ -276,16 +311,18 @@ def fwd_errors(problem: Problem, out, q, k, v, settings: Settings) -> tuple[floa
     group = problem.heads_q // problem.heads_kv
     err = ref_err = 0.0
     for b in batches:
+        # One sequence at a time: a packed one is its own attention problem (mask per sequence).
+        qb, kb, vb, ob = (_sequence(problem, t, b, side) for t, side in ((q, "q"), (k, "k"), (v, "k"), (out, "q")))
         for kvh in kvheads:
             hs = list(range(kvh * group, (kvh + 1) * group))
-            qs = q[b : b + 1, :, hs]
-            ks = _expand_kv(k[b : b + 1, :, kvh : kvh + 1], group)
-            vs = _expand_kv(v[b : b + 1, :, kvh : kvh + 1], group)
+            qs = qb[:, :, hs]
+            ks = _expand_kv(kb[:, :, kvh : kvh + 1], group)
+            vs = _expand_kv(vb[:, :, kvh : kvh + 1], group)
             sink = sink_for(problem, q.device)
             sink = sink[hs] if sink is not None else None
             ref = reference_attention(problem, qs, ks, vs, upcast=True, sink=sink)
             pt = reference_attention(problem, qs, ks, vs, upcast=False, sink=sink)
-            err = max(err, _max_abs(out[b : b + 1, :, hs], ref))
+            err = max(err, _max_abs(ob[:, :, hs], ref))
             ref_err = max(ref_err, _max_abs(pt, ref))
     return err, ref_err
 
@@ -301,19 +338,21 @@ def bwd_errors(problem: Problem, grads, q, k, v, do, settings: Settings) -> tupl
     group = problem.heads_q // problem.heads_kv
     err = ref_err = 0.0
     for b in batches:
+        qb, kb, vb, dob, dqb, dkb, dvb = (_sequence(problem, t, b, side) for t, side in (
+            (q, "q"), (k, "k"), (v, "k"), (do, "q"), (dq, "q"), (dk, "k"), (dv, "k")))
         for kvh in kvheads:
             hs = list(range(kvh * group, (kvh + 1) * group))
             results = {}
             for upcast in (True, False):
-                qs = q[b : b + 1, :, hs].detach().clone().requires_grad_(True)
-                ks = k[b : b + 1, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
-                vs = v[b : b + 1, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
+                qs = qb[:, :, hs].detach().clone().requires_grad_(True)
+                ks = kb[:, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
+                vs = vb[:, :, kvh : kvh + 1].detach().clone().requires_grad_(True)
                 sink = sink_for(problem, q.device)
                 o = reference_attention(problem, qs, _expand_kv(ks, group), _expand_kv(vs, group), upcast,
                                         sink=sink[hs] if sink is not None else None)
-                dos = do[b : b + 1, :, hs]
+                dos = dob[:, :, hs]
                 results[upcast] = torch.autograd.grad(o, (qs, ks, vs), dos.to(o.dtype))
-            got = (dq[b : b + 1, :, hs], dk[b : b + 1, :, kvh : kvh + 1], dv[b : b + 1, :, kvh : kvh + 1])
+            got = (dqb[:, :, hs], dkb[:, :, kvh : kvh + 1], dvb[:, :, kvh : kvh + 1])
             for g, r, p in zip(got, results[True], results[False]):
                 err = max(err, _max_abs(g, r))
                 ref_err = max(ref_err, _max_abs(p, r))

@@ -30,7 +30,7 @@ distributed tuning:
   --devices 0,1 (or all)   one worker process per GPU (CUDA_VISIBLE_DEVICES pinned), all on the
                            same Optuna studies; a lock file per GPU keeps a second fa4-tune off it.
   --seqlen 1024,2048 --hdim 64,128, or --shapes FILE (JSON list / CSV with a header of
-                           seqlen,hdim[,hdim_v,batch,heads,heads_kv,seqlen_k,causal,dtype,pass]):
+                           seqlen,hdim[,hdim_v,batch,heads,heads_kv,seqlen_k,causal,dtype,pass,varlen_mean]):
                            several shapes; workers start on different shapes and share trials.
   storage: one host -> leave --storage out (a journal file beside the DB; safe for many
            processes). Several hosts -> --storage postgresql://user:pass@host/db on each host
@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--softcap", type=float, default=0.0, metavar="C",
                    help="softcap the scores: C * tanh(s / C) (default 0: off)")
     p.add_argument("--sink", action="store_true", help="learnable attention sinks (one logit per query head)")
+    p.add_argument("--varlen-mean", metavar="MQ[,MK]",
+                   help="packed variable-length sequences (flash_attn_varlen_func): --batch sequences (default "
+                   "16384 / MQ), the longest --seqlen (--seqlen-k) long, of mean length MQ (keys: MK, default MQ "
+                   "scaled by seqlen_k / seqlen); the lengths are spread evenly (fa4.problem.varlen_lengths), "
+                   "e.g. --batch 8 --seqlen 4096 --varlen-mean 2048")
     p.add_argument("--provider", help="implementation to tune (default: fa4, our kernels; flash-attn-4, cudnn, fa2 are the peers)")
     p.add_argument("--trials", type=int, default=40, help="trials the study should hold (default 40)")
     p.add_argument("--sampler", choices=SAMPLERS, default="tpe")
@@ -135,6 +140,20 @@ def parse_window(text: str | None) -> tuple[int, int]:
     return left, right
 
 
+def parse_varlen_mean(text: str | None) -> dict:
+    """--varlen-mean MQ[,MK] as Problem.standard's keywords (none without the flag)."""
+    if text is None:
+        return {}
+    try:
+        means = [int(x) for x in text.split(",")]
+        if not 1 <= len(means) <= 2 or min(means) < 1:
+            raise ValueError
+    except ValueError:
+        _die(f"--varlen-mean takes MQ or MQ,MK (positive integers: mean query and key lengths), got {text!r}")
+    # Without MK the key side's mean follows the query side's (fa4.problem.default_varlen_mean_k).
+    return {"varlen": True, "varlen_mean_q": means[0], **({"varlen_mean_k": means[1]} if len(means) == 2 else {})}
+
+
 def _ints(text: str) -> list[int]:
     """An integer, or a comma-separated list of them (a grid; decode only)."""
     try:
@@ -147,7 +166,8 @@ def decode_problems_from_args(a) -> list[DecodeProblem]:
     """--decode: a DecodeProblem per (batch, seqlen_k) of the grid."""
     from .shapes import ShapeError, parse_int_list
 
-    if a.shapes or a.pass_ != "fwd" or a.deterministic or a.window or a.softcap or a.sink or a.hdim_v:
+    if (a.shapes or a.pass_ != "fwd" or a.deterministic or a.window or a.softcap or a.sink or a.hdim_v
+            or a.varlen_mean):
         _die("--decode takes --batch, --seqlen (new tokens), --seqlen-k, --heads, --heads-kv, --hdim, "
              "--page-size, --seqlen-k-mean, --dtype and --causal only")
     if not a.seqlen_k or a.hdim is None or a.heads is None:
@@ -194,7 +214,7 @@ def problems_from_args(a) -> list[Problem]:
                 "head_dim_v": a.hdim_v,
                 "dtype": a.dtype, "causal": a.causal, "deterministic": a.deterministic, "pass_": a.pass_,
                 "window_left": window_left, "window_right": window_right, "softcap": float(a.softcap),
-                "sink": a.sink}
+                "sink": a.sink, **parse_varlen_mean(a.varlen_mean)}
     try:
         if a.shapes:
             if a.seqlen is not None or a.hdim is not None:
@@ -331,6 +351,8 @@ def _shape_label(p: Problem) -> str:
         flags += f" cap{p.softcap:g}"
     if p.sink:
         flags += " sink"
+    if p.varlen:
+        flags += f" varlen mean {p.varlen_mean_q}" + (f",{p.varlen_mean_k}" if p.varlen_mean_k != p.varlen_mean_q else "")
     dv = f"/{p.head_dim_v}" if p.head_dim_v != p.head_dim else ""
     return f"b{p.batch} s{p.seqlen_q}{sk} h{p.heads_q}{kv} d{p.head_dim}{dv} {p.dtype} {p.pass_}{flags}"
 

@@ -1,9 +1,10 @@
 """Lists of problems to tune: a grid from the command line, or a JSON/CSV file.
 
 A file entry is either a full problem (the results DB's spelling: seqlen_q, head_dim, ...,
-as ``Problem.to_dict`` writes it) or the command line's short spelling (seqlen, hdim, hdim_v, batch,
-heads, heads_kv, seqlen_k, causal, dtype, pass, deterministic) where omitted sizes follow
-the standard benchmark convention and omitted flags come from the command line.
+as ``Problem.to_dict`` writes it, varlen, varlen_mean_q and varlen_mean_k included) or the command
+line's short spelling (seqlen, hdim, hdim_v, batch, heads, heads_kv, seqlen_k, causal, dtype, pass,
+deterministic, varlen_mean, varlen_mean_k: a packed varlen problem with seqlen the longest sequence) where
+omitted sizes follow the standard benchmark convention and omitted flags come from the command line.
 """
 
 from __future__ import annotations
@@ -14,17 +15,20 @@ import itertools
 import json
 from pathlib import Path
 
-from fa4.problem import Problem
+from fa4.problem import Problem, default_varlen_mean_k
 
 # The command line's short names -> Problem.standard's keyword arguments.
 SHORT = {"hdim_v": "head_dim_v", "batch": "batch", "heads": "heads_q", "heads_kv": "heads_kv", "seqlen_k": "seqlen_k",
          "causal": "causal", "dtype": "dtype", "pass": "pass_", "deterministic": "deterministic",
-         "window_left": "window_left", "window_right": "window_right", "softcap": "softcap", "sink": "sink"}
-_BOOLS = ("causal", "deterministic", "sink")
+         "window_left": "window_left", "window_right": "window_right", "softcap": "softcap", "sink": "sink",
+         "varlen": "varlen", "varlen_mean": "varlen_mean_q", "varlen_mean_k": "varlen_mean_k"}
+_BOOLS = ("causal", "deterministic", "sink", "varlen")
 # The issue-18 features a full entry takes from the command line when it does not name them.
-_FEATURES = ("window_left", "window_right", "softcap", "sink")
+_FEATURES = ("window_left", "window_right", "softcap", "sink", "varlen", "varlen_mean_q", "varlen_mean_k")
 _INTS = ("seqlen", "hdim", "hdim_v", "batch", "heads", "heads_kv", "seqlen_k", "seqlen_q", "head_dim", "head_dim_v",
          "heads_q")
+# Integers where 0 means "off" (the varlen means of a dense row).
+_COUNTS = ("varlen_mean", "varlen_mean_q", "varlen_mean_k")
 
 
 class ShapeError(ValueError):
@@ -64,6 +68,14 @@ def problem_from_entry(entry: dict, defaults: dict) -> Problem:
     for k in _BOOLS:
         if k in e:
             e[k] = _bool(e[k])
+    for k in _COUNTS:
+        if k in e:
+            try:
+                e[k] = int(str(e[k]).strip()) if not isinstance(e[k], int) or isinstance(e[k], bool) else e[k]
+            except ValueError:
+                raise ShapeError(f"{k} must be an integer, got {e[k]!r}") from None
+            if isinstance(e[k], bool) or e[k] < 0:
+                raise ShapeError(f"{k} must be an integer >= 0 (0: not varlen), got {e[k]!r}")
     for k in ("window_left", "window_right"):
         if k in e:
             try:
@@ -79,6 +91,9 @@ def problem_from_entry(entry: dict, defaults: dict) -> Problem:
         full = {**{"dtype": defaults.get("dtype", "bf16"), "causal": defaults.get("causal", False),
                    "deterministic": defaults.get("deterministic", False), "pass": defaults.get("pass_", "fwd")},
                 **{k: defaults[k] for k in _FEATURES if k in defaults}, **e}
+        if full.get("varlen") and not full.get("varlen_mean_k") and full.get("varlen_mean_q"):
+            full["varlen_mean_k"] = default_varlen_mean_k(full["varlen_mean_q"], full.get("seqlen_q", 1),
+                                                          full.get("seqlen_k", full.get("seqlen_q", 1)))
         return Problem.from_dict(full)
     unknown = sorted(set(e) - set(SHORT) - {"seqlen", "hdim"})
     if unknown:

@@ -118,7 +118,11 @@ def test_varlen_revision_keeps_rows_and_tells_packed_from_padded(tmp_path):
         pid = store.upsert_problem(packed)
         assert pid != 1 and store.get_problem(pid) == packed
     assert dense.key() + "_varlen2048_2048" == packed.key()
-    assert packed.flops == Problem(8, 2048, 2048, 16, 16, 128, 128, causal=True).flops
+    # FLOPs of the packed lengths (fa4.problem.varlen_lengths), each sequence counted dense: less
+    # than the padded batch, more than 8 sequences of the mean (the lengths differ).
+    lens = packed.varlen_seqlens()[0]
+    assert packed.flops == sum(Problem(1, n, n, 16, 16, 128, 128, causal=True).flops for n in lens)
+    assert Problem(8, 2048, 2048, 16, 16, 128, 128, causal=True).flops < packed.flops < dense.flops
     engine = create_engine(url)
     with engine.begin() as conn:
         command.downgrade(alembic_config(conn), "0006_features")

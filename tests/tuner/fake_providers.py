@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from providers.fa4_provider import Fa4Provider
 from providers.replay import ReplayProvider
 
 ENV = "FA4_TEST_RECORDING"
@@ -167,3 +168,38 @@ class TimingProbe(ReplayProvider):
         m = super().measure(problem, config, settings)
         m.reason = f"timed {settings.timing}"
         return m
+
+
+class FakedLaunchFa4(Fa4Provider):
+    """Provider fa4 as it runs on a GPU (its knobs, its varlen argument mapping, harness.measure's
+    packed inputs and per-document check), in a measuring process whose kernel launches are faked:
+    fa4.varlen's and fa4.sm90.bwd_launch's kernels are the per-sequence CPU models of
+    tests/fa4/test_varlen_host.py and test_varlen_bwd_host.py, the tensors live on the CPU and a
+    rep takes 2 ms. On the fake machine of tests/fakegpu it takes a GPU run's branches."""
+
+    name = "fa4"
+
+    def available(self):
+        from tuner.device import has_cuda
+
+        return None if has_cuda() else "needs a CUDA GPU"
+
+    def warmup(self) -> None:
+        """No CUDA context to make (torch's CPU build); the fakes go in for this process."""
+        from tests.fa4.test_varlen_host import install_fake_forward
+        from tests.tuner.test_varlen_tuning import cpu_measuring, install_fake_backward
+
+        for install in (install_fake_forward, install_fake_backward, cpu_measuring):
+            install(_Forever)
+        self._faked = True
+
+    def measure(self, problem, config, settings):
+        if not getattr(self, "_faked", False):
+            self.warmup()
+        return super().measure(problem, config, settings)
+
+
+class _Forever:
+    """monkeypatch's setattr for a process that ends with its measurements: nothing to undo."""
+
+    setattr = staticmethod(setattr)
