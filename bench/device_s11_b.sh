@@ -9,23 +9,8 @@
 # Logs under $OUT (one tar).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-bench/logs/s11_b}"
-mkdir -p "$out"
-work=$(mktemp -d)
-finish() { tar -C "$work" -cf "$out/s11_b.tar" . ; echo "wrote $out/s11_b.tar"; }
-trap finish EXIT
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export FA4_LOOKUP_LOCAL_DB=0
-unset FA4_TUNING_URL
-step() {  # name, timeout, command...
-  local name=$1 limit=$2; shift 2
-  echo "\$ $*" > "$work/$name.log"
-  local t=$SECONDS
-  timeout "$limit" "$@" >> "$work/$name.log" 2>&1
-  local rc=$?
-  echo "[$name rc=$rc wall=$((SECONDS - t))s]" | tee -a "$work/$name.log"
-  grep -v "^BENCH \|Warning\|generate_mlir\|warnings.warn" "$work/$name.log" | tail -n "${TAILN:-25}"
-}
+. bench/device_lib.sh
+device_begin s11_b
 workers=""
 python3 -c "import xdist" 2>/dev/null && workers="-n 12"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

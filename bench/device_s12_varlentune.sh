@@ -15,14 +15,8 @@
 # tune.db, bench.log, bench.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-bench/logs/s12_varlentune}"
-mkdir -p "$out"
-work=$(mktemp -d)
-finish() { tar -C "$work" -cf "$out/s12_varlentune.tar" . ; echo "wrote $out/s12_varlentune.tar"; }
-trap finish EXIT
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export FA4_LOOKUP_LOCAL_DB=0
-unset FA4_TUNING_URL
+. bench/device_lib.sh
+device_begin s12_varlentune
 
 python3 -c "import torch, cutlass; print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__); \
 import fa4, flash_attn.cute as r; print('fa4 from', fa4.__file__, '| reference from', r.__file__)" 2>&1 | tee "$work/env.log"

@@ -4,8 +4,27 @@ from __future__ import annotations
 
 import os
 
+from fa4.arch import SM90
 from providers.fa4_provider import Fa4Provider
 from providers.replay import ReplayProvider
+
+
+class OffGpuH200:
+    """Mixin of a provider measuring off the GPU (in process, on this CPU) as an H200 named
+    ``device_name``: available everywhere, sm_90 feasibility, the H200's device record."""
+
+    needs_gpu = False
+    device_name = "faked H200"
+
+    def available(self):
+        return None
+
+    def arch(self):
+        return SM90
+
+    def device_info(self):
+        return {"name": self.device_name, "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,
+                "memory_bytes": 150_754_820_096}
 
 ENV = "FA4_TEST_RECORDING"
 

@@ -20,6 +20,7 @@ from tests.tuner.test_cli import fa4_tune
 from providers.harness import OK, Measurement
 from providers import get_provider
 from providers.fa4_provider import Fa4Provider
+from tests.tuner.fake_providers import OffGpuH200
 from tuner.study import Tuner, check_without_gpu, open_storage
 from tuner.worker import InProcessRunner
 
@@ -91,20 +92,10 @@ def test_check_without_gpu_counts_the_bwd_space():
     assert rep["default"]["violations"] == [] and rep["problem"]["pass"] == "bwd"
 
 
-class SyntheticFa4(Fa4Provider):
+class SyntheticFa4(OffGpuH200, Fa4Provider):
     """Provider fa4 with its knobs and feasibility, timed by a formula instead of a GPU."""
 
-    needs_gpu = False
-
-    def available(self):
-        return None
-
-    def arch(self):
-        return SM90
-
-    def device_info(self):
-        return {"name": "synthetic H200", "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,
-                "memory_bytes": 150_754_820_096}
+    device_name = "synthetic H200"
 
     def measure(self, problem, config, settings):
         assert isinstance(config, self.knob_cls_for(problem)), type(config)

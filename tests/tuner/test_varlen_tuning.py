@@ -17,6 +17,7 @@ from fa4.arch import SM90
 from fa4.problem import Problem, varlen_lengths, visible_pairs
 from providers import get_provider, harness
 from providers.fa4_provider import Fa4Provider
+from tests.tuner.fake_providers import OffGpuH200
 from providers.harness import OK, Settings, passes_error_rule
 
 ISSUE = Problem(8, 4096, 4096, 16, 16, 128, 128, causal=True, varlen=True, varlen_mean_q=2048, varlen_mean_k=2048)
@@ -331,21 +332,9 @@ def test_measure_checks_and_counts_a_varlen_problem(fake_gpu, monkeypatch, pass_
     assert passes_error_rule(m.error, m.ref_error, 1e-4)
 
 
-class CpuFa4(Fa4Provider):
+class CpuFa4(OffGpuH200, Fa4Provider):
     """Provider fa4 (its knobs, feasibility, varlen argument mapping) measuring on CPU with the
     launch faked by the tests' per-sequence kernel models."""
-
-    needs_gpu = False
-
-    def available(self):
-        return None
-
-    def arch(self):
-        return SM90
-
-    def device_info(self):
-        return {"name": "faked H200", "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 60 * 2**20,
-                "memory_bytes": 150_754_820_096}
 
 
 def test_a_tuner_run_on_a_varlen_problem(fake_gpu, monkeypatch, tmp_path):
