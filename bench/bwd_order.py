@@ -59,29 +59,26 @@ SHAPES = {
     "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True, {}, {}),
     "noncausal-8k": ((2, 8192, 8192, 16, 16, 128), False, {}, {}),
 }
-DET = [False]  # --det: the deterministic kernels, both sides
 ORDERS = [(spt, swz) for spt in (True, False) for swz in (1, 2, 4, 8, 16)]
 DEFAULT = ("default", 0)  # the shape's default config as it is
 
 
 def pairs(shape, causal, feat):
-    """Visible (query, key) pairs summed over batch and heads: the FLOPs' region."""
+    """Visible (query, key) pairs summed over batch (or the packed documents) and heads: the FLOPs'
+    region (fa4.problem.visible_pairs, bottom-right aligned)."""
+    from fa4.problem import visible_pairs
+
     B, Sq, Sk, Hq = shape[:4]
-    if B is None:
-        return sum(n * (n + 1) // 2 if causal else n * n for n in LENS) * Hq
-    i = torch.arange(Sq, dtype=torch.int64)
-    o = Sk - Sq
-    hi = torch.full_like(i, Sk - 1)
     right = 0 if causal else feat.get("window_right", -1)
-    if causal or right >= 0:
-        hi = torch.minimum(hi, i + o + right)
-    left = feat.get("window_left", -1)
-    lo = torch.zeros_like(i) if left < 0 else torch.clamp(i + o - left, min=0)
-    return int((hi - lo + 1).clamp(min=0).sum().item()) * B * Hq
+    left, right = (None if x < 0 else x for x in (feat.get("window_left", -1), right))
+    if B is None:
+        return sum(visible_pairs(n, n, 0, left, right) for n in LENS) * Hq
+    return visible_pairs(Sq, Sk, Sk - Sq, left, right) * B * Hq
 
 
-def setup(name):
-    """(ours(config) -> grads, ref() -> grads, default config, FLOPs) of one shape."""
+def setup(name, det):
+    """(ours(config) -> grads, ref() -> grads, default config, FLOPs) of one shape; ``det``: the
+    deterministic backwards of both sides."""
     from flash_attn.cute import flash_attn_func as ref_fa
     from flash_attn.cute import flash_attn_varlen_func as ref_varlen
     from flash_attn.cute.interface import _flash_attn_bwd
@@ -92,6 +89,7 @@ def setup(name):
     from fa4.sm90.bwd_launch import launch_bwd, launch_bwd_varlen
     from fa4.tensors import arch_of
     from fa4.varlen import bwd_problem
+    from providers.harness import cu_seqlens
 
     shape, causal, feat, ref_kw = SHAPES[name]
     B, Sq, Sk, Hq, Hkv, d = shape[:6]
@@ -103,21 +101,21 @@ def setup(name):
     if B is None:
         tot, m = sum(LENS), max(LENS)
         q, k, v, dout = (torch.randn(tot, h, d, device="cuda", dtype=bf, generator=g) for h in (Hq, Hkv, Hkv, Hq))
-        cu = torch.tensor([0] + list(torch.tensor(LENS).cumsum(0)), device="cuda", dtype=torch.int32)
+        cu = cu_seqlens(LENS)
         with torch.no_grad():
             res = ref_varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m, max_seqlen_k=m,
                              causal=causal, return_lse=True)
         out, lse = res[0], res[1].float().contiguous()
-        problem = bwd_problem(q, k, v, len(LENS), m, m, normalize(q[None], causal, (None, None), None, 0.0), DET[0])
+        problem = bwd_problem(q, k, v, len(LENS), m, m, normalize(q[None], causal, (None, None), None, 0.0), det)
         config = resolve_config(problem, arch_of(q.device), None)[1]
 
         def ours(cfg):
-            return launch_bwd_varlen(dout, q, k, v, out, lse, cu, cu, m, m, None, None, scale, causal, DET[0], cfg)
+            return launch_bwd_varlen(dout, q, k, v, out, lse, cu, cu, m, m, None, None, scale, causal, det, cfg)
 
         def ref():
             return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, 0.0, window_size_left=None,
                                    window_size_right=None, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
-                                   max_seqlen_k=m, deterministic=DET[0])
+                                   max_seqlen_k=m, deterministic=det)
         return ours, ref, config, flops
     q = torch.randn(B, Sq, Hq, d, device="cuda", dtype=bf, generator=g)
     k = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=bf, generator=g)
@@ -132,17 +130,17 @@ def setup(name):
     out, lse = res[0], res[1].float().contiguous()
     kw = {n: x for n, x in feat.items() if n != "sink"}
     # The config a flash_attn_func call's backward resolves (the features in its problem).
-    config = bwd_config_for(q, k, v, causal, DET[0], None, sink=sink is not None, **kw)
+    config = bwd_config_for(q, k, v, causal, det, None, sink=sink is not None, **kw)
 
     def ours(cfg):
-        return launch_bwd(dout, q, k, v, out, lse, scale, causal, DET[0], cfg, sink=sink, **kw)
+        return launch_bwd(dout, q, k, v, out, lse, scale, causal, det, cfg, sink=sink, **kw)
 
     left, right = ref_kw.get("window_size", (None, None))
 
     def ref():
         return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw.get("softcap", 0.0), window_size_left=left,
                                window_size_right=right, learnable_sink=ref_kw.get("learnable_sink"),
-                               deterministic=DET[0])
+                               deterministic=det)
     return ours, ref, config, flops
 
 
@@ -150,27 +148,27 @@ def label(o):
     return "default" if o == DEFAULT else f"spt={int(o[0])} swz={o[1]}"
 
 
-def bench_shape(name, rounds=2):
+def bench_shape(name, orders, rounds=2, det=False):
     import triton.testing as tt
 
     def timed(fn):
         return tt.do_bench(fn, warmup=10, rep=80, return_mode="median")
 
-    ours, ref, config, flops = setup(name)
+    ours, ref, config, flops = setup(name, det)
     b = ref()
     a = ours(config)
     diff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
                for x, y in zip(a, b))
-    times = {o: [] for o in ORDERS}
+    times = {o: [] for o in orders}
     ref_t = []
     for r in range(rounds):
         ref_t.append(timed(ref))
-        for o in (ORDERS if r % 2 == 0 else ORDERS[::-1]):
+        for o in (orders if r % 2 == 0 else orders[::-1]):
             cfg = config if o == DEFAULT else dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
             times[o].append(timed(lambda cfg=cfg: ours(cfg)))
         ref_t.append(timed(ref))
     t_ref = sorted(ref_t)[len(ref_t) // 2]
-    row = dict(name=name, deterministic=DET[0], default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
+    row = dict(name=name, deterministic=det, default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
                config=str(config), max_rel_diff_vs_ref=diff, ref_ms=ref_t, ref_tflops=flops / t_ref / 1e9,
                orders={label(o): dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
                        for o, t in times.items()})
@@ -185,15 +183,15 @@ def main():
     ap.add_argument("--det", action="store_true", help="deterministic backwards (ours and the reference's)")
     ap.add_argument("--orders", default=None, help="e.g. 1:1,0:2,0:4 (spt_order:head_swizzle)")
     a = ap.parse_args()
-    DET[0] = a.det
+    orders = ORDERS
     if a.orders:
-        ORDERS[:] = [DEFAULT if x == "default" else (bool(int(x.split(":")[0])), int(x.split(":")[1]))
-                     for x in a.orders.split(",")]
+        orders = [DEFAULT if x == "default" else (bool(int(x.split(":")[0])), int(x.split(":")[1]))
+                  for x in a.orders.split(",")]
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
     for name in a.shapes.split(","):
         try:
-            row = bench_shape(name, a.rounds)
+            row = bench_shape(name, orders, a.rounds, a.det)
         except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
             row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
         rows.append(row)
@@ -202,14 +200,14 @@ def main():
             with open(a.out, "w") as fh:
                 json.dump(rows, fh, indent=1)
         torch.cuda.empty_cache()
-    print("\n| shape | default | ref TFLOP/s | " + " | ".join(label(o) for o in ORDERS) + " |")
-    print("|" + "---|" * (3 + len(ORDERS)))
+    print("\n| shape | default | ref TFLOP/s | " + " | ".join(label(o) for o in orders) + " |")
+    print("|" + "---|" * (3 + len(orders)))
     for x in rows:
         if "error" in x:
             print(f"| {x['name']} | error: {x['error'][:120]} |")
             continue
         d = x["default"]
-        cells = " | ".join(f"{x['orders'][label(o)]['ratio']:.3f}" for o in ORDERS)
+        cells = " | ".join(f"{x['orders'][label(o)]['ratio']:.3f}" for o in orders)
         print(f"| {x['name']} | spt{int(d['spt_order'])} s{d['head_swizzle']} | {x['ref_tflops']:.0f} | {cells} |")
 
 

@@ -1,6 +1,7 @@
 # Sourced by the bench/device_*.sh scripts (bash): the results folder, one tar of it on exit, the
 # environment every GPU run takes (the working tree on the path, no local-DB or service lookups),
-# and `step NAME LIMIT CMD...` (a capped command, its log kept whole in the tar, its tail printed).
+# `device_env LOG` (what ran where) and `step NAME LIMIT CMD...` (a capped command, its log kept
+# whole in the tar, its tail printed).
 device_begin() {  # NAME: the tar's name, the default folder under bench/logs
   tar_name=$1
   out="${OUT:-bench/logs/$1}"
@@ -21,4 +22,10 @@ step() {  # NAME LIMIT CMD...: TAILN lines of the log printed (KEEP: a grep -E f
   echo "[$name rc=$rc wall=$((SECONDS - t))s]" | tee -a "$work/$name.log"
   grep -v "^BENCH \|Warning\|generate_mlir\|warnings.warn\|exe_args" "$work/$name.log" | grep -E "${KEEP:-.}" \
     | tail -n "${TAILN:-25}"
+}
+
+device_env() {  # LOG: the GPU, torch, where fa4 and the reference FA4 load from, the last commits
+  python3 -c "import torch, cutlass; print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__); \
+import fa4, flash_attn.cute as r; print('fa4 from', fa4.__file__, '| reference from', r.__file__)" 2>&1 | tee "$1"
+  git log --oneline -3 2>/dev/null | tee -a "$1"
 }

@@ -18,9 +18,7 @@ cd "$(dirname "$0")/.."
 . bench/device_lib.sh
 device_begin s12_varlentune
 
-python3 -c "import torch, cutlass; print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__); \
-import fa4, flash_attn.cute as r; print('fa4 from', fa4.__file__, '| reference from', r.__file__)" 2>&1 | tee "$work/env.log"
-git log --oneline -3 2>/dev/null | tee -a "$work/env.log"
+device_env "$work/env.log"
 
 workers=""
 python3 -c "import xdist" 2>/dev/null && workers="-n 6"

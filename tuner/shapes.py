@@ -46,13 +46,13 @@ def _bool(v) -> bool:
     raise ShapeError(f"not a boolean: {v!r}")
 
 
-def _int(name: str, v) -> int:
+def _int(name: str, v, least: int = 1, what: str = "a positive integer") -> int:
     try:
         n = int(str(v).strip()) if not isinstance(v, int) or isinstance(v, bool) else v
     except ValueError:
         raise ShapeError(f"{name} must be an integer, got {v!r}") from None
-    if isinstance(n, bool) or n <= 0:
-        raise ShapeError(f"{name} must be a positive integer, got {v!r}")
+    if isinstance(n, bool) or n < least:
+        raise ShapeError(f"{name} must be {what}, got {v!r}")
     return n
 
 
@@ -70,12 +70,7 @@ def problem_from_entry(entry: dict, defaults: dict) -> Problem:
             e[k] = _bool(e[k])
     for k in _COUNTS:
         if k in e:
-            try:
-                e[k] = int(str(e[k]).strip()) if not isinstance(e[k], int) or isinstance(e[k], bool) else e[k]
-            except ValueError:
-                raise ShapeError(f"{k} must be an integer, got {e[k]!r}") from None
-            if isinstance(e[k], bool) or e[k] < 0:
-                raise ShapeError(f"{k} must be an integer >= 0 (0: not varlen), got {e[k]!r}")
+            e[k] = _int(k, e[k], least=0, what="an integer >= 0 (0: not varlen)")
     for k in ("window_left", "window_right"):
         if k in e:
             try:

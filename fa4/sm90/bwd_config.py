@@ -355,7 +355,7 @@ def loop_ctas(problem: Problem, tile_n: int) -> int:
     return -(-problem.seqlen_k // tile_n) * problem.heads_kv * problem.batch
 
 
-def masked(problem: Problem) -> bool:
+def right_bounded(problem: Problem) -> bool:
     """A right bound cuts the key tiles (causal, or a window's right side): the CTAs' work then
     varies with their key tile, and the launch order decides the tail."""
     return problem.causal or problem.window_right >= 0
@@ -386,7 +386,7 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
         if problem.causal:
             return True, 1
         return True, (4 if problem.head_dim == 64 else 8)
-    if not masked(problem):
+    if not right_bounded(problem):
         return True, 1
     if gqa_reduce == "loop" or problem.head_dim in SPLIT_HEAD_DIMS:
         return False, 1
