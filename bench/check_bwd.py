@@ -28,7 +28,7 @@ import torch
 
 import fa4
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import default_config, default_spt_order, violations
+from fa4.sm90.bwd_config import default_config, default_launch_order, violations
 from fa4.sm90.bwd_launch import flash_attn_bwd
 from fa4.tensors import problem_of
 
@@ -162,8 +162,9 @@ def exchanged(prob: Problem, **change):
     'atomic' under GQA (the pair walks no head group), then, where violations() refuses it, dK/dV
     by element stores ('atomic' GQA), one dS buffer (hd192: the peer's tiles take the room of the
     second), a one-deep ring (hd256 beside per-thread dQ adds); never undoing ``change``."""
+    spt, swizzle = default_launch_order(prob, "atomic")
     base = dataclasses.replace(default_config(prob), cluster_exchange=True, gqa_reduce="atomic",
-                               spt_order=default_spt_order(prob, "atomic"))
+                               spt_order=spt, head_swizzle=swizzle)
     base = dataclasses.replace(base, **change)
     for fix in ({}, dict(dkv_store="direct"), dict(ds_stages=1), dict(ds_stages=1, dkv_store="direct"),
                 dict(ds_stages=1, stages=1), dict(ds_stages=1, stages=1, dkv_store="direct")):

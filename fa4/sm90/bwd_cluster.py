@@ -122,9 +122,10 @@ class ClusterSteps:
         complete on the K/V barrier before warp 0 arms it (it cannot complete before that arrive)."""
         tma_kp, mKp, sKp, _, _ = cluster_smem
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        with cute.arch.elect_one():
-            load_peer_k(tma_kp, mKp, sKp, pipe_kv.producer_get_barrier(kv_state), n_block, cluster_rank(), head_kv,
-                        batch, self.tile_n, self.dq_cols)
+        # The whole warp calls the copy: a TMA copy elects its own issuing thread, and an elect
+        # inside elect_one's single thread waits for the 31 lanes that never come (the H200 hang).
+        load_peer_k(tma_kp, mKp, sKp, pipe_kv.producer_get_barrier(kv_state), n_block, cluster_rank(), head_kv,
+                    batch, self.tile_n, self.dq_cols)
 
     @cute.jit
     def cluster_exchange_and_gemms(
