@@ -28,7 +28,7 @@ import torch
 
 import fa4
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import default_config, violations
+from fa4.sm90.bwd_config import default_config, default_launch_order, violations
 from fa4.sm90.bwd_launch import flash_attn_bwd
 from fa4.tensors import problem_of
 
@@ -155,6 +155,25 @@ def default_for(sh, D, causal, det, **change):
     """The default config of this very problem (GQA changes it: dK/dV by reductions, not TMA),
     with the knob ``change`` applied."""
     return dataclasses.replace(default_config(problem_for(sh, D, causal, det)), **change)
+
+
+def exchanged(prob: Problem, **change):
+    """The problem's default config with cluster_exchange on and the knob ``change``: gqa_reduce
+    'atomic' under GQA (the pair walks no head group), then, where violations() refuses it, dK/dV
+    by element stores ('atomic' GQA), one dS buffer (hd192: the peer's tiles take the room of the
+    second), a one-deep ring (hd256 beside per-thread dQ adds); never undoing ``change``."""
+    spt, swizzle = default_launch_order(prob, "atomic")
+    base = dataclasses.replace(default_config(prob), cluster_exchange=True, gqa_reduce="atomic",
+                               spt_order=spt, head_swizzle=swizzle)
+    base = dataclasses.replace(base, **change)
+    for fix in ({}, dict(dkv_store="direct"), dict(ds_stages=1), dict(ds_stages=1, dkv_store="direct"),
+                dict(ds_stages=1, stages=1), dict(ds_stages=1, stages=1, dkv_store="direct")):
+        if set(fix) & set(change):
+            continue
+        cfg = dataclasses.replace(base, **fix)
+        if not violations(cfg, prob):
+            return cfg
+    raise ValueError(f"no exchanged config for {prob}: {violations(base, prob)}")
 
 
 def case(kind, sh, D, causal, det, **change):

@@ -18,3 +18,10 @@ def acc_as_rows_cols(acc: cute.Tensor) -> cute.Tensor:
         stride=((std[0][1], std[1]), (std[0][0], std[0][2], std[2])),
     )
     return cute.make_tensor(acc.iterator, mn)
+
+
+def transpose_view(t: cute.Tensor) -> cute.Tensor:
+    """Swap the first two modes of a shared-memory tensor (same bytes, other operand role)."""
+    shape = (t.shape[1], t.shape[0], *t.shape[2:])
+    order = (1, 0, *range(2, cute.rank(t)))
+    return cute.composition(t, cute.make_ordered_layout(shape, order=order))

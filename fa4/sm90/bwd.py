@@ -40,6 +40,10 @@ D)(1 - t^2) from the same t (fa4.common.softcap_bwd); a learnable sink is alread
 forward returned (its gradient is reduced on the host from D). The LSE's own gradient is in D
 (the preprocess).
 
+cluster_exchange (fa4.sm90.bwd_cluster, fa4.common.bwd_pair; dkv_split 'head_dim' only): CTAs of
+key tiles 2p, 2p+1 run as a cluster of two, exchange dS through distributed shared memory each
+step and each add half of dQ's columns, over both key tiles.
+
 Deterministic mode: before adding its dQ tile, a CTA waits on the tile's int32 semaphore
 until it reads the CTA's turn (fa4.common.semaphore), and releases the next turn once its
 reduction is performed. Turns follow the launch order so that a waiting CTA only waits for
@@ -63,10 +67,10 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_schedule, mma, scheduling, semaphore, softcap_bwd, varlen
-from fa4.sm90 import bwd_dq, bwd_epilogue, bwd_split
+from fa4.common import bwd_pair, bwd_schedule, mma, scheduling, semaphore, softcap_bwd, varlen
+from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
-from fa4.common.layout import acc_as_rows_cols
+from fa4.common.layout import acc_as_rows_cols, transpose_view
 from fa4.common.regs import opaque
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
@@ -78,14 +82,7 @@ from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 STAT_PREFETCH = 16
 
 
-def transpose_view(t: cute.Tensor) -> cute.Tensor:
-    """Swap the first two modes of a shared-memory tensor (same bytes, other operand role)."""
-    shape = (t.shape[1], t.shape[0], *t.shape[2:])
-    order = (1, 0, *range(2, cute.rank(t)))
-    return cute.composition(t, cute.make_ordered_layout(shape, order=order))
-
-
-class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAccumSteps):
+class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAccumSteps, bwd_cluster.ClusterSteps):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
                  head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
                  has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
@@ -109,6 +106,10 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # with half the queries of S^T/dP^T and half the columns of dK/dV; P^T and dS^T meet in
         # shared memory.
         self.split = config.dkv_split == "head_dim"
+        # cluster_exchange (fa4.common.bwd_pair, fa4.sm90.bwd_cluster): CTAs of key tiles 2p, 2p+1
+        # as a cluster of two, dS exchanged, each adding half of dQ's columns over both tiles.
+        self.cluster = config.cluster_exchange
+        self.dq_cols = head_dim // 2 if self.cluster else head_dim
         self.causal = causal
         self.gqa = gqa
         self.config = config
@@ -190,7 +191,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             dv_mma = self.make_dv_mma(dkv_mma)
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
         # B = K^T (head_dim contiguous); the two consumers split head_dim or the rows (dq_split).
-        dq_mma = make_dq_mma(self.dtype, d, self.config.dq_split)
+        dq_mma = make_dq_mma(self.dtype, self.dq_cols, self.config.dq_split)
         row_major = tensor_utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
         dpv_tiler = (self.tile_n, self.tile_m, dv)  # dP^T = V dO^T reduces over head_dim_v
@@ -198,7 +199,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # warpgroup): their swizzle atoms must tile those slices (bwd_split.swizzle_width); dK and
         # dV leave through sK and sV in their own slices (dkv_store 'tma').
         halves = 2 if self.split else 1
-        dq_n = d if self.config.dq_split == "rows" else d // 2
+        dq_n = d if self.config.dq_split == "rows" else self.dq_cols // 2
         sK_layout = bwd_split.k_major_layout("a", sdp_tiler, self.dtype, 1, math.gcd(dq_n, d // halves))
         # sV: dV leaves through it in dV's column slices (dkv_store 'tma').
         sV_layout = bwd_split.k_major_layout("a", dpv_tiler, self.dtype, 1, dv // halves)
@@ -231,6 +232,14 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(sK_layout, (None, None, 0))) + cute.size_in_bytes(
             self.dtype, cute.slice_(sV_layout, (None, None, 0))
         )
+        # cluster_exchange: the peer's K tile in this CTA's dQ columns rides on the K/V barrier.
+        sKp_layout = bwd_cluster.peer_k_layout(self, sdp_tiler) if self.cluster else sK_layout
+        tma_kp, mKp_tma = None, None
+        if cutlass.const_expr(self.cluster):
+            tma_kp, mKp_tma = cpasync.make_tiled_tma_atom(
+                g2s, mK, cute.slice_(sKp_layout, (None, None, 0)), (self.tile_n, self.dq_cols)
+            )
+            self.kv_bytes += cute.size_in_bytes(self.dtype, cute.slice_(sKp_layout, (None, None, 0)))
 
         @cute.struct
         class SharedStorage:
@@ -243,11 +252,13 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdO_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sdS_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sP_layout) if self.p_smem else 8], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * d if self.dq_bulk else 1], 128]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.tile_m * self.dq_cols if self.dq_bulk else 1], 128]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sStat_layout)], 128]
             sDsum: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(sDsum_layout)], 128]
 
         self.shared_storage = SharedStorage
+        # cluster_exchange: a second struct, so that the kernels without it keep their layout.
+        self.cluster_storage = bwd_cluster.cluster_storage(self, sKp_layout, sdS_layout) if self.cluster else None
 
         tma_dk = tma_dv = None
         # Varlen with dkv_store 'tma': a sequence's last, partial key tile leaves by predicated
@@ -274,13 +285,23 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             seqlen_k = max_seqlen_k
             num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
-        self.kernel(
+        args = (
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout, sStat_layout, sDsum_layout,
             scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, head_swizzle, spt,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k, mdK_rows, mdV_rows,
-        ).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+            tma_kp, mKp_tma, sKp_layout,
+        )
+        if cutlass.const_expr(self.cluster):
+            # Whole pairs: the odd tail's second CTA owns no key (fa4.common.bwd_pair).
+            grid = (bwd_pair.num_pairs(num_n) * bwd_pair.PAIR * num_bh, 1, 1)
+            self.kernel(*args).launch(grid=grid, block=[self.num_threads, 1, 1], cluster=[bwd_pair.PAIR, 1, 1],
+                                      stream=stream, min_blocks_per_mp=1)
+        else:
+            # No cluster launch attribute at all: the kernels without the exchange launch as before.
+            self.kernel(*args).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream,
+                                      min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
         if not self.p_smem and self.head_dim_v == self.head_dim:
@@ -345,6 +366,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         max_seqlen_k: Int32,
         mdK_rows: cute.Tensor,  # varlen with dkv_store 'tma': mdK as given (the partial tiles' stores), else None
         mdV_rows: cute.Tensor,
+        tma_kp: cute.CopyAtom,  # cluster_exchange: the peer's K columns (else None)
+        mKp: cute.Tensor,
+        sKp_layout: cute.ComposedLayout,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         win = (window_left, window_right)
@@ -369,7 +393,16 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         sDsum = storage.sDsum.get_tensor(sDsum_layout)  # (m, do_stages)
         # fp32 dQ tile in fragment order ((4, F/4), (thread, warpgroup)): the byte order of the tile
         # in the accumulator too, so one linear bulk reduction adds it (fa4.sm90.bwd_prepost).
-        sdQ = cute.make_tensor(storage.sdQ.data_ptr(), dq_frag_layout(self.tile_m, self.head_dim))
+        # (cluster_exchange: this CTA's half of the columns, a tile of its own in the same order.)
+        sdQ = cute.make_tensor(storage.sdQ.data_ptr(), dq_frag_layout(self.tile_m, self.dq_cols))
+        cluster_smem = None
+        if cutlass.const_expr(self.cluster):
+            cstore = smem.allocate(self.cluster_storage)
+            sKp = cstore.sKp.get_tensor(sKp_layout.outer, swizzle=sKp_layout.inner)  # (n, d/2, 1)
+            sdSp = cstore.sdSp.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)  # (m, n, ds_stages)
+            mbar_x = cstore.mbar_x.data_ptr()
+            bwd_cluster.init_barriers(self.ds_stages, mbar_x, tidx)
+            cluster_smem = (tma_kp, mKp, sKp, sdSp, mbar_x)
 
         producer_group = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, NUM_CONSUMER_THREADS // 32)
@@ -386,13 +419,18 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             consumer_group=consumers, tx_count=self.do_bytes, defer_sync=True,
         )
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if cutlass.const_expr(self.cluster):
+            # The peer's barriers must be initialised before this CTA's first remote arrive/copy.
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         roles = (
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
             tma_dsum, mDsum, mdQacc, mdK, mdV, (tma_dk, tma_dv, mdK_rows, mdV_rows), mSemQ, mSemKV,
             sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
-            scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
+            scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl, cluster_smem,
         )
         if cutlass.const_expr(self.varlen):
             # A key tile past its sequence's keys (a shorter sequence than the longest, or an empty
@@ -402,13 +440,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 self.roles(*roles)
         else:
             self.roles(*roles)
+        if cutlass.const_expr(self.cluster):
+            # No CTA leaves while its peer may still copy into it or arrive on its barriers.
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     @cute.jit
     def roles(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2,
         tma_dsum, mDsum, mdQacc, mdK, mdV, tma_dkv, mSemQ, mSemKV,
         sQ, sdO, sK, sV, sdS, sP, sLSE, sDsum, sdQ, pipe_kv, pipe_q, pipe_do, tidx, bidx, warp_idx, wg_idx,
-        scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl,
+        scale_log2, scale, win, softcap_inv, softcap_log2, head_swizzle, spt, vl, cluster_smem,
     ):
         """The warp roles of the CTA: the producer warp's loads, the dQ writer warps, the consumers."""
         if wg_idx == 0:
@@ -426,6 +468,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                     pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
                     self.heads_walked(qhead_per_kvhead), seq,
                 )
+            if cutlass.const_expr(self.cluster):
+                if warp_idx == 3:
+                    self.producer_peer_k(cluster_smem, pipe_kv, n_block, head_kv, batch)
             if cutlass.const_expr(self.dq_bulk):
                 # Two writer warps take alternate steps: one waits for its reduction to complete
                 # (deterministic turn hand-off) while the other already adds the next tile.
@@ -450,7 +495,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
                 n_block, head, batch, num_n,
                 (m_start, m_masked_end, m_unmasked_end, m_end), seq[2], seq[3], scale_log2, scale, spt,
-                (bidx, mQ, mK, head_swizzle, vl), tma_dkv, win, (softcap_inv, softcap_log2), seq,
+                (bidx, mQ, mK, head_swizzle, vl), tma_dkv, win, (softcap_inv, softcap_log2), seq, cluster_smem,
             )
 
     @cute.jit
@@ -473,15 +518,24 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 bidx, num_n, mK.shape[2], mK.shape[2] * mQ.shape[3], head_swizzle, spt
             )
             head = head_kv * qhead_per_kvhead
+        elif cutlass.const_expr(self.cluster):
+            n_block, head, batch = bwd_cluster.pair_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
+            head_kv = head // qhead_per_kvhead
         else:
             n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
             head_kv = head // qhead_per_kvhead
         seq = varlen.seq_info(None if vl is None else vl[:4], batch, seqlen_q, seqlen_k)
         seqlen_q, seqlen_k = seq[2], seq[3]
-        m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
-            n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
-            self.has_window_left, self.has_window_right, *win,
-        )
+        if cutlass.const_expr(self.cluster):
+            # Both CTAs of a pair walk its 128 keys' query tiles (the masks are per CTA).
+            m_start, m_masked_end, m_unmasked_end, m_end = bwd_pair.pair_segments(
+                n_block // bwd_pair.PAIR, self.tile_m, seqlen_q, seqlen_k, self.causal
+            )
+        else:
+            m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
+                n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
+                self.has_window_left, self.has_window_right, *win,
+            )
         return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
                 seq)
 
@@ -562,6 +616,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, pipe_q, pipe_do, ctid,
         n_block, head, batch, num_n,
         m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args, seq,
+        cluster_smem,
     ):
         d, dv = self.head_dim, self.head_dim_v
         m_start, m_masked_end, m_unmasked_end, m_end = m_segments
@@ -583,7 +638,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         dv_out_thr = self.dv_out_slice(dkv_thr, dv_thr)
         acc_dV = dv_out_thr.make_fragment_C(dv_out_thr.partition_shape_C((self.tile_n, dv)))
         acc_dK = dkv_thr.make_fragment_C(dkv_thr.partition_shape_C((self.tile_n, d)))
-        acc_dQ = dq_thr.make_fragment_C(dq_thr.partition_shape_C((self.tile_m, d)))
+        acc_dQ = dq_thr.make_fragment_C(dq_thr.partition_shape_C((self.tile_m, self.dq_cols)))
         tdKsdSt = sdSt = None  # dkv_split 'head_dim': dK's A operand, dS^T in shared memory
         if cutlass.const_expr(self.split):
             # 16-bit copies of the accumulators, for the stores into sP and sdS.
@@ -627,6 +682,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             diag_lo = diag - win[0]
         limits = (key_limit, diag_hi, diag_lo)
         frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP, tdKsdSt, sdSt)
+        if cutlass.const_expr(self.cluster):
+            frag = frag + (bwd_cluster.peer_fragments(dq_thr, cluster_smem, sdS, sK),)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
         # gqa_reduce 'loop': the group's query heads one after the other (fa4.common.bwd_schedule.
         # group_step), dK/dV accumulating across all of them; the step index, and with it the ring
@@ -753,7 +810,12 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # the fp32 S^T and dP^T (the register budget at head_dim 128).
         tdVrP_as_S.store(acc_S.load().to(self.dtype))
         tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
-        if cutlass.const_expr(self.split):
+        if cutlass.const_expr(self.cluster):
+            self.cluster_exchange_and_gemms(
+                sdp_mma, dkv_mma, dv_mma, dq_mma, frag, accs, state, ds_buf, ctid, i, BAR_DS_FREE, BAR_DS_FULL,
+                NUM_CONSUMER_THREADS,
+            )
+        elif cutlass.const_expr(self.split):
             self.split_exchange_and_gemms(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, frag, accs, state, ds_buf, ctid, BAR_DS_FREE, BAR_DS_FULL,
                 NUM_CONSUMER_THREADS,
@@ -794,6 +856,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             warpgroup.commit_group()
         # dV and dQ done, dK may still run: dO is free, and dQ leaves while dK computes.
         warpgroup.wait_group(1)
+        if cutlass.const_expr(self.cluster):
+            self.release_peer(frag, ds_buf, ctid)
         pipe_do.consumer_release(state)
         if cutlass.const_expr(self.dq_bulk):
             # Wait until the writer warp's previous bulk reduction has read this warpgroup's

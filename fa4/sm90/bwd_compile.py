@@ -187,9 +187,10 @@ def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi
 
 def compile_bwd_post_dq(
     dtype: str, head_dim: int, tile_m: int, dq_split: str = "head_dim", options: str = "--enable-tvm-ffi",
-    varlen: bool = False, seqused: bool = False,
+    varlen: bool = False, seqused: bool = False, pair: bool = False,
 ):
-    """dQ postprocess: reads the fragment-ordered accumulator of a main kernel with this tile_m and dq_split."""
+    """dQ postprocess: reads the fragment-ordered accumulator of a main kernel with this tile_m and
+    dq_split (``pair``: with cluster_exchange, the tile in two column halves)."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -204,6 +205,6 @@ def compile_bwd_post_dq(
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     cu, _, used, _ = _varlen_fakes(varlen, seqused)
     return cute.compile(
-        BwdPostprocessDq(dt, head_dim, tile_m, dq_split, varlen), acc, out, f32(1.0), cu, used, cutlass.Int32(0),
-        stream, options=_opts(options),
+        BwdPostprocessDq(dt, head_dim, tile_m, dq_split, varlen, pair), acc, out, f32(1.0), cu, used,
+        cutlass.Int32(0), stream, options=_opts(options),
     )

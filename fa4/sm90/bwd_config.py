@@ -139,6 +139,18 @@ class BwdConfigSm90:
         "from a shared-memory copy (a store and a warpgroup barrier per step, 16-bit P^T not live "
         "beside S^T and dP^T: fewer registers).",
     )
+    cluster_exchange: bool = knob(
+        (False, True), False,
+        "dkv_split 'head_dim' (head_dim 192/256) only: launch the CTAs of key tiles 2p and 2p+1 as a cluster "
+        "of two walking the same query tiles in lockstep; each copies its dS tile into its peer's shared "
+        "memory (distributed shared memory, one bulk copy per step, cluster-scope mbarriers), and CTA r "
+        "computes dQ for the columns [r d/2, (r+1) d/2) over both key tiles (K reduction 128, the peer's "
+        "K columns loaded once): half the fp32 dQ reductions per CTA (fa4.common.bwd_pair). Expected to pay "
+        "where those reductions bound the step (head_dim 256: 64 KiB per step at tile_m 64; not yet "
+        "measured, so never the default); it costs the peer's K slice and dS buffers in shared memory "
+        "(hd192: one dS buffer at stages 2) and the exchange's handshake per step. Not with varlen, "
+        "gqa_reduce 'loop', deterministic mode, a window or softcap (cluster_violations).",
+    )
     spt_order: bool = knob(
         (True, False), True,
         "Masked (causal, a window's right bound): launch the shortest key tiles (highest n_block) first and "
@@ -161,7 +173,6 @@ class BwdConfigSm90:
         "deterministic": "restated the problem: the problem's deterministic flag decides",
         "sdp_swap_ab": "single-valued (True): S^T and dP^T are always computed with the keys on M",
         "tile_n": f"single-valued ({TILE_N}), now derived: 128 with dkv_split 'keys', 64 with 'head_dim'",
-        "cluster_exchange": "never built (False only)",
     }
 
     @property
@@ -179,11 +190,18 @@ def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
     stats = 2 * config.stages * config.tile_m * 4  # LSE and D rows beside Q and dO
     kv = config.tile_n * (d + problem.head_dim_v) * elt
     ds = config.ds_stages * config.tile_m * config.tile_n * elt
-    dq = config.tile_m * d * 4 if config.dq_accum == "bulk" else 0
+    # cluster_exchange: a CTA stages and adds only its half of dQ's columns.
+    dq_cols = d // 2 if config.cluster_exchange else d
+    dq = config.tile_m * dq_cols * 4 if config.dq_accum == "bulk" else 0
     # P^T: one buffer per dS buffer under dkv_split 'head_dim' (both consumers read all of it).
     p_bufs = config.ds_stages if config.dkv_split == "head_dim" else 1
     p = p_bufs * config.tile_m * config.tile_n * elt if config.dv_operand == "smem" else 0
-    return q + do + kv + ds + dq + p + stats + SMEM_RESERVED
+    # cluster_exchange: the peer's K tile in this CTA's dQ columns (the B operand of the peer
+    # half of the reduction, loaded once) and the peer's dS tiles, one per dS buffer.
+    peer = 0
+    if config.cluster_exchange:
+        peer = config.tile_n * (d // 2) * elt + config.ds_stages * config.tile_m * config.tile_n * elt
+    return q + do + kv + ds + dq + p + peer + stats + SMEM_RESERVED
 
 
 def consumer_registers(config: BwdConfigSm90, problem: Problem) -> int:
@@ -202,7 +220,9 @@ def consumer_registers(config: BwdConfigSm90, problem: Problem) -> int:
         # dQ accumulator (tile_m x d over 256 threads) beside dK/dV can then be the larger peak.
         dkv = per_thread * (problem.head_dim + problem.head_dim_v) / 2
         sdp = per_thread * config.tile_m
-        dq = config.tile_m * problem.head_dim / (2 * THREADS_PER_WG)
+        # (cluster_exchange: over half the columns, the other half is the peer CTA's.)
+        dq_cols = problem.head_dim / 2 if config.cluster_exchange else problem.head_dim
+        dq = config.tile_m * dq_cols / (2 * THREADS_PER_WG)
         return int(math.ceil(dkv + max(sdp, dq))) + PATH_OVERHEAD[config.dq_accum]
     dkv = per_thread * (problem.head_dim + problem.head_dim_v)
     sdp = 2 * per_thread * config.tile_m
@@ -231,6 +251,7 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             out.append(Violation("knob combination",
                                  "dkv_split 'head_dim' reads P^T from shared memory (both consumers need all of it): "
                                  "dv_operand 'smem'"))
+    out += cluster_violations(config, problem)
     if config.tile_m % ROWS_PER_WG:
         out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))
     need = smem_bytes(config, problem)
@@ -316,6 +337,44 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"{problem.head_dim}, dq_accum '{config.dq_accum}') > {CONSUMER_REG_BUDGET}: measured spills "
             "and WGMMA serialization (C7512)")
         )
+    return out
+
+
+def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violation]:
+    """Why cluster_exchange cannot run this problem (fa4.common.bwd_pair, fa4.sm90.bwd_cluster).
+    Odd numbers of key tiles need no refusal: the last pair's second CTA is fully masked. A
+    learnable sink needs nothing either: the main kernel is the one without it (the forward's LSE
+    holds the sink, its gradient is reduced on the host from D)."""
+    if not config.cluster_exchange:
+        return []
+    out: list[Violation] = []
+    if config.dkv_split != "head_dim":
+        out.append(Violation("knob combination",
+                             "cluster_exchange pairs 64-key tiles of dkv_split 'head_dim' (head_dim 192/256): "
+                             "with 'keys' a CTA's 128 keys already halve the dQ adds per key"))
+    if config.dq_split != "head_dim":
+        out.append(Violation("knob combination",
+                             "cluster_exchange splits dQ's columns across the pair and then across the "
+                             "warpgroups: dq_split 'head_dim'"))
+    if config.gqa_reduce == "loop":
+        # A 'loop' CTA walks its group's heads: the pair would have to walk them in lockstep.
+        out.append(Violation("knob combination", "cluster_exchange with gqa_reduce 'loop': not built"))
+    if getattr(problem, "varlen", False):
+        # A pair's two key tiles would need the same sequence, and the odd tail one per sequence.
+        out.append(Violation("knob combination", "cluster_exchange with varlen: not built"))
+    if problem.deterministic:
+        # The two halves of a dQ tile are disjoint, so they could each take turns of their own
+        # (a semaphore per (tile, half), turns in pair order), but that is not built.
+        out.append(Violation("knob combination",
+                             "cluster_exchange with deterministic dQ adds: the per-half semaphore order is "
+                             "not built"))
+    windowed = getattr(problem, "window_left", -1) >= 0 or getattr(problem, "window_right", -1) >= 0
+    if windowed:
+        # The pair walks its 128 keys' query range; a window's skipped middle would differ per half.
+        out.append(Violation("knob combination",
+                             "cluster_exchange with a sliding window: the pair's window segments are not built"))
+    if getattr(problem, "softcap", 0.0):
+        out.append(Violation("knob combination", "cluster_exchange with softcap: not built"))
     return out
 
 

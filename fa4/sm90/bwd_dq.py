@@ -5,7 +5,8 @@ dq_accum 'bulk': two writer warps take the steps of alternate parity and add eac
 'red_v2': the consumers add their fragments with red.global(.v2). Deterministic mode orders the
 adds of a query tile by a semaphore turn per (batch, head, query tile). With gqa_reduce 'loop' the
 steps run over the group's (head, query tile) walk (fa4.common.bwd_schedule.group_step); varlen
-adds into the sequence's padded rows (acc_rows).
+adds into the sequence's padded rows (acc_rows). With cluster_exchange a CTA adds its half of
+the tile's columns (fa4.common.bwd_pair), a tile of its own in fragment order.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 
 from fa4.common import bwd_schedule, semaphore
-from fa4.sm90 import bwd_epilogue
+from fa4.sm90 import bwd_cluster, bwd_epilogue
 from fa4.sm90.bwd_config import THREADS_PER_WG
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_view
 
@@ -33,7 +34,8 @@ NUM_DQ_SYNC_THREADS = THREADS_PER_WG + 32
 
 class DqAccumSteps:
     """dQ hand-off and reductions of the main backward kernel (uses the kernel's attributes:
-    tile_m, tile_n, head_dim, deterministic, gqa_loop, red_v2, causal, the window flags, acc_rows)."""
+    tile_m, tile_n, head_dim, dq_cols, cluster, deterministic, gqa_loop, red_v2, causal, the window
+    flags, acc_rows)."""
 
     @cute.jit
     def dq_barrier(self, base: cutlass.Constexpr, parity, ctid, sync: cutlass.Constexpr):
@@ -54,7 +56,11 @@ class DqAccumSteps:
     ):
         """One of two writer warps: adds the staged dQ tiles of the steps of its parity (steps
         counted over the (head, m_block) walk of the CTA, fa4.common.bwd_schedule.group_step)."""
-        nbytes = self.tile_m * self.head_dim * 4
+        nbytes = self.tile_m * self.dq_cols * 4
+        # cluster_exchange: this CTA's half of the tile, the second half of it for rank 1.
+        half_off = 0
+        if cutlass.const_expr(self.cluster):
+            half_off = bwd_cluster.cluster_rank() * (self.tile_m * self.dq_cols)
         # sdQ starts empty (no arrive for an empty range: every arrive must meet a consumer wait).
         if cutlass.const_expr(parity == 0):
             if m_start < m_end:
@@ -84,7 +90,7 @@ class DqAccumSteps:
                     cute.arch.fence_proxy("async.global")
                 gdQ = cute.local_tile(self.acc_rows(mdQacc, batch, h, seq[0]), (self.tile_m, self.head_dim), (m, 0))
                 # Both warpgroups' chunks: one contiguous tile in fragment order.
-                semaphore.bulk_reduce_add_f32(gdQ.iterator, sdQ.iterator, nbytes)
+                semaphore.bulk_reduce_add_f32(gdQ.iterator + half_off, sdQ.iterator, nbytes)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
@@ -109,10 +115,13 @@ class DqAccumSteps:
         gdQ = cute.local_tile(self.acc_rows(mdQacc, batch, head, seq[0]), (self.tile_m, self.head_dim), (m, 0))
         # This thread's values in the tile's fragment order (the accumulator's layout): value
         # (a, b) of the (4, F/4) register view lies at thread_base + a + 512 b.
-        lay = dq_frag_layout(self.tile_m, self.head_dim)
+        lay = dq_frag_layout(self.tile_m, self.dq_cols)
         # Element offsets inside a thread's part: the value modes' strides of the same layout.
-        (_, _), ((s_a, s_b), _) = dq_frag_shape_stride(self.tile_m, self.head_dim)
+        (_, _), ((s_a, s_b), _) = dq_frag_shape_stride(self.tile_m, self.dq_cols)
         base = gdQ.iterator + cute.crd2idx(((0, 0), ctid), lay)
+        if cutlass.const_expr(self.cluster):
+            # This CTA's half of the tile (fa4.common.bwd_pair), the second for rank 1.
+            base = base + bwd_cluster.cluster_rank() * (self.tile_m * self.dq_cols)
         r = dq_frag_view(acc_dQ)
         if cutlass.const_expr(self.deterministic):
             sem = mSemQ[batch, head, None].iterator + m

@@ -128,9 +128,11 @@ class _Plan:
         self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse))
         self.post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
         self.post_v = self.post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
+        # (cluster_exchange: the accumulator's tiles are two column halves; keys of before it unchanged.)
+        pair = config.cluster_exchange
         self.post_dq = compiled(
-            ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split),
-            lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split),
+            ("bwd_post_dq", dtype, d, config.tile_m, config.dq_split) + (("pair",) if pair else ()),
+            lambda: compile_bwd_post_dq(dtype, d, config.tile_m, config.dq_split, pair=pair),
         )
         self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, 0,
                              *runtime_args(config))

@@ -261,12 +261,17 @@ class BwdPostprocessDq:
     per warp land on different banks) and leaves as 16-byte row-contiguous stores.
     """
 
-    def __init__(self, dtype, head_dim: int, tile_m: int, dq_split: str = "head_dim", varlen: bool = False):
+    def __init__(self, dtype, head_dim: int, tile_m: int, dq_split: str = "head_dim", varlen: bool = False,
+                 pair: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim
         self.tile_m = tile_m
         self.dq_split = dq_split  # the main kernel's: its fragments are placed by the same MMA
         self.varlen = varlen
+        # cluster_exchange (fa4.common.bwd_pair): a tile is two column halves, each in the fragment
+        # order of a (tile_m, d/2) dQ MMA, the half of the cluster's CTA r at offset r tile_m d/2.
+        self.pair = pair
+        self.cols = head_dim // 2 if pair else head_dim
 
     @cute.jit
     def __call__(
@@ -279,7 +284,7 @@ class BwdPostprocessDq:
         max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
         stream: cuda.CUstream,
     ):
-        tiled_mma = make_dq_mma(self.dtype, self.head_dim, self.dq_split)
+        tiled_mma = make_dq_mma(self.dtype, self.cols, self.dq_split)
         num_m = (mOut.shape[1] + self.tile_m - 1) // self.tile_m
         num_b = mAcc.shape[0]
         if cutlass.const_expr(self.varlen):
@@ -311,18 +316,20 @@ class BwdPostprocessDq:
         sOut = smem.allocate_tensor(self.dtype, sOut_layout, byte_alignment=16)  # (tile_m, d), padded rows
         thr = tiled_mma.get_slice(tidx)
         gAcc = cute.local_tile(mAcc[batch, head, None, None], (self.tile_m, d), (m, 0))
-        acc = thr.make_fragment_C(thr.partition_shape_C((self.tile_m, d)))
-        lay = dq_frag_layout(self.tile_m, d)
-        # The thread's first value: 16-byte aligned (tiles and 4-value groups are), which the
-        # pointer arithmetic cannot prove, so it is stated for the vector loads.
-        first = gAcc.iterator + cute.crd2idx(((0, 0), tidx), lay)
-        ptr = cute.make_ptr(Float32, first.toint(), cute.AddressSpace.gmem, assumed_align=16)
-        (_, _), (value_stride, _) = dq_frag_shape_stride(self.tile_m, d)
-        frag = cute.make_tensor(ptr, cute.make_layout((4, cute.size(acc) // 4), stride=value_stride))
-        cute.autovec_copy(frag, dq_frag_view(acc))
-        out = cute.make_rmem_tensor_like(acc, self.dtype)
-        out.store((acc.load() * scale).to(self.dtype))
-        cute.autovec_copy(out, thr.partition_C(sOut))
+        cols = self.cols
+        lay = dq_frag_layout(self.tile_m, cols)
+        (_, _), (value_stride, _) = dq_frag_shape_stride(self.tile_m, cols)
+        for h in cutlass.range_constexpr(d // cols):
+            acc = thr.make_fragment_C(thr.partition_shape_C((self.tile_m, cols)))
+            # The thread's first value: 16-byte aligned (tiles and 4-value groups are), which the
+            # pointer arithmetic cannot prove, so it is stated for the vector loads.
+            first = gAcc.iterator + (h * self.tile_m * cols + cute.crd2idx(((0, 0), tidx), lay))
+            ptr = cute.make_ptr(Float32, first.toint(), cute.AddressSpace.gmem, assumed_align=16)
+            frag = cute.make_tensor(ptr, cute.make_layout((4, cute.size(acc) // 4), stride=value_stride))
+            cute.autovec_copy(frag, dq_frag_view(acc))
+            out = cute.make_rmem_tensor_like(acc, self.dtype)
+            out.store((acc.load() * scale).to(self.dtype))
+            cute.autovec_copy(out, thr.partition_C(cute.flat_divide(sOut, (self.tile_m, cols))[None, None, 0, h]))
         cute.arch.sync_threads()
         lanes = row_lanes(d // VEC16)
         per_thread = d // VEC16 // lanes

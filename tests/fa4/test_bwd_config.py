@@ -74,12 +74,13 @@ def test_every_knob_is_a_choice_the_problem_does_not_make(cls):
 
 
 def test_rows_of_the_retired_knobs_still_read():
-    """Configs stored (or posted) before deterministic, sdp_swap_ab, tile_n and cluster_exchange
-    left the declaration read as the same config without them; unknown names are still refused."""
+    """Configs stored (or posted) before deterministic, sdp_swap_ab and tile_n left the declaration
+    read as the same config without them (cluster_exchange, retired while it was only ever False,
+    is a knob again, its False the default); unknown names are still refused."""
     old = {"tile_m": 128, "tile_n": 128, "sdp_swap_ab": True, "deterministic": True, "cluster_exchange": False,
            "dq_split": "rows"}
     assert config_from_dict(BwdConfigSm90, old) == BwdConfigSm90(tile_m=128, dq_split="rows")
-    assert set(BwdConfigSm90.RETIRED_KNOBS) == {"deterministic", "sdp_swap_ab", "tile_n", "cluster_exchange"}
+    assert set(BwdConfigSm90.RETIRED_KNOBS) == {"deterministic", "sdp_swap_ab", "tile_n"}
     assert BwdConfigSm90().tile_n == 128
     with pytest.raises(ValueError, match="unknown knob"):
         config_from_dict(BwdConfigSm90, {"tile_mm": 64})
