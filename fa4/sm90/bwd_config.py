@@ -145,10 +145,10 @@ class BwdConfigSm90:
         "of two walking the same query tiles in lockstep; each copies its dS tile into its peer's shared "
         "memory (distributed shared memory, one bulk copy per step, cluster-scope mbarriers), and CTA r "
         "computes dQ for the columns [r d/2, (r+1) d/2) over both key tiles (K reduction 128, the peer's "
-        "K columns loaded once): half the fp32 dQ reductions per CTA (fa4.common.bwd_pair). Expected to pay "
-        "where those reductions bound the step (head_dim 256: 64 KiB per step at tile_m 64; not yet "
-        "measured, so never the default); it costs the peer's K slice and dS buffers in shared memory "
-        "(hd192: one dS buffer at stages 2) and the exchange's handshake per step. Not with varlen, "
+        "K columns loaded once): half the fp32 dQ reductions per CTA (fa4.common.bwd_pair). It pays where "
+        "those reductions bound the step: head_dim 256 (64 KiB per step at tile_m 64), +14% non-causal and "
+        "+17% causal on the H200, the default there (default_config); at 192 and 192/128 it loses 6-9% "
+        "(the peer's K slice and dS buffers take the second dS buffer's room). Not with varlen, "
         "gqa_reduce 'loop', deterministic mode, a window or softcap (cluster_violations).",
     )
     spt_order: bool = knob(
@@ -472,14 +472,18 @@ def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
     8-22%; not yet measured here)."""
     reduce = default_gqa_reduce(problem, ROWS_PER_WG)
     spt, swizzle = default_launch_order(problem, reduce)
-    for st, ds, acc in ((2, 2, "bulk"), (2, 1, "bulk"), (2, 2, "red_v2"), (2, 1, "red_v2"),
-                        (1, 2, "bulk"), (1, 1, "bulk")):
-        for dkv in ("tma", "direct"):
-            cand = BwdConfigSm90(
-                tile_m=64, stages=st, ds_stages=ds, dq_accum=acc, dkv_split="head_dim", dv_operand="smem",
-                dkv_store=dkv, head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt,
-            )
-            if not violations(cand, problem, arch):
-                return cand
+    rings = ((2, 2, "bulk"), (2, 1, "bulk"), (2, 2, "red_v2"), (2, 1, "red_v2"), (1, 2, "bulk"), (1, 1, "bulk"))
+    # head_dim 256: the 2-CTA dS exchange first where cluster_violations() allows it (session 12,
+    # H200, S8k: 293 -> 335 TFLOP/s non-causal, 303 -> 356 causal, the same ring otherwise).
+    for exchange in ((True, False) if problem.head_dim == 256 else (False,)):
+        for st, ds, acc in rings:
+            for dkv in ("tma", "direct"):
+                cand = BwdConfigSm90(
+                    tile_m=64, stages=st, ds_stages=ds, dq_accum=acc, dkv_split="head_dim", dv_operand="smem",
+                    dkv_store=dkv, head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt,
+                    cluster_exchange=exchange,
+                )
+                if not violations(cand, problem, arch):
+                    return cand
     return BwdConfigSm90(tile_m=64, stages=1, ds_stages=1, dkv_split="head_dim", dv_operand="smem",
                          head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt)
