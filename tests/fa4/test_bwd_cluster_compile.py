@@ -11,6 +11,7 @@ pairs with the other knobs; these are the shapes the device script measures.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import tempfile
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_exchange_with_sink_codegen(hd):
 def test_kernels_without_the_knob_have_no_cluster_code():
     ensure_target()
     prob = problem(256, 256, False, False)
-    cfg = default_config(prob)
+    cfg = dataclasses.replace(default_config(prob), cluster_exchange=False)  # the exchange is hd256's default
     key = compile_key("bf16", 256, False, False, False, cfg, 256)
     ptx, _, _ = compile_and_read(compile_bwd_main, key, [])
     pops = ptx_counts(ptx)
