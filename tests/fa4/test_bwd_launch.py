@@ -119,6 +119,38 @@ def test_check_script_reference_matches_sdpa():
     assert torch.isfinite(dk).all() and torch.isfinite(dv).all()
 
 
+def test_check_script_error_rule_floor_for_a_cancelled_gradient():
+    """The error rule on CPU (bf16 inputs, the fp32 reference as "ours" plus a perturbation): with
+    one key dK is exactly 0 (dS = P (dP - D) cancels), so fp32 rounding of ~1e-5 there (what the
+    H200 shows) passes under fp32_floor (16 epsilons of the largest gradient), while four times
+    the floor in dK, or twice dV's bf16 allowance, fails."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    q, k, v = tensors(b=3, sq=65, sk=1, hq=2, hkv=1, d=64, dtype=torch.bfloat16)
+    dout = torch.randn_like(q)
+    scale = 0.125
+    ref = mod.reference_grads(q, k, v, dout, False, scale, torch.float32)
+    assert ref[1].abs().max().item() == 0.0  # dK cancels exactly in autograd
+    floor = mod.fp32_floor(ref)
+    assert floor == 16 * torch.finfo(torch.float32).eps * max(r.abs().max().item() for r in ref) > 1e-5
+
+    def rule(dk_noise, dv_noise=0.0):
+        grads = (ref[0], ref[1] + dk_noise, ref[2] + dv_noise)
+        return mod.grads_match_reference(grads, q, k, v, dout, False, scale)
+
+    ok, info = rule(1.1e-5)
+    assert ok and info["dk"]["err_torch"] == 0.0, info
+    assert not rule(4 * floor)[0]
+    # dV's allowance is bf16's (its torch error and rounding, ~0.1 at |dV| ~ 30): twice that fails.
+    dv_allowed = 2 * info["dv"]["err_torch"] + 2 * (ref[2].bfloat16().float() - ref[2]).abs().max().item() + floor
+    assert rule(0.0, 0.5 * dv_allowed)[0] and not rule(0.0, 2 * dv_allowed)[0]
+
+
 def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     """launch_bwd with dlse hands it (fp32, unit inner stride) to the preprocess compiled with
     has_dlse, and without dlse the plain preprocess gets None: the launches are recorded, not run."""
