@@ -31,7 +31,7 @@ SHAPES = {
     # hd64 under GQA: deterministic 'atomic' runs tile_m 64 there (its dK/dV locks spill at 128),
     # 0.82 of the non-deterministic kernel in session 11; 'loop' has no dK/dV locks.
     "llama3.2-1b-8k": ((1, 8192, 8192, 32, 8, 64), True),
-    # hd64 GQA beside it (session 12: the hd64 default became 'loop' with dkv_store 'direct').
+    # hd64 GQA beside it (session 12: 'loop' won at Llama-3.2-1B 8k in one run, lost in the next).
     "llama3.2-1b-4k-b2": ((2, 4096, 4096, 32, 8, 64), True),
     "sq2k-sk8k-hd64": ((1, 2048, 8192, 32, 8, 64), True),
 }

@@ -62,13 +62,6 @@ GQA_LOOP_MIN_CTAS = 2 * 132
 # one or two query tiles: 'atomic' pays its dK/dV zeroing, fp32 adds and postprocess per head for
 # almost no work). Deterministic alike: 0.90 / 0.74 / 1.42 / 3.21.
 GQA_LOOP_MAX_Q_OVER_K = 0.5
-# ... except at head_dim 64, non-deterministic, where 'loop' wins at Sq = Sk too: Llama-3.2-1B 8k
-# (H32/KV8, causal; session 12, bench/bench_gqa_loop.py) 'atomic' 479, 'loop' 494, 'loop' with dK/dV
-# by element stores ('direct') 514 TFLOP/s (the reference 512): a 64-wide dK/dV tile is half the
-# fp32 traffic per step of 'atomic''s at 128 but the same fixed zeroing and postprocess, and the
-# TMA store's wait costs more than it saves at this size. Deterministic 'loop' there is 0.88 of
-# deterministic 'atomic' (335 vs 379): not taken.
-GQA_LOOP_ANY_Q_HEAD_DIM = 64
 # Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
@@ -406,10 +399,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
         for st in (2, 1):
             for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
-                # 'tma' where violations() allows it (not GQA 'atomic'); non-deterministic 'loop' at
-                # head_dim 64: 'direct' (+4% over 'tma' at Llama-3.2-1B 8k, GQA_LOOP_ANY_Q_HEAD_DIM).
-                direct_first = reduce == "loop" and problem.head_dim == 64 and not problem.deterministic
-                for dkv in (("direct", "tma") if direct_first else ("tma", "direct")):
+                for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (not GQA 'atomic')
                     cand = BwdConfigSm90(
                         tile_m=tm, stages=st, dq_split=split, dkv_store=dkv, head_swizzle=swizzle,
                         gqa_reduce=reduce, spt_order=spt,
@@ -463,12 +453,11 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
-    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys (any
-    query range at head_dim GQA_LOOP_ANY_Q_HEAD_DIM, non-deterministic) and the grid has at least
-    GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and varlen's)."""
-    any_q = problem.head_dim == GQA_LOOP_ANY_Q_HEAD_DIM and not problem.deterministic
+    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys and the
+    grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and
+    varlen's)."""
     if (problem.heads_q == problem.heads_kv or getattr(problem, "varlen", False)
-            or (problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k and not any_q)
+            or problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k
             or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS):
         return "atomic"
     return "loop"

@@ -245,26 +245,6 @@ def test_default_rule_is_a_pure_function_of_the_grid():
 
 
 @pytest.mark.parametrize("det", [False, True])
-@pytest.mark.parametrize("sq", [8192, 2048])
-def test_hd64_takes_loop_with_direct_stores_at_any_query_range(sq, det):
-    """head_dim 64, non-deterministic: 'loop' with dK/dV by element stores also at Sq = Sk (the
-    H200: Llama-3.2-1B 8k 'atomic' 479, 'loop' 494, 'loop' direct 514 TFLOP/s); deterministic keeps
-    'atomic' (its 'loop' was 0.88 of it); a grid under GQA_LOOP_MIN_CTAS keeps 'atomic' too."""
-    prob = gqa(1, sq, 8192, 32, 8, hd=64, det=det)
-    cfg = default_config(prob)
-    assert not violations(cfg, prob)
-    if det and sq == 8192:
-        assert cfg.gqa_reduce == "atomic"
-    else:
-        assert cfg.gqa_reduce == "loop"
-        assert cfg.dkv_store == ("tma" if det else "direct")
-    small = gqa(1, 4096, 4096, 14, 2, hd=64)  # 32 key tiles x 2 K/V heads: 64 CTAs
-    assert loop_ctas(small, 128) < GQA_LOOP_MIN_CTAS and default_config(small).gqa_reduce == "atomic"
-    # head_dim 128 at Sq = Sk keeps 'atomic' (Llama-3-8B 0.945, Qwen2.5-7B 0.758 of it with 'loop').
-    assert default_config(gqa(1, 8192, 8192, 32, 8)).gqa_reduce == "atomic"
-
-
-@pytest.mark.parametrize("det", [False, True])
 def test_launch_with_loop_has_no_dkv_accumulators_or_postprocess(monkeypatch, det):
     """launch_bwd with the kernels replaced by recorders (the GPU faked): under 'loop' the main
     kernel gets dK/dV in k's and v's shape and dtype and no dK/dV semaphores, and no dK/dV
