@@ -42,6 +42,24 @@ def check_bwd_feat():
     return mod
 
 
+def bench_module(monkeypatch, name: str):
+    """bench/<name>.py as a module on the CPU machine: triton (not installed here) faked, do_bench
+    one call of the timed function reported as 1 ms."""
+    import sys
+    import types
+
+    testing = types.ModuleType("triton.testing")
+    testing.do_bench = lambda run, **kw: (run(), 1.0)[1]
+    triton = types.ModuleType("triton")
+    triton.testing = testing
+    monkeypatch.setitem(sys.modules, "triton", triton)
+    monkeypatch.setitem(sys.modules, "triton.testing", testing)
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def _raw_scores(q, k, scale, softcap=0.0):
     """(B, Hq, Sq, Sk) fp32 scores q.k * scale (K expanded to the query heads), softcapped
     c * tanh(s / c) with softcap c > 0; and t = tanh(s / c) (None without softcap)."""

@@ -292,10 +292,6 @@ def test_bench_harness_on_cpu(monkeypatch):
     the backward by its equations, do_bench a single call): each variant is run with the config it
     names, the two reductions compared, 'loop' deterministic checked bitwise, and a row that shows
     the default rule's choice; the reference's failure is reported, not raised."""
-    import importlib.util
-    import sys
-    import types
-    from pathlib import Path
 
     from fa4.sm90 import bwd_launch
     from tests.fa4 import cpu_kernels
@@ -309,17 +305,7 @@ def test_bench_harness_on_cpu(monkeypatch):
         return cpu_kernels.backward_math(dout, q, k, v, scale, causal)
 
     monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
-    # triton (not on the CPU machine): do_bench as one call of 1 ms.
-    testing = types.ModuleType("triton.testing")
-    testing.do_bench = lambda run, **kw: (run(), 1.0)[1]
-    triton = types.ModuleType("triton")
-    triton.testing = testing
-    monkeypatch.setitem(sys.modules, "triton", triton)
-    monkeypatch.setitem(sys.modules, "triton.testing", testing)
-    spec = importlib.util.spec_from_file_location(
-        "bench_gqa_loop", Path(__file__).resolve().parents[2] / "bench" / "bench_gqa_loop.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = cpu_kernels.bench_module(monkeypatch, "bench_gqa_loop")
     row = mod.bench_shape("tiny", (1, 40, 300, 8, 2, 64), True, device="cpu")
     assert {(r, s) for r, s, _ in seen} == {("atomic", "direct"), ("loop", "tma"), ("loop", "direct")}
     assert {det for *_, det in seen} == {False, True}

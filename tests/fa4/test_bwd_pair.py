@@ -161,10 +161,7 @@ def test_bench_harness_on_cpu(monkeypatch, hd, names):
     backward by its equations after bwd_launch.resolve_config has accepted the config, do_bench a
     single call of 1 ms): each config is run as named (the exchange only in "on", one dS buffer
     beside it at hd192), on and off compared, and the reference's absence reported, not raised."""
-    import importlib.util
     import sys
-    import types
-    from pathlib import Path
 
     from fa4.sm90 import bwd_launch
     from fa4.tensors import problem_of
@@ -179,17 +176,8 @@ def test_bench_harness_on_cpu(monkeypatch, hd, names):
         return cpu_kernels.backward_math(dout, q, k, v, softmax_scale or q.shape[3] ** -0.5, causal)
 
     monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
-    testing = types.ModuleType("triton.testing")
-    testing.do_bench = lambda run, **kw: (run(), 1.0)[1]
-    triton = types.ModuleType("triton")
-    triton.testing = testing
-    monkeypatch.setitem(sys.modules, "triton", triton)
-    monkeypatch.setitem(sys.modules, "triton.testing", testing)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # the reference: not importable here
-    spec = importlib.util.spec_from_file_location(
-        "bench_cluster", Path(__file__).resolve().parents[2] / "bench" / "bench_cluster.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = cpu_kernels.bench_module(monkeypatch, "bench_cluster")
     row = mod.bench_shape(128, hd, True, device="cpu", tokens=128, width=2 * hd)
     assert set(row["configs"]) == names and "ref FA4" not in row
     assert row["configs"]["on"]["cluster_exchange"] and not row["configs"]["off"]["cluster_exchange"]
