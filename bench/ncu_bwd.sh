@@ -6,16 +6,20 @@
 # registers and occupancy of every kernel profiled (pre/main/postprocess of both).
 #
 #   bash bench/ncu_bwd.sh ['{"ds_store": "sts"}']   # optional knob overrides of our default
+#   SPECS="128:--causal 128:--seqlen=16384,--window=1023,0" bash bench/ncu_bwd.sh   # other problems
+# (SPECS: head_dim:profile_bwd.py's arguments, comma-separated; default hd128 causal and hd64.)
 set -u
 cfg=${1:-"{}"}
 OUT=${OUT:-bench/logs/session}
 mkdir -p "$OUT"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
 echo "ncu: $NCU"
-for spec in "128 --causal" "64"; do
-  set -- $spec; hd=$1; c=${2:-}; tag=bwd$hd${c:+c}
+for spec in ${SPECS:-128:--causal 64:}; do
+  hd=${spec%%:*}; args=${spec#*:}; args=${args//,--/ --}
+  tag=bwd$hd$(echo "$args" | tr -cd 'a-z0-9')
+  # shellcheck disable=SC2086
   timeout 200 "$NCU" --profile-from-start off --clock-control none --set full -o "$OUT/$tag" \
-     python3 bench/profile_bwd.py --hdim "$hd" $c --config "$cfg" > "$OUT/$tag.run.log" 2>&1
+     python3 bench/profile_bwd.py --hdim "$hd" $args --config "$cfg" > "$OUT/$tag.run.log" 2>&1
   echo "$tag rc=$?"; tail -3 "$OUT/$tag.run.log"
   "$NCU" --import "$OUT/$tag.ncu-rep" --page details > "$OUT/$tag.details.txt" 2>&1
   "$NCU" --import "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.source.csv" 2>&1

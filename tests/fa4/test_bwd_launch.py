@@ -151,6 +151,43 @@ def test_check_script_error_rule_floor_for_a_cancelled_gradient():
     assert rule(0.0, 0.5 * dv_allowed)[0] and not rule(0.0, 2 * dv_allowed)[0]
 
 
+@pytest.mark.parametrize("window,causal", [("1023,0", False), ("-1,-1", True), ("7,-1", False)])
+def test_profile_script_runs_the_problem_it_names(monkeypatch, window, causal):
+    """bench/profile_bwd.py (what ncu profiles) with the GPU faked: its backward gets the window
+    it was given (a bounded side only) and the default config of the windowed problem, and its
+    gradients are that problem's (tests/fa4/cpu_kernels' reference math)."""
+    from fa4.sm90 import bwd_launch
+    from fa4.sm90.bwd_config import default_config
+    from fa4.tensors import problem_of
+    from tests.fa4 import cpu_kernels
+
+    cpu_kernels.install(monkeypatch)
+    seen = []
+
+    def fake_bwd(dout, q, k, v, out, lse, scale, causal_, deterministic, config, **feat):
+        seen.append((causal_, config, feat))
+        left, right = feat.get("window_left", -1), feat.get("window_right", -1)
+        return cpu_kernels.backward_math(dout, q, k, v, q.shape[3] ** -0.5, causal_, None, left, right)
+
+    monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
+    mod = cpu_kernels.bench_module(monkeypatch, "profile_bwd")
+    argv = ["--seqlen", "40", "--hdim", "64", f"--window={window}", "--no-ref"] + (["--causal"] if causal else [])
+    a = mod.parse(argv)
+    runs, cfg = mod.backwards(a, device="cpu", tokens=80, width=128)
+    assert set(runs) == {"ours"}
+    dq, dk, dv = runs["ours"]()
+    left, right = (int(x) for x in window.split(","))
+    (c, used, feat), = seen
+    assert c == causal and used == cfg
+    assert feat == {n: x for n, x in dict(window_left=left, window_right=right).items() if x >= 0}
+    g = torch.Generator().manual_seed(7)
+    q, k, v, dout = (torch.randn(2, 40, 2, 64, dtype=torch.bfloat16, generator=g) for _ in range(4))
+    assert cfg == default_config(problem_of(q, k, v, causal, pass_="bwd", window_left=left, window_right=right))
+    want = cpu_kernels.backward_math(dout, q, k, v, 64 ** -0.5, causal, None, left, right)
+    for got, ref in zip((dq, dk, dv), want):
+        torch.testing.assert_close(got, ref)
+
+
 def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     """launch_bwd with dlse hands it (fp32, unit inner stride) to the preprocess compiled with
     has_dlse, and without dlse the plain preprocess gets None: the launches are recorded, not run."""
