@@ -62,6 +62,12 @@ GQA_LOOP_MIN_CTAS = 2 * 132
 # one or two query tiles: 'atomic' pays its dK/dV zeroing, fp32 adds and postprocess per head for
 # almost no work). Deterministic alike: 0.90 / 0.74 / 1.42 / 3.21.
 GQA_LOOP_MAX_Q_OVER_K = 0.5
+# ... except deterministic and masked at head_dim 64, where 'loop' takes any query range: deterministic
+# 'atomic' runs tile_m 64 there (its dK/dV locks beside P^T in registers spill at 128), 'loop' has
+# no dK/dV locks and runs 128. H200, session 12, bench/bench_gqa_loop.py, causal, TFLOP/s,
+# deterministic 'atomic' (tile 64) -> 'loop' (tile 128): Llama-3.2-1B 8k B1 H32/KV8 379 -> 405 and
+# 381 -> 407 (two runs, +7%), B2 4k 315 -> 378 (+20%). Unmasked (not measured) keeps the rule above.
+GQA_LOOP_DET_ANY_Q_HEAD_DIM = 64
 # Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
@@ -453,11 +459,12 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
-    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys and the
-    grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and
-    varlen's)."""
+    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys (any
+    range when deterministic and masked at head_dim GQA_LOOP_DET_ANY_Q_HEAD_DIM) and the grid has at least
+    GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and varlen's)."""
+    any_q = problem.deterministic and right_bounded(problem) and problem.head_dim == GQA_LOOP_DET_ANY_Q_HEAD_DIM
     if (problem.heads_q == problem.heads_kv or getattr(problem, "varlen", False)
-            or problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k
+            or (problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k and not any_q)
             or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS):
         return "atomic"
     return "loop"

@@ -244,6 +244,25 @@ def test_default_rule_is_a_pure_function_of_the_grid():
     assert default_config(prob).gqa_reduce == "loop" and not violations(default_config(prob), prob)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", [(1, 8192, 8192, 32, 8), (2, 4096, 4096, 32, 8), (1, 4096, 4096, 14, 2)])
+def test_deterministic_hd64_takes_loop_at_tile_128_where_masked(shape, causal):
+    """Deterministic, masked, head_dim 64: 'loop' at the 128-row query tile at any query range
+    (the H200: Llama-3.2-1B 8k 379 -> 405 and 381 -> 407, B2 4k 315 -> 378 TFLOP/s over
+    deterministic 'atomic', which runs tile_m 64 there); where its grid is under
+    GQA_LOOP_MIN_CTAS, unmasked, or not deterministic, the Sq = Sk rule keeps 'atomic'."""
+    prob = gqa(*shape, hd=64, causal=causal, det=True)
+    cfg = default_config(prob)
+    assert not violations(cfg, prob)
+    if causal and loop_ctas(prob, 128) >= GQA_LOOP_MIN_CTAS:
+        assert (cfg.gqa_reduce, cfg.tile_m, cfg.dq_split, cfg.dkv_store) == ("loop", 128, "rows", "tma")
+        assert (cfg.spt_order, cfg.head_swizzle) == (True, 1)  # the deterministic order, as measured
+    else:
+        assert cfg.gqa_reduce == "atomic" and cfg.tile_m == 64
+    assert default_config(gqa(*shape, hd=64, causal=causal)).gqa_reduce == "atomic"  # non-deterministic
+    assert default_config(gqa(*shape, hd=128, causal=causal, det=True)).gqa_reduce == "atomic"  # hd128
+
+
 @pytest.mark.parametrize("det", [False, True])
 def test_launch_with_loop_has_no_dkv_accumulators_or_postprocess(monkeypatch, det):
     """launch_bwd with the kernels replaced by recorders (the GPU faked): under 'loop' the main
