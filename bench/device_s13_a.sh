@@ -3,7 +3,9 @@
 # Sq = Sk gap: the hd128 backward mainloop sits at ~0.95 of the reference at every masked shape):
 #  1. Nsight Compute, ours next to the reference (bench/ncu_bwd.sh): hd128 causal S8k and the
 #     window (1023, 0) S16k; the top stalls of both main kernels (bench/ncu_stalls.py) printed;
-#  2. the window and varlen backward bars again (bench/bwd_order.py --orders default, 2 rounds).
+#  2. the window and varlen backward bars again (bench/bwd_order.py --orders default, 2 rounds);
+#  3. bench/bench_gqa_loop.py at the hd64 GQA shapes: the deterministic default is 'loop' at tile
+#     128 since session 12 (its third run).
 # Text pages under $OUT/ncu (the .ncu-rep files are dropped: too large to come back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +25,5 @@ done | tee "$work/stalls.log"
 rm -f "$OUT_NCU"/*.ncu-rep "$OUT_NCU"/*.raw.csv
 [ "${SKIP_BARS:-0}" = 1 ] || TAILN=12 step bars 150 python3 bench/bwd_order.py --orders default --rounds 2 \
   --shapes varlen-causal,window
+[ "${SKIP_LOOP:-0}" = 1 ] || TAILN=8 step loop 150 python3 bench/bench_gqa_loop.py \
+  --shapes llama3.2-1b-8k,llama3.2-1b-4k-b2 --out "$work/loop.json"
