@@ -20,6 +20,8 @@ import time
 
 import torch
 
+from fa4.problem import visible_pairs
+
 NEG_INF = float("-inf")
 
 
@@ -196,13 +198,11 @@ BENCH = [
 
 
 def unmasked_pairs(S: int, causal: bool, window_left=-1, window_right=-1) -> int:
-    """Visible (query, key) pairs of an S x S problem: the FLOPs' region."""
-    i = torch.arange(S, dtype=torch.int64)
-    hi = torch.full_like(i, S - 1)
-    if causal or window_right >= 0:
-        hi = torch.minimum(hi, i + (0 if causal else window_right))
-    lo = torch.zeros_like(i) if window_left < 0 else torch.clamp(i - window_left, min=0)
-    return int((hi - lo + 1).clamp(min=0).sum().item())
+    """Visible (query, key) pairs of an S x S problem: the FLOPs' region (fa4.problem's count)."""
+    right = None if window_right < 0 else window_right
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    return visible_pairs(S, S, 0, None if window_left < 0 else window_left, right)
 
 
 def _reference_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw):

@@ -188,6 +188,19 @@ def test_profile_script_runs_the_problem_it_names(monkeypatch, window, causal):
         torch.testing.assert_close(got, ref)
 
 
+def test_feature_check_counts_the_pairs_its_mask_lets_through():
+    """bench/check_bwd_feat.unmasked_pairs (its FLOPs) is the number of True entries of its own
+    reference mask (visible), at windows, causal and both."""
+    import itertools
+
+    from tests.fa4 import cpu_kernels
+
+    feat = cpu_kernels.check_bwd_feat()
+    for S, causal, left, right in itertools.product((1, 9, 130), (False, True), (-1, 0, 4, 200), (-1, 0, 3)):
+        want = int(feat.visible(S, S, causal, left, right).sum().item())
+        assert feat.unmasked_pairs(S, causal, left, right) == want, (S, causal, left, right)
+
+
 def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     """launch_bwd with dlse hands it (fp32, unit inner stride) to the preprocess compiled with
     has_dlse, and without dlse the plain preprocess gets None: the launches are recorded, not run."""
