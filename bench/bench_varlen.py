@@ -23,6 +23,7 @@ import torch  # noqa: E402
 import triton.testing as tt  # noqa: E402
 
 import fa4  # noqa: E402
+from fa4.varlen import cu_seqlens  # noqa: E402
 
 LENS = [2048, 512, 4096, 1024, 3072, 1536, 2560, 1536]
 
@@ -105,7 +106,7 @@ def main():
     h, d = 16, 128
     total = sum(LENS)
     q, k, v = (torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu = cu_seqlens(LENS)
     rows = []
     for causal in (True, False):
         f = flops(LENS, h, d, causal)

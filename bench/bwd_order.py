@@ -89,7 +89,7 @@ def setup(name, det):
     from fa4.sm90.bwd_launch import launch_bwd, launch_bwd_varlen
     from fa4.tensors import arch_of
     from fa4.varlen import bwd_problem
-    from providers.harness import cu_seqlens
+    from fa4.varlen import cu_seqlens
 
     shape, causal, feat, ref_kw = SHAPES[name]
     B, Sq, Sk, Hq, Hkv, d = shape[:6]

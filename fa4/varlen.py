@@ -32,6 +32,14 @@ _plans: dict = {}
 _on_device = torch.cuda.device
 
 
+def cu_seqlens(lengths, device="cuda") -> torch.Tensor:
+    """(B + 1,) int32 row offsets of sequences of ``lengths`` packed back to back: the
+    cu_seqlens_q / cu_seqlens_k of flash_attn_varlen_func."""
+    import itertools
+
+    return torch.tensor([0, *itertools.accumulate(int(n) for n in lengths)], dtype=torch.int32, device=device)
+
+
 def _on_cuda(t) -> bool:
     return t.device.type == "cuda"
 

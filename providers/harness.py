@@ -189,19 +189,12 @@ def make_inputs(problem: Problem, seed: int, device="cuda"):
     return q, k, v, do
 
 
-def cu_seqlens(lengths, device="cuda"):
-    """(B + 1,) int32 row offsets of packed sequences of ``lengths``, on the device."""
-    import itertools
-
-    import torch
-
-    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
-
-
 def varlen_args(problem: Problem, device="cuda") -> dict:
     """A varlen problem's packing as flash_attn_varlen_func's keyword arguments (ours and the
     reference FA4's: the same names): cu_seqlens_q/k of Problem.varlen_seqlens() on the device, and
     max_seqlen_q/k (host ints, the longest: the problem's seqlen_q/k)."""
+    from fa4.varlen import cu_seqlens  # torch: imported where a measurement needs it
+
     lens_q, lens_k = problem.varlen_seqlens()
     return {"cu_seqlens_q": cu_seqlens(lens_q, device), "cu_seqlens_k": cu_seqlens(lens_k, device),
             "max_seqlen_q": max(lens_q), "max_seqlen_k": max(lens_k)}

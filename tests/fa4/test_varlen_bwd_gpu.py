@@ -34,7 +34,7 @@ import fa4  # noqa: E402
 from fa4.features import normalize  # noqa: E402
 from fa4.sm90.bwd_config import default_config, violations  # noqa: E402
 from fa4.sm90.bwd_launch import launch_bwd_varlen  # noqa: E402
-from fa4.varlen import bwd_problem  # noqa: E402
+from fa4.varlen import bwd_problem, cu_seqlens  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location(
     "check_bwd_feat", Path(__file__).resolve().parents[2] / "bench" / "check_bwd_feat.py")
@@ -46,7 +46,7 @@ NAN = float("nan")
 
 
 def cu(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return cu_seqlens(lens)
 
 
 class Case:

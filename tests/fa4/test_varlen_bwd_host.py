@@ -25,6 +25,7 @@ from fa4.common.varlen import padded_offset, padded_total
 from fa4.sm90 import bwd_launch
 from fa4.sm90.bwd_compile import SEQ_PAD, BwdKernelKey
 from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.varlen import cu_seqlens
 
 _spec = importlib.util.spec_from_file_location(
     "check_bwd_feat", Path(__file__).resolve().parents[2] / "bench" / "check_bwd_feat.py")
@@ -148,8 +149,7 @@ def packed(lens_q, lens_k=None, hq=4, hkv=4, d=64, dtype=torch.bfloat16, seed=0,
     dout = torch.randn(tq, hq, d, generator=g).to(dtype)
     s = torch.randn(hq, generator=g) * 2 if sink else None
     dl = torch.randn(hq, tq, generator=g) if dlse else None
-    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
-    return q, k, v, dout, s, dl, cu(lens_q), cu(lens_k)
+    return q, k, v, dout, s, dl, cu_seqlens(lens_q, "cpu"), cu_seqlens(lens_k, "cpu")
 
 
 def reference(q, k, v, dout, sink, dlse, cq, ck, used_q=None, used_k=None, out=None, **feat):

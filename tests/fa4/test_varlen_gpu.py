@@ -21,14 +21,14 @@ if not torch.cuda.is_available():
 
 import fa4  # noqa: E402
 from fa4.features import normalize  # noqa: E402
-from fa4.varlen import varlen_forward  # noqa: E402
+from fa4.varlen import cu_seqlens, varlen_forward  # noqa: E402
 from tests.fa4.test_fwd_features_gpu import _low, _ref  # noqa: E402
 
 ISSUE_LENS = [2048, 512, 4096, 1024, 3072, 1536, 2560, 1536]  # 16384 tokens, 512..4096
 
 
 def cu(lens):
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    return cu_seqlens(lens)
 
 
 def check(lens_q, lens_k=None, hq=4, hkv=4, hd=128, causal=True, window=(None, None), softcap=0.0, sink=False,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fa4
-from fa4.varlen import tile_schedule, validate, varlen_forward
+from fa4.varlen import cu_seqlens, tile_schedule, validate, varlen_forward
 
 
 def packed(lens_q, lens_k=None, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
@@ -18,8 +18,7 @@ def packed(lens_q, lens_k=None, hq=4, hkv=4, d=64, dtype=torch.bfloat16):
     q = torch.randn(sum(lens_q), hq, d, dtype=dtype)
     k = torch.randn(sum(lens_k), hkv, d, dtype=dtype)
     v = torch.randn(sum(lens_k), hkv, d, dtype=dtype)
-    cu = lambda ls: torch.tensor([0, *torch.tensor(ls).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
-    return q, k, v, cu(lens_q), cu(lens_k)
+    return q, k, v, cu_seqlens(lens_q, "cpu"), cu_seqlens(lens_k, "cpu")
 
 
 def test_validation_names_the_argument():
