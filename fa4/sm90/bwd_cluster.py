@@ -147,13 +147,8 @@ class ClusterSteps:
         # The peer has read its copy of this buffer's previous use: that copy (out of sdS[ds_buf])
         # has completed too. A fresh barrier passes the first use (parity 1 = the phase before).
         cute.arch.mbarrier_wait(empty, (j + 1) % 2)
-        if cutlass.const_expr(self.ds_stages == 1):
-            cute.arch.barrier(barrier_id=bar_ds_free, number_of_threads=num_consumer_threads)
-        self.store_s_tile(sdp_mma, tdVrP_as_S, sP[None, None, ds_buf], ctid)
-        self.store_s_tile(sdp_mma, tdKrdS_as_S, sdSt[None, None, ds_buf], ctid)
-        # Generic-proxy stores, read by the WGMMAs and the bulk copy (async proxy).
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=bar_ds_full, number_of_threads=num_consumer_threads)
+        self.publish_p_ds(sdp_mma, tdVrP_as_S, tdKrdS_as_S, sP, sdSt, ds_buf, ctid, bar_ds_free, bar_ds_full,
+                          num_consumer_threads)
         nbytes = self.tile_m * self.tile_n * 2
         if ctid == 0:
             # Arm this CTA's full[b] for the peer's copy (its bytes may land before this).

@@ -103,6 +103,20 @@ class DkvSplitSteps:
             cute.autovec_copy(src_as_S, sdp_mma.get_slice(opaque(ctid)).partition_C(dst))
 
     @cute.jit
+    def publish_p_ds(self, sdp_mma, tdVrP_as_S, tdKrdS_as_S, sP, sdSt, ds_buf, ctid, bar_ds_free, bar_ds_full,
+                     num_consumer_threads: cutlass.Constexpr):
+        """P^T and dS^T of this step into buffer ``ds_buf``, visible to both consumers' WGMMAs (and
+        the exchange's bulk copy to the peer) when it returns."""
+        if cutlass.const_expr(self.ds_stages == 1):
+            # One buffer each: both consumers' previous dV, dQ and dK GEMMs must have read them.
+            cute.arch.barrier(barrier_id=bar_ds_free, number_of_threads=num_consumer_threads)
+        self.store_s_tile(sdp_mma, tdVrP_as_S, sP[None, None, ds_buf], ctid)
+        self.store_s_tile(sdp_mma, tdKrdS_as_S, sdSt[None, None, ds_buf], ctid)
+        # Generic-proxy stores, read by the WGMMAs and the bulk copy (async proxy).
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=bar_ds_full, number_of_threads=num_consumer_threads)
+
+    @cute.jit
     def split_exchange_and_gemms(
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, frag, accs, state, ds_buf, ctid, bar_ds_free, bar_ds_full,
         num_consumer_threads: cutlass.Constexpr,
@@ -110,14 +124,8 @@ class DkvSplitSteps:
         """P^T and dS^T into shared memory, one barrier, then dV, dQ and dK (committed in that order)."""
         _, _, _, _, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, _, _, tdVsP, sP, tdKsdSt, sdSt = frag
         _, _, acc_dV, acc_dK, acc_dQ, _, _, tdVrP_as_S, tdKrdS_as_S, _, _ = accs
-        if cutlass.const_expr(self.ds_stages == 1):
-            # One buffer each: both consumers' previous dV, dQ and dK GEMMs must have read them.
-            cute.arch.barrier(barrier_id=bar_ds_free, number_of_threads=num_consumer_threads)
-        self.store_s_tile(sdp_mma, tdVrP_as_S, sP[None, None, ds_buf], ctid)
-        self.store_s_tile(sdp_mma, tdKrdS_as_S, sdSt[None, None, ds_buf], ctid)
-        # Generic-proxy stores, read by the WGMMAs (async proxy) of both consumers.
-        cute.arch.fence_proxy("async.shared", space="cta")
-        cute.arch.barrier(barrier_id=bar_ds_full, number_of_threads=num_consumer_threads)
+        self.publish_p_ds(sdp_mma, tdVrP_as_S, tdKrdS_as_S, sP, sdSt, ds_buf, ctid, bar_ds_free, bar_ds_full,
+                          num_consumer_threads)
         mma.gemm(dv_mma, acc_dV, tdVsP[None, None, None, ds_buf], tdVrdOt[None, None, None, state.index],
                  zero_init=False)
         warpgroup.commit_group()
