@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from fa4.problem import visible_pairs
+from fa4.problem import Problem
 
 NEG_INF = float("-inf")
 
@@ -198,11 +198,9 @@ BENCH = [
 
 
 def unmasked_pairs(S: int, causal: bool, window_left=-1, window_right=-1) -> int:
-    """Visible (query, key) pairs of an S x S problem: the FLOPs' region (fa4.problem's count)."""
-    right = None if window_right < 0 else window_right
-    if causal:
-        right = 0 if right is None else min(right, 0)
-    return visible_pairs(S, S, 0, None if window_left < 0 else window_left, right)
+    """Visible (query, key) pairs of an S x S problem: the FLOPs' region (Problem.visible_pairs)."""
+    return Problem(1, S, S, 1, 1, 64, 64, causal=causal, window_left=window_left,
+                   window_right=window_right).visible_pairs()
 
 
 def _reference_bwd(q, k, v, out, dout, lse, scale, causal, ref_kw):

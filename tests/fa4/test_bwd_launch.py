@@ -124,12 +124,9 @@ def test_check_script_error_rule_floor_for_a_cancelled_gradient():
     one key dK is exactly 0 (dS = P (dP - D) cancels), so fp32 rounding of ~1e-5 there (what the
     H200 shows) passes under fp32_floor (16 epsilons of the largest gradient), while four times
     the floor in dK, or twice dV's bf16 allowance, fails."""
-    import importlib.util
-    from pathlib import Path
+    from tests.fa4 import cpu_kernels
 
-    spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = cpu_kernels.check_bwd()
     torch.manual_seed(0)
     q, k, v = tensors(b=3, sq=65, sk=1, hq=2, hkv=1, d=64, dtype=torch.bfloat16)
     dout = torch.randn_like(q)

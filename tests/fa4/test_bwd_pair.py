@@ -17,13 +17,10 @@ import pytest
 from fa4.common import bwd_pair
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import BwdConfigSm90, smem_bytes, violations
+from tests.fa4.test_bwd_config import visible  # (query, key) under the bottom-right causal mask
 
 SEQS = [(1, 1), (65, 1), (1, 300), (128, 128), (333, 777), (777, 333), (64, 640), (200, 64), (130, 192)]
 D = 8  # dQ columns of the model (any even head_dim splits the same way)
-
-
-def visible(i, j, sq, sk, causal):
-    return j < sk and i < sq and (not causal or j <= i + sk - sq)
 
 
 @pytest.mark.parametrize("sq,sk", SEQS)
