@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 FAMILIES = ["HGMMA", "MUFU", "BAR", "SYNCS", "LDS", "STS", "STSM", "FFMA", "FMUL", "FADD", "F2FP", "IMAD",
-            "ISETP", "LOP3", "SHF", "BRA", "UTMALDG", "UBLKRED", "STG", "RED"]
+            "ISETP", "LOP3", "SHF", "IADD3", "R2UR", "BRA", "UTMALDG", "UBLKRED", "STG", "RED"]
 
 
 def histogram(cubin: bytes) -> tuple[int, dict[str, int], int]:

@@ -287,6 +287,13 @@ def sass_opcodes(sass: str) -> list[str]:
     return [m.group(1) for m in map(_SASS_LINE.match, sass.splitlines()) if m]
 
 
+def between_first_and_last(opcodes: list[str], op: str) -> list[str]:
+    """The opcodes from the first to the last one matching ``op`` (e.g. a kernel's WGMMA span:
+    its mainloops, without the prologue and epilogue)."""
+    at = [i for i, o in enumerate(opcodes) if _matches(o, op)]
+    return opcodes[at[0]:at[-1] + 1] if at else []
+
+
 def count_ops(opcodes: Iterable[str], ops: Iterable[str]) -> dict[str, int]:
     opcodes = list(opcodes)
     return {op: sum(_matches(o, op) for o in opcodes) for op in ops}

@@ -71,6 +71,7 @@ from fa4.common import bwd_pair, bwd_schedule, mma, scheduling, semaphore, softc
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, transpose_view
+from fa4.common.mma import wg_slices
 from fa4.common.regs import opaque
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
@@ -623,15 +624,21 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         sdp_thr = sdp_mma.get_slice(ctid)
         dkv_thr = dkv_mma.get_slice(ctid)
         dq_thr = dq_mma.get_slice(ctid)
-        tSrK = sdp_thr.make_fragment_A(sdp_thr.partition_A(sK))  # (MMA, 1, d/16, 1)
-        tSrQ = sdp_thr.make_fragment_B(sdp_thr.partition_B(sQ))  # (MMA, m/8.., d/16, stages)
-        tdPrV = sdp_thr.make_fragment_A(sdp_thr.partition_A(sV))
-        tdPrdO = sdp_thr.make_fragment_B(sdp_thr.partition_B(sdO))
         dv_thr = dv_mma.get_slice(ctid)
-        tdVrdOt = dv_thr.make_fragment_B(dv_thr.partition_B(transpose_view(sdO)))  # (MMA, d.., m/16, stages)
-        tdKrQt = dkv_thr.make_fragment_B(dkv_thr.partition_B(transpose_view(sQ)))
-        tdQrdS = dq_thr.make_fragment_A(dq_thr.partition_A(sdS))  # (MMA, m/64, n/16, 1)
-        tdQrKt = dq_thr.make_fragment_B(dq_thr.partition_B(transpose_view(sK)))
+        # The shared-memory operands' descriptors are the same for all 128 threads of a warpgroup:
+        # sliced at the warpgroup's first thread, an index the compiler knows is warp-uniform,
+        # their per-step arithmetic stays in uniform registers. Sliced at ctid it ran in vector
+        # registers and every descriptor crossed over with an R2UR before its WGMMA (ncu, hd128
+        # causal: 51M R2UR and ~100M more integer instructions than the reference's kernel).
+        sdp_wg, dkv_wg, dq_wg, dv_wg = wg_slices(ctid, sdp_mma, dkv_mma, dq_mma, dv_mma)
+        tSrK = sdp_wg.make_fragment_A(sdp_wg.partition_A(sK))  # (MMA, 1, d/16, 1)
+        tSrQ = sdp_wg.make_fragment_B(sdp_wg.partition_B(sQ))  # (MMA, m/8.., d/16, stages)
+        tdPrV = sdp_wg.make_fragment_A(sdp_wg.partition_A(sV))
+        tdPrdO = sdp_wg.make_fragment_B(sdp_wg.partition_B(sdO))
+        tdVrdOt = dv_wg.make_fragment_B(dv_wg.partition_B(transpose_view(sdO)))  # (MMA, d.., m/16, stages)
+        tdKrQt = dkv_wg.make_fragment_B(dkv_wg.partition_B(transpose_view(sQ)))
+        tdQrdS = dq_wg.make_fragment_A(dq_wg.partition_A(sdS))  # (MMA, m/64, n/16, 1)
+        tdQrKt = dq_wg.make_fragment_B(dq_wg.partition_B(transpose_view(sK)))
 
         acc_S = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
         acc_dP = sdp_thr.make_fragment_C(sdp_thr.partition_shape_C((self.tile_n, self.tile_m)))
@@ -644,9 +651,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             # 16-bit copies of the accumulators, for the stores into sP and sdS.
             tdVrP = cute.make_rmem_tensor_like(acc_S, self.dtype)
             tdKrdS = cute.make_rmem_tensor_like(acc_dP, self.dtype)
-            tdVA = dv_thr.make_fragment_A(dv_thr.partition_A(sP))  # (MMA, 1, m/16, ds_stages)
+            tdVA = dv_wg.make_fragment_A(dv_wg.partition_A(sP))  # (MMA, 1, m/16, ds_stages)
             sdSt = transpose_view(sdS)  # (n, m, ds_stages)
-            tdKsdSt = dkv_thr.make_fragment_A(dkv_thr.partition_A(sdSt))
+            tdKsdSt = dkv_wg.make_fragment_A(dkv_wg.partition_A(sdSt))
         else:
             # The A-operand register order of a 16-bit WGMMA equals the accumulator order of two
             # adjacent 8-column blocks, so P^T and dS^T are the accumulators converted in place.
@@ -656,7 +663,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         if cutlass.const_expr(not self.split):
             tdVA = tdVrP  # the dV A operand: P^T registers, or its shared-memory copy
             if cutlass.const_expr(self.p_smem):
-                tdVA = dv_thr.make_fragment_A(dv_thr.partition_A(sP))[None, None, None, 0]
+                tdVA = dv_wg.make_fragment_A(dv_wg.partition_A(sP))[None, None, None, 0]
         tdKrdS_as_S = cute.make_tensor(tdKrdS.iterator, acc_S.layout)
         # Static element offsets of thread 0 (see fa4.common.masking) + this thread's first element.
         cS = cute.make_identity_tensor((self.tile_n, self.tile_m))
@@ -683,7 +690,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         limits = (key_limit, diag_hi, diag_lo)
         frag = (tSrK, tSrQ, tdPrV, tdPrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sdS, sdQ, tdVA, sP, tdKsdSt, sdSt)
         if cutlass.const_expr(self.cluster):
-            frag = frag + (bwd_cluster.peer_fragments(dq_thr, cluster_smem, sdS, sK),)
+            frag = frag + (bwd_cluster.peer_fragments(dq_wg, cluster_smem, sdS, sK),)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
         # gqa_reduce 'loop': the group's query heads one after the other (fa4.common.bwd_schedule.
         # group_step), dK/dV accumulating across all of them; the step index, and with it the ring

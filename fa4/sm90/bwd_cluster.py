@@ -98,12 +98,12 @@ def pair_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt):
     return bwd_pair.n_block_of(pair, rank_of(bidx)), head, batch
 
 
-def peer_fragments(dq_thr, cluster_smem, sdS, sK):
+def peer_fragments(dq_wg, cluster_smem, sdS, sK):
     """The peer's dS and K columns as dQ operands (this CTA's own K columns are made per step).
     ``cluster_smem``: (tma_kp, mKp, sKp, sdSp, mbar_x) of the kernel."""
     _, _, sKp, sdSp, mbar_x = cluster_smem
-    tdQrdSp = dq_thr.make_fragment_A(dq_thr.partition_A(sdSp))
-    tdQrKp = dq_thr.make_fragment_B(dq_thr.partition_B(transpose_view(sKp)))
+    tdQrdSp = dq_wg.make_fragment_A(dq_wg.partition_A(sdSp))
+    tdQrKp = dq_wg.make_fragment_B(dq_wg.partition_B(transpose_view(sKp)))
     return tdQrdSp, tdQrKp, mbar_x, sdS, sdSp, sK
 
 
@@ -137,9 +137,10 @@ class ClusterSteps:
         tdQrdSp, tdQrKp, mbar_x, sdS, sdSp, sK = frag[14]
         # Rank and the own-K operand are recomputed per step: held across the loop they spilled
         # (the consumers are at their register limit at head_dim 256).
+        # (At the warpgroup's first thread: a shared-memory operand, fa4.common.mma.wg_slices.)
         rank = cluster_rank()
-        dq_thr = dq_mma.get_slice(opaque(ctid))
-        tdQrKo = dq_thr.make_fragment_B(dq_thr.partition_B(own_k_half(sK, rank, self.dq_cols, self.tile_n)))
+        (dq_wg,) = mma.wg_slices(opaque(ctid), dq_mma)
+        tdQrKo = dq_wg.make_fragment_B(dq_wg.partition_B(own_k_half(sK, rank, self.dq_cols, self.tile_n)))
         _, _, acc_dV, acc_dK, acc_dQ, _, _, tdVrP_as_S, tdKrdS_as_S, _, _ = accs
         j = i // self.ds_stages
         full = mbar_x + ds_buf

@@ -62,12 +62,11 @@ GQA_LOOP_MIN_CTAS = 2 * 132
 # one or two query tiles: 'atomic' pays its dK/dV zeroing, fp32 adds and postprocess per head for
 # almost no work). Deterministic alike: 0.90 / 0.74 / 1.42 / 3.21.
 GQA_LOOP_MAX_Q_OVER_K = 0.5
-# ... except deterministic and masked at head_dim 64, where 'loop' takes any query range: deterministic
-# 'atomic' runs tile_m 64 there (its dK/dV locks beside P^T in registers spill at 128), 'loop' has
-# no dK/dV locks and runs 128. H200, session 12, bench/bench_gqa_loop.py, causal, TFLOP/s,
-# deterministic 'atomic' (tile 64) -> 'loop' (tile 128): Llama-3.2-1B 8k B1 H32/KV8 379 -> 405 and
-# 381 -> 407 (two runs, +7%), B2 4k 315 -> 378 (+20%). Unmasked (not measured) keeps the rule above.
-GQA_LOOP_DET_ANY_Q_HEAD_DIM = 64
+# (Session 12 made deterministic masked hd64 'loop' at any query range, because deterministic
+# 'atomic' could not run tile_m 128 there. Since it can (the stmatrix dS^T store, below), 'atomic'
+# at 128 beats 'loop' at 128 at Sq = Sk: H200, session 13, bench/bench_gqa_loop.py, causal, two
+# runs, TFLOP/s: Llama-3.2-1B 8k 438 / 427 and 447 / 425 against 405 / 405; B2 4k 376 / 387 and
+# 375 / 385 against 375 / 373. The rule above holds again at hd64.)
 # Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
@@ -294,8 +293,11 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             elif config.ds_store == "sts" and config.dkv_store == "tma":
                 # The sweep of dkv_store 'tma' (404 kernels): 3 of these 12 spilled 1-2 registers.
                 why = "P^T from registers, the per-element dS^T stores and dkv_store 'tma' (use ds_store 'stmatrix')"
-            elif problem.deterministic and gqa and config.gqa_reduce == "atomic":
-                why = "P^T from registers with the deterministic GQA dK/dV locks"
+            elif problem.deterministic and gqa and config.gqa_reduce == "atomic" and config.ds_store == "sts":
+                # Session 12's compile (ptxas of nvidia-cutlass-dsl 4.8.1, hd64 GQA): with the
+                # stmatrix dS^T store all 8 plain kernels and those with a window, sink or varlen
+                # are clean; with 'sts' 6 of 8 spill 1-3 registers.
+                why = "P^T from registers, the per-element dS^T stores and the deterministic GQA dK/dV locks (use ds_store 'stmatrix')"
             elif config.stages < 2:
                 why = "P^T from registers with a one-deep Q/dO ring"
         elif config.ds_stages != 1 or config.stages != 1:
@@ -402,7 +404,11 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
         return _default_split(problem, arch)
     reduce = default_gqa_reduce(problem, TILE_N)
     spt, swizzle = default_launch_order(problem, reduce)
-    for tm in ((128, 64) if problem.head_dim == 64 else (64, 128)):
+    # Deterministic 'atomic' under GQA takes tile 128 where measured (masked, session 13, above
+    # GQA_LOOP_MAX_Q_OVER_K); unmasked it stays at 64 until measured.
+    det_atomic = (problem.deterministic and problem.heads_q != problem.heads_kv and reduce == "atomic"
+                  and not right_bounded(problem))
+    for tm in ((128, 64) if problem.head_dim == 64 and not det_atomic else (64, 128)):
         for st in (2, 1):
             for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
                 for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (not GQA 'atomic')
@@ -459,12 +465,11 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
-    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys (any
-    range when deterministic and masked at head_dim GQA_LOOP_DET_ANY_Q_HEAD_DIM) and the grid has at least
-    GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and varlen's)."""
-    any_q = problem.deterministic and right_bounded(problem) and problem.head_dim == GQA_LOOP_DET_ANY_Q_HEAD_DIM
+    """'loop' under GQA where the query range is at most GQA_LOOP_MAX_Q_OVER_K of the keys and the
+    grid has at least GQA_LOOP_MIN_CTAS CTAs, else 'atomic' (also the only value without GQA, and
+    varlen's)."""
     if (problem.heads_q == problem.heads_kv or getattr(problem, "varlen", False)
-            or (problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k and not any_q)
+            or problem.seqlen_q > GQA_LOOP_MAX_Q_OVER_K * problem.seqlen_k
             or loop_ctas(problem, tile_n) < GQA_LOOP_MIN_CTAS):
         return "atomic"
     return "loop"

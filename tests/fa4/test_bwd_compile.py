@@ -94,6 +94,18 @@ def default_kernels(pairs=SPACES[0]) -> list[tuple]:
     return out
 
 
+def edge_kernels() -> list[tuple]:
+    """Kernels at the edge of violations()'s register rules that the pairwise cover need not hold:
+    deterministic GQA 'atomic' at tile_m 128 (its dK/dV locks beside P^T in registers), allowed with
+    the stmatrix dS^T store since session 12's compile found it clean, causal and not."""
+    t128 = BwdConfigSm90(tile_m=128, dq_split="rows")
+    out = []
+    for causal in (False, True):
+        assert not violations(t128, problem(64, causal, True, True, 64))
+        out.append((64, 64, causal, True, True, t128))
+    return out
+
+
 def cases():
     out = []
     for pairs in SPACES:
@@ -102,6 +114,9 @@ def cases():
             ks = pairwise_subset(ks)
             keys = {key_of(k) for k in ks}
             ks += [k for k in default_kernels(pairs) if key_of(k) not in keys]
+            if pairs == SPACES[0]:
+                keys = {key_of(k) for k in ks}
+                ks += [k for k in edge_kernels() if key_of(k) not in keys]
         out += ks
     return [pytest.param(*k, id="-".join(f"{n}={v}" for n, v in values(k).items())) for k in out]
 
@@ -165,6 +180,29 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     expect_v2 = config.dq_accum == "red_v2" or (atomic and config.dq_accum != "red")
     assert (pops["red.relaxed.gpu.global.add.v2.f32"] > 0) == expect_v2, pops
     assert (pops["red.relaxed.gpu.global.add.f32"] > 0) == (config.dq_accum == "red"), pops
+
+
+@pytest.mark.parametrize("hd,causal,change", [
+    (128, True, {}), (64, False, {}), (256, True, {"cluster_exchange": False}), (256, True, {}),
+], ids=["hd128-causal", "hd64-tile128", "hd256-split", "hd256-exchange"])
+def test_mainloop_descriptors_stay_uniform(hd, causal, change):
+    """The consumers' shared-memory operand fragments are sliced at the warpgroup's first thread
+    (fa4.common.mma.wg_slices), so their WGMMA descriptors are computed in uniform registers. Sliced
+    at each thread's index they were vector arithmetic, each moved over with an R2UR before its
+    WGMMA: 95 R2UR between the first and the last HGMMA of the hd128 causal kernel, 17 with the
+    exchange at hd256 (session 13; ncu: 51M R2UR against the reference's 0.04M). Now 1-3."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_config import default_config
+
+    prob = Problem.standard(4096, hd, causal=causal, pass_="bwd")
+    config = dataclasses.replace(default_config(prob), **change)
+    key = compile_key("bf16", hd, causal, False, False, config, hd)
+    _, cubin, _ = compile_and_read(compile_bwd_main, key, [])
+    span = cc.between_first_and_last(cc.sass_opcodes(cc.disassemble(cubin)), "HGMMA")
+    hgmma = cc.count_ops(span, ["HGMMA"])["HGMMA"]
+    assert hgmma >= 32
+    assert cc.count_ops(span, ["R2UR"])["R2UR"] <= 4, cc.count_ops(span, ["R2UR", "HGMMA"])
 
 
 def test_row_lanes():

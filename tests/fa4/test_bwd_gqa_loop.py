@@ -197,8 +197,23 @@ def test_loop_violations():
     # The hd64 query tile 128 limits of the deterministic GQA dK/dV locks do not apply to 'loop' (no locks).
     det64 = gqa(1, 1024, 1024, 8, 2, hd=64, det=True)
     t128 = dict(tile_m=128, dq_split="rows", dkv_store="tma")
-    assert any("locks" in v for v in violations(BwdConfigSm90(**t128), det64))
+    sts = dict(tile_m=128, dq_split="head_dim", ds_store="sts")
+    assert any("locks" in v for v in violations(BwdConfigSm90(**sts), det64))
     assert not violations(BwdConfigSm90(gqa_reduce="loop", **t128), det64)
+    assert not violations(BwdConfigSm90(gqa_reduce="loop", **sts), det64)
+    # 'atomic' with the stmatrix dS^T store compiles clean at tile 128 (session 12): feasible, the
+    # default where masked (measured in session 13), tile 64 unmasked (not measured).
+    atomic128 = BwdConfigSm90(tile_m=128, dq_split="rows")
+    assert not violations(atomic128, det64)
+    small = gqa(1, 1024, 1024, 8, 2, hd=64, det=True)  # causal, 16 loop CTAs: 'atomic' by the grid floor
+    assert default_config(small).gqa_reduce == "atomic" and default_config(small).tile_m == 128
+    assert default_config(dataclasses.replace(small, causal=False)).tile_m == 64
+    assert default_config(dataclasses.replace(small, deterministic=False, causal=False)).tile_m == 128
+    # At Sq = Sk with a grid that fills the machine, deterministic and masked: 'atomic' at 128
+    # (Llama-3.2-1B 8k), not 'loop'; Sq << Sk still 'loop'.
+    big = gqa(1, 8192, 8192, 32, 8, hd=64, det=True)
+    assert (default_config(big).gqa_reduce, default_config(big).tile_m) == ("atomic", 128)
+    assert default_config(gqa(1, 2048, 8192, 32, 8, hd=64, det=True)).gqa_reduce == "loop"
 
 
 ISSUE_SHAPES = {  # (b, sq, sk, hq, hkv): loop CTAs at tile_n 128
@@ -246,19 +261,20 @@ def test_default_rule_is_a_pure_function_of_the_grid():
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("shape", [(1, 8192, 8192, 32, 8), (2, 4096, 4096, 32, 8), (1, 4096, 4096, 14, 2)])
-def test_deterministic_hd64_takes_loop_at_tile_128_where_masked(shape, causal):
-    """Deterministic, masked, head_dim 64: 'loop' at the 128-row query tile at any query range
-    (the H200: Llama-3.2-1B 8k 379 -> 405 and 381 -> 407, B2 4k 315 -> 378 TFLOP/s over
-    deterministic 'atomic', which runs tile_m 64 there); where its grid is under
-    GQA_LOOP_MIN_CTAS, unmasked, or not deterministic, the Sq = Sk rule keeps 'atomic'."""
+def test_deterministic_hd64_gqa_tile_where_masked(shape, causal):
+    """Deterministic, head_dim 64, GQA at Sq = Sk: 'atomic' (the Sq = Sk rule), at the 128-row
+    query tile where masked (the H200, session 13: Llama-3.2-1B 8k 427-447 TFLOP/s against 'loop'
+    at 128's 405; 'loop' at 128 had replaced 'atomic' at 64, 379-381, in session 12), at 64
+    unmasked (not measured)."""
     prob = gqa(*shape, hd=64, causal=causal, det=True)
     cfg = default_config(prob)
     assert not violations(cfg, prob)
-    if causal and loop_ctas(prob, 128) >= GQA_LOOP_MIN_CTAS:
-        assert (cfg.gqa_reduce, cfg.tile_m, cfg.dq_split, cfg.dkv_store) == ("loop", 128, "rows", "tma")
+    assert cfg.gqa_reduce == "atomic"
+    if causal:
+        assert (cfg.tile_m, cfg.dq_split, cfg.ds_store, cfg.dkv_store) == (128, "rows", "stmatrix", "direct")
         assert (cfg.spt_order, cfg.head_swizzle) == (True, 1)  # the deterministic order, as measured
     else:
-        assert cfg.gqa_reduce == "atomic" and cfg.tile_m == 64
+        assert cfg.tile_m == 64
     assert default_config(gqa(*shape, hd=64, causal=causal)).gqa_reduce == "atomic"  # non-deterministic
     assert default_config(gqa(*shape, hd=128, causal=causal, det=True)).gqa_reduce == "atomic"  # hd128
 

@@ -113,3 +113,21 @@ def test_loop_deterministic_hd64_tile128(feat, causal):
     cfg = loop_config(feat, shape, 64, causal, True, tile_m=128, dq_split="rows")
     ok, info = feat.check_deterministic(*shape, 64, causal=causal, config=cfg)
     assert ok, info
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [False, True])
+def test_atomic_deterministic_hd64_tile128(feat, causal, window):
+    """hd64 deterministic 'atomic' at query tile 128 with the stmatrix dS^T store (feasible since the
+    session 12 compile found it clean; not a default yet), bitwise over 10 runs and right; with a
+    window too (its mask limits beside the dK/dV locks)."""
+    import torch
+
+    shape = (1, 777, 1333, 8, 2)
+    q = torch.empty(1, 777, 8, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.empty(1, 1333, 2, 64, device="cuda", dtype=torch.bfloat16)
+    kw = dict(window_left=300, window_right=40) if window else {}
+    cfg = feat.default_for(q, kv, kv, causal, True, 0.0, gqa_reduce="atomic", dkv_store="direct",
+                           tile_m=128, dq_split="rows", ds_store="stmatrix")
+    assert cfg.tile_m == 128 and cfg.gqa_reduce == "atomic"
+    ok, info = feat.check_deterministic(*shape, 64, causal=causal, config=cfg, **kw)
+    assert ok, info
