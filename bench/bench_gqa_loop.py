@@ -28,8 +28,8 @@ SHAPES = {
     "qwen2.5-7b-4k": ((2, 4096, 4096, 28, 4, 128), True),
     "sq2k-sk8k": ((1, 2048, 8192, 64, 8, 128), True),
     "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True),
-    # hd64 under GQA: deterministic 'atomic' runs tile_m 64 there (its dK/dV locks spill at 128),
-    # 0.82 of the non-deterministic kernel in session 11; 'loop' has no dK/dV locks.
+    # hd64 under GQA: deterministic 'atomic' ran tile_m 64 there until session 13 (its dK/dV locks
+    # spilled at 128 with the per-element dS^T store; with stmatrix it runs 128, the default since).
     "llama3.2-1b-8k": ((1, 8192, 8192, 32, 8, 64), True),
     # hd64 GQA beside it (session 12: 'loop' won at Llama-3.2-1B 8k in one run, lost in the next).
     "llama3.2-1b-4k-b2": ((2, 4096, 4096, 32, 8, 64), True),
@@ -43,7 +43,7 @@ VARIANTS = {
     "loop spt": dict(gqa_reduce="loop", dkv_store="tma", spt_order=True),
     "loop lpt": dict(gqa_reduce="loop", dkv_store="tma", spt_order=False),
     "atomic lpt": dict(gqa_reduce="atomic", dkv_store="direct", spt_order=False),
-    # hd64: the 128-row query tile, which deterministic 'atomic' cannot take (violations()).
+    # hd64: the 128-row query tile.
     "loop t128": dict(gqa_reduce="loop", dkv_store="tma", tile_m=128, dq_split="rows"),
     # hd64: deterministic 'atomic' at the 128-row tile with the stmatrix dS^T store (compiles
     # clean since session 12; the default keeps tile 64 there until this is measured).

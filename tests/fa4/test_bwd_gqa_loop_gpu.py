@@ -107,8 +107,8 @@ def test_loop_matches_atomic(feat):
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_loop_deterministic_hd64_tile128(feat, causal):
-    """hd64 deterministic 'loop' at query tile 128 (the default at sizes that take 'loop'; 'atomic'
-    cannot run it beside its dK/dV locks), bitwise over 10 runs and right."""
+    """hd64 deterministic 'loop' at query tile 128 (the default where Sq << Sk takes 'loop'),
+    bitwise over 10 runs and right."""
     shape = (1, 777, 1333, 8, 2)
     cfg = loop_config(feat, shape, 64, causal, True, tile_m=128, dq_split="rows")
     ok, info = feat.check_deterministic(*shape, 64, causal=causal, config=cfg)
@@ -117,9 +117,9 @@ def test_loop_deterministic_hd64_tile128(feat, causal):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [False, True])
 def test_atomic_deterministic_hd64_tile128(feat, causal, window):
-    """hd64 deterministic 'atomic' at query tile 128 with the stmatrix dS^T store (feasible since the
-    session 12 compile found it clean; not a default yet), bitwise over 10 runs and right; with a
-    window too (its mask limits beside the dK/dV locks)."""
+    """hd64 deterministic 'atomic' at query tile 128 with the stmatrix dS^T store (the masked GQA
+    default since session 13), bitwise over 10 runs and right; with a window too (its mask limits
+    beside the dK/dV locks)."""
     import torch
 
     shape = (1, 777, 1333, 8, 2)
