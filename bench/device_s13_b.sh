@@ -5,7 +5,8 @@
 #   MODE=tests: the backward GPU tests (every knob, the exchange, features, 'loop', varlen);
 #   MODE=time:  bench/bwd_order.py --orders default at issue 18's and 20's shapes and hd256 (ours
 #               against the reference in one process), then the same at four shapes with the fa4 of
-#               the session's start (BASE, a copy of HEAD's fa4/ carried under .device/base), then
+#               another commit (a copy of its fa4/ carried under .device/base:
+#               `mkdir -p .device/base && git archive COMMIT fa4 | tar -x -C .device/base`), then
 #               the deterministic defaults at the hd64 and hd128 GQA shapes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,8 +22,11 @@ fi
 SHAPES=${SHAPES:-varlen-causal,window,causal-8k,noncausal-8k,llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,sq128-sk8k,llama3.2-1b-8k,gpt2-1k,hd256-8k}
 TAILN=16 step new 260 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "$SHAPES" --out "$work/new.json"
 if [ -d .device/base/fa4 ]; then
-  PYTHONPATH="$PWD/.device/base:$PWD" python3 -c "import fa4; print('base fa4 from', fa4.__file__)"
-  PYTHONPATH="$PWD/.device/base:$PWD" TAILN=8 step base 120 python3 bench/bwd_order.py --orders default \
+  # The base copy goes first on the kit's path (the reference FA4 lives on it too); -P: not the
+  # working directory's fa4 ahead of it (a script's own folder, bench/, is first there instead).
+  base_path="$PWD/.device/base:$PYTHONPATH"
+  PYTHONPATH="$base_path" python3 -P -c "import fa4; print('base fa4 from', fa4.__file__)"
+  PYTHONPATH="$base_path" TAILN=8 step base 120 python3 bench/bwd_order.py --orders default \
     --rounds 2 --shapes "${BASE_SHAPES:-varlen-causal,window,causal-8k,llama3-8b-8k}" --out "$work/base.json"
 fi
 TAILN=6 step det 100 python3 bench/bwd_order.py --orders default --rounds 2 --det \

@@ -128,6 +128,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         self.p_smem = config.dv_operand == "smem" or self.split
         self.ds_stages = config.ds_stages
         self.ds_stmatrix = config.ds_store == "stmatrix"
+        self.ds_early = config.ds_early
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
@@ -815,8 +816,15 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                     dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dsum)
         # Both 16-bit conversions after the pointwise loops: P^T and dS^T are never live beside
         # the fp32 S^T and dP^T (the register budget at head_dim 128).
-        tdVrP_as_S.store(acc_S.load().to(self.dtype))
-        tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
+        if cutlass.const_expr(self.ds_early and not self.split):
+            # dS^T first, into shared memory at once: its stores land while P^T is converted
+            # and the dV GEMM is issued, before the fence that waits for them.
+            tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
+            self.store_ds(sdp_mma, tdKrdS_as_S, sdS, ds_buf, ctid)
+            tdVrP_as_S.store(acc_S.load().to(self.dtype))
+        else:
+            tdVrP_as_S.store(acc_S.load().to(self.dtype))
+            tdKrdS_as_S.store(acc_dP.load().to(self.dtype))
         if cutlass.const_expr(self.cluster):
             self.cluster_exchange_and_gemms(
                 sdp_mma, dkv_mma, dv_mma, dq_mma, frag, accs, state, ds_buf, ctid, i, BAR_DS_FREE, BAR_DS_FULL,
@@ -838,22 +846,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             mma.gemm(dv_mma, acc_dV, tdVA, tdVrdOt[None, None, None, state.index], zero_init=False)
             warpgroup.commit_group()
 
-            if cutlass.const_expr(self.ds_stages == 1):
-                # One buffer: both consumers' previous dQ GEMMs must have read it.
-                cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
-            # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
-            if cutlass.const_expr(self.ds_stmatrix):
-                # In an 8x8 block of the S^T accumulator a thread holds two adjacent queries of one key,
-                # the stmatrix (non-transposed) register order, and sdS keeps queries contiguous: each
-                # block row is one 16-byte chunk of the swizzled tile.
-                st = cute.make_tiled_copy_C(
-                    cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), sdp_mma
-                )
-                st_thr = st.get_slice(opaque(ctid))
-                cute.copy(st, st_thr.retile(tdKrdS_as_S), st_thr.partition_D(transpose_view(sdS)[None, None, ds_buf]))
-            else:
-                tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
-                cute.autovec_copy(tdKrdS_as_S, tdSsdS)
+            if cutlass.const_expr(not self.ds_early):
+                self.store_ds(sdp_mma, tdKrdS_as_S, sdS, ds_buf, ctid)
             # Generic-proxy stores must be visible to the WGMMA (async proxy) reads of sdS.
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.barrier(barrier_id=BAR_DS_FULL, number_of_threads=NUM_CONSUMER_THREADS)
@@ -879,6 +873,27 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
+
+    @cute.jit
+    def store_ds(self, sdp_mma, tdKrdS_as_S, sdS, ds_buf, ctid):
+        """This consumer's dS^T (16-bit, the accumulator layout) into sdS[ds_buf], the dQ GEMM's A
+        operand (dkv_split 'keys')."""
+        if cutlass.const_expr(self.ds_stages == 1):
+            # One buffer: both consumers' previous dQ GEMMs must have read it.
+            cute.arch.barrier(barrier_id=BAR_DS_FREE, number_of_threads=NUM_CONSUMER_THREADS)
+        # Swizzled, transposed destination: addresses recomputed here, not held across the loop.
+        if cutlass.const_expr(self.ds_stmatrix):
+            # In an 8x8 block of the S^T accumulator a thread holds two adjacent queries of one key,
+            # the stmatrix (non-transposed) register order, and sdS keeps queries contiguous: each
+            # block row is one 16-byte chunk of the swizzled tile.
+            st = cute.make_tiled_copy_C(
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), sdp_mma
+            )
+            st_thr = st.get_slice(opaque(ctid))
+            cute.copy(st, st_thr.retile(tdKrdS_as_S), st_thr.partition_D(transpose_view(sdS)[None, None, ds_buf]))
+        else:
+            tdSsdS = sdp_mma.get_slice(opaque(ctid)).partition_C(transpose_view(sdS)[None, None, ds_buf])
+            cute.autovec_copy(tdKrdS_as_S, tdSsdS)
 
     @cute.jit
     def apply_mask_t(self, s_mn, c0_mn, limits, q_base):

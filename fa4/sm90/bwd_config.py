@@ -98,6 +98,14 @@ class BwdConfigSm90:
         "four 8x8 blocks per instruction (4 per thread and step), as the reference's Hopper backward does "
         "(measured +1.5-2.8% on the four S=8192 shapes).",
     )
+    ds_early: bool = knob(
+        (False, True), False,
+        "dkv_split 'keys': store dS^T into shared memory before the dV GEMM is issued (converted first, then "
+        "P^T) instead of after it. The fence and the consumer barrier that follow wait for those stores to "
+        "land: issued just before them (False) they were the consumers' top stall after the load waits in "
+        "Nsight Compute (hd128 causal, session 13: 3.4% at the fence, 2.6% at the barrier; the reference "
+        "issues its dS stores inside the pointwise loop and waits 0.3% there).",
+    )
     dq_accum: str = knob(
         ("bulk", "red_v2", "red"), "bulk",
         "How dQ tiles reach the fp32 accumulator in global memory: 'bulk' stages the tile in shared "
@@ -247,6 +255,10 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     if problem.head_dim_v not in dvs:
         out.append(Violation("problem", f"head_dim_v {problem.head_dim_v} not supported with head_dim "
                              f"{problem.head_dim} (supported: {dvs})"))
+    if config.ds_early and config.dkv_split != "keys":
+        out.append(Violation("knob combination",
+                             "ds_early orders the dS^T store of dkv_split 'keys'; 'head_dim' publishes P^T and "
+                             "dS^T together before its GEMMs (fa4.sm90.bwd_split)"))
     if config.dkv_split == "head_dim":
         if problem.head_dim not in SPLIT_HEAD_DIMS:
             out.append(Violation("knob combination",

@@ -52,6 +52,18 @@ def test_violations_name_the_problem():
     assert any("registers" in v for v in violations(regs, prob))
 
 
+def test_ds_early_orders_the_keys_split_only():
+    """ds_early moves dkv_split 'keys''s dS^T store ahead of the dV GEMM; the 'head_dim' split has
+    its own publish step (no second kernel for the same code)."""
+    assert not violations(BwdConfigSm90(ds_early=True), bwd(1024, 128))
+    assert not violations(BwdConfigSm90(ds_early=True, tile_m=128, dq_split="rows"), bwd(1024, 64))
+    split = BwdConfigSm90(ds_early=True, dkv_split="head_dim", dv_operand="smem", stages=1)
+    assert any("ds_early" in v and v.kind == "knob combination" for v in violations(split, bwd(1024, 256)))
+    assert not any("ds_early" in v for v in violations(dataclasses.replace(split, ds_early=False), bwd(1024, 256)))
+    # Not the default until measured on the GPU.
+    assert not BwdConfigSm90().ds_early
+
+
 def test_dq_split_by_rows_needs_two_64_row_halves():
     prob = bwd(1024, 64)
     assert not violations(BwdConfigSm90(tile_m=128, dq_split="rows"), prob)
