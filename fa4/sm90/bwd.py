@@ -71,7 +71,6 @@ from fa4.common import bwd_pair, bwd_schedule, mma, scheduling, semaphore, softc
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, transpose_view
-from fa4.common.mma import wg_slices
 from fa4.common.regs import opaque
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
@@ -631,7 +630,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # their per-step arithmetic stays in uniform registers. Sliced at ctid it ran in vector
         # registers and every descriptor crossed over with an R2UR before its WGMMA (ncu, hd128
         # causal: 51M R2UR and ~100M more integer instructions than the reference's kernel).
-        sdp_wg, dkv_wg, dq_wg, dv_wg = wg_slices(ctid, sdp_mma, dkv_mma, dq_mma, dv_mma)
+        sdp_wg, dkv_wg, dq_wg, dv_wg = mma.wg_slices(ctid, sdp_mma, dkv_mma, dq_mma, dv_mma)
         tSrK = sdp_wg.make_fragment_A(sdp_wg.partition_A(sK))  # (MMA, 1, d/16, 1)
         tSrQ = sdp_wg.make_fragment_B(sdp_wg.partition_B(sQ))  # (MMA, m/8.., d/16, stages)
         tdPrV = sdp_wg.make_fragment_A(sdp_wg.partition_A(sV))
