@@ -4,6 +4,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import warpgroup
 
+from fa4.common.constants import THREADS_PER_WG
+
 
 @cute.jit
 def gemm(tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
@@ -18,14 +20,11 @@ def gemm(tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
         cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
 
 
-WARPGROUP_THREADS = 128
-
-
 def wg_slices(tidx, *tiled_mmas):
     """Each tiled MMA's slice at the first thread of ``tidx``'s warpgroup, for shared-memory operand
     fragments (their descriptors are the same for all 128 threads of a warpgroup). The index is
     warp-uniform (make_warp_uniform), so the descriptor arithmetic stays in uniform registers; a
     slice at the thread's own index makes it vector arithmetic with an R2UR before every WGMMA.
     Accumulator and register-operand fragments still need the thread's own slice."""
-    wg_first = cute.arch.make_warp_uniform(tidx // WARPGROUP_THREADS) * WARPGROUP_THREADS
+    wg_first = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG) * THREADS_PER_WG
     return tuple(m.get_slice(wg_first) for m in tiled_mmas)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fa4.arch import SM90, Arch
+from fa4.common.constants import THREADS_PER_WG
 from fa4.knobs import RuntimeKnobNames, Violation, knob
 from fa4.problem import Problem
 
@@ -24,7 +25,6 @@ HEAD_DIMS = (64, 96, 128, 192, 256)
 # head_dim_v != head_dim: as the forward (fa4.sm90.fwd_config.HEAD_DIMS_V), 192 with 128.
 HEAD_DIMS_V = {192: (192, 128)}
 ROWS_PER_WG = 64
-THREADS_PER_WG = 128
 CONSUMER_WGS = 2
 TILE_N = CONSUMER_WGS * ROWS_PER_WG
 # dkv_split 'head_dim' is built for the head dims where 'keys' cannot hold dK and dV: at 64-128
@@ -418,9 +418,9 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     spt, swizzle = default_launch_order(problem, reduce)
     # Deterministic 'atomic' under GQA takes tile 128 where measured (masked, session 13, above
     # GQA_LOOP_MAX_Q_OVER_K); unmasked it stays at 64 until measured.
-    det_atomic = (problem.deterministic and problem.heads_q != problem.heads_kv and reduce == "atomic"
+    unmeasured = (problem.deterministic and problem.heads_q != problem.heads_kv and reduce == "atomic"
                   and not right_bounded(problem))
-    for tm in ((128, 64) if problem.head_dim == 64 and not det_atomic else (64, 128)):
+    for tm in ((128, 64) if problem.head_dim == 64 and not unmeasured else (64, 128)):
         for st in (2, 1):
             for split in ("rows", "head_dim"):  # 'rows' where violations() allows it (tile_m 128)
                 for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (not GQA 'atomic')

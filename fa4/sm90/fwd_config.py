@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from fa4.arch import SM90, Arch
+from fa4.common.constants import THREADS_PER_WG
 from fa4.knobs import RuntimeKnobNames, Violation, knob
 from fa4.problem import Problem
 
@@ -30,7 +31,6 @@ def head_dims_v(head_dim: int) -> tuple[int, ...]:
 # Q tile, so two consumer warpgroups cover 128 query rows per CTA.
 ROWS_PER_WG = 64
 CONSUMER_WGS = (2, 3)
-THREADS_PER_WG = 128
 # setmaxnreg split (consumer, producer) per number of consumer warpgroups: the per-SM file of
 # 65536 registers over 128-thread warpgroups.
 REG_SPLIT = {2: (240, 24), 3: (160, 32)}

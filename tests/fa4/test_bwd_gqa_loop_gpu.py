@@ -122,9 +122,9 @@ def test_atomic_deterministic_hd64_tile128(feat, causal, window):
     beside the dK/dV locks)."""
     import torch
 
-    shape = (1, 777, 1333, 8, 2)
-    q = torch.empty(1, 777, 8, 64, device="cuda", dtype=torch.bfloat16)
-    kv = torch.empty(1, 1333, 2, 64, device="cuda", dtype=torch.bfloat16)
+    shape = b, sq, sk, hq, hkv = (1, 777, 1333, 8, 2)
+    q = torch.empty(b, sq, hq, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.empty(b, sk, hkv, 64, device="cuda", dtype=torch.bfloat16)
     kw = dict(window_left=300, window_right=40) if window else {}
     cfg = feat.default_for(q, kv, kv, causal, True, 0.0, gqa_reduce="atomic", dkv_store="direct",
                            tile_m=128, dq_split="rows", ds_store="stmatrix")
