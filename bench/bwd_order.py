@@ -87,7 +87,8 @@ def setup(name, det):
     from fa4.lookup import resolve_config
     from fa4.launch import bwd_config_for
     from fa4.sm90.bwd_launch import launch_bwd, launch_bwd_varlen
-    from fa4.tensors import arch_of
+    from fa4.launch import with_features
+    from fa4.tensors import arch_of, problem_of
     from fa4.varlen import bwd_problem
     from fa4.varlen import cu_seqlens
 
@@ -111,6 +112,7 @@ def setup(name, det):
 
         def ours(cfg):
             return launch_bwd_varlen(dout, q, k, v, out, lse, cu, cu, m, m, None, None, scale, causal, det, cfg)
+        ours.problem = problem
 
         def ref():
             return _flash_attn_bwd(q, k, v, out, dout, lse, scale, causal, 0.0, window_size_left=None,
@@ -134,6 +136,8 @@ def setup(name, det):
 
     def ours(cfg):
         return launch_bwd(dout, q, k, v, out, lse, scale, causal, det, cfg, sink=sink, **kw)
+    ours.problem = with_features(problem_of(q, k, v, causal, pass_="bwd", deterministic=det), sink=sink is not None,
+                                 **kw)
 
     left, right = ref_kw.get("window_size", (None, None))
 
@@ -145,7 +149,18 @@ def setup(name, det):
 
 
 def label(o):
+    if isinstance(o, dict):  # a --variants entry: knob overrides of the default config
+        return ",".join(f"{k}={v}" for k, v in sorted(o.items()))
     return "default" if o == DEFAULT else f"spt={int(o[0])} swz={o[1]}"
+
+
+def variant_config(config, o):
+    """The config ``o`` times: the default, a launch order, or the default with knob overrides."""
+    if o == DEFAULT:
+        return config
+    if isinstance(o, dict):
+        return dataclasses.replace(config, **o)
+    return dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
 
 
 def bench_shape(name, orders, rounds=2, det=False):
@@ -154,24 +169,42 @@ def bench_shape(name, orders, rounds=2, det=False):
     def timed(fn):
         return tt.do_bench(fn, warmup=10, rep=80, return_mode="median")
 
+    from fa4.arch import SM90
+    from fa4.sm90.bwd_config import violations
+
     ours, ref, config, flops = setup(name, det)
     b = ref()
     a = ours(config)
     diff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
                for x, y in zip(a, b))
-    times = {o: [] for o in orders}
+    # A knob variant runs only where it is feasible for the shape's config, and only once its
+    # gradients agree with the default's as the default's agree with the reference's.
+    skipped = {}
+    for o in orders:
+        if isinstance(o, dict):
+            bad = violations(variant_config(config, o), ours.problem, SM90)
+            if bad:
+                skipped[label(o)] = "; ".join(bad)[:300]
+                continue
+            c = ours(variant_config(config, o))
+            vdiff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
+                        for x, y in zip(c, b))
+            if not vdiff <= 2 * diff + 1e-3:
+                skipped[label(o)] = f"gradients off the reference: {vdiff:.3g} against the default's {diff:.3g}"
+    run = [o for o in orders if label(o) not in skipped]
+    times = {label(o): [] for o in run}
     ref_t = []
     for r in range(rounds):
         ref_t.append(timed(ref))
-        for o in (orders if r % 2 == 0 else orders[::-1]):
-            cfg = config if o == DEFAULT else dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
-            times[o].append(timed(lambda cfg=cfg: ours(cfg)))
+        for o in (run if r % 2 == 0 else run[::-1]):
+            cfg = variant_config(config, o)
+            times[label(o)].append(timed(lambda cfg=cfg: ours(cfg)))
         ref_t.append(timed(ref))
     t_ref = sorted(ref_t)[len(ref_t) // 2]
     row = dict(name=name, deterministic=det, default=dict(spt_order=config.spt_order, head_swizzle=config.head_swizzle),
                config=str(config), max_rel_diff_vs_ref=diff, ref_ms=ref_t, ref_tflops=flops / t_ref / 1e9,
-               orders={label(o): dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
-                       for o, t in times.items()})
+               orders={lab: dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
+                       for lab, t in times.items()}, skipped=skipped)
     return row
 
 
@@ -182,11 +215,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--det", action="store_true", help="deterministic backwards (ours and the reference's)")
     ap.add_argument("--orders", default=None, help="e.g. 1:1,0:2,0:4 (spt_order:head_swizzle)")
+    ap.add_argument("--variants", default="[]",
+                    help='JSON list of knob overrides of the default config, each timed beside the orders, '
+                         'e.g. \'[{"ds_early": true}]\'')
     a = ap.parse_args()
     orders = ORDERS
     if a.orders:
         orders = [DEFAULT if x == "default" else (bool(int(x.split(":")[0])), int(x.split(":")[1]))
                   for x in a.orders.split(",")]
+    orders = orders + [dict(v) for v in json.loads(a.variants)]
     print("device:", torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     rows = []
     for name in a.shapes.split(","):
@@ -207,7 +244,8 @@ def main():
             print(f"| {x['name']} | error: {x['error'][:120]} |")
             continue
         d = x["default"]
-        cells = " | ".join(f"{x['orders'][label(o)]['ratio']:.3f}" for o in orders)
+        cells = " | ".join(f"{x['orders'][label(o)]['ratio']:.3f}" if label(o) in x["orders"] else "skipped"
+                           for o in orders)
         print(f"| {x['name']} | spt{int(d['spt_order'])} s{d['head_swizzle']} | {x['ref_tflops']:.0f} | {cells} |")
 
 
