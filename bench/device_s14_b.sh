@@ -17,6 +17,17 @@ if [ "${MODE:-ab}" = tests ]; then
     tests/fa4/test_bwd_gqa_loop_gpu.py tests/fa4/test_varlen_bwd_gpu.py
   exit 0
 fi
+if [ "${MODE:-ab}" = hd64 ]; then
+  # ds_early now the hd64 default: against it off, non-deterministic and deterministic; then the
+  # backward GPU tests that run hd64 defaults (test_bwd_gpu, 'loop' and 'atomic' t128 GQA).
+  for det in "" --det; do
+    TAILN=6 step "hd64$det" 150 python3 bench/bwd_order.py --orders default --rounds 2 $det \
+      --variants '[{"ds_early": false}]' --shapes llama3.2-1b-8k,gpt2-1k,hd64-8k --out "$work/hd64$det.json"
+  done
+  TAILN=6 step tests64 "${TESTS_S:-300}" python3 -m pytest -q -n 15 -p no:cacheprovider \
+    tests/fa4/test_bwd_gpu.py tests/fa4/test_bwd_gqa_loop_gpu.py
+  exit 0
+fi
 SHAPES=${SHAPES:-varlen-causal,window,causal-8k,noncausal-8k,llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k}
 TAILN=14 step "ab${RUN:-1}" "${AB_S:-300}" python3 bench/bwd_order.py --orders default --rounds 2 \
   --variants '[{"ds_early": true}]' --shapes "$SHAPES" --out "$work/ab${RUN:-1}.json"

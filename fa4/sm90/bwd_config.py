@@ -71,6 +71,13 @@ GQA_LOOP_MAX_Q_OVER_K = 0.5
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
 SEQ_PAD = 128
+# ds_early by default where it won: the H200, session 14, bench/bwd_order.py --variants, two runs,
+# ours/ref without -> with: Llama-3.2-1B 8k (hd64, GQA 4) 0.963 -> 0.993 and 0.957 -> 0.971, GPT-2
+# 1k (hd64, B16) 0.918 -> 0.937 and 0.918 -> 0.931. At hd128 it lost at every masked shape (causal
+# 8k -1 / -2%, Llama-3-8B 8k -4 / -3%, Qwen2.5-7B 4k -3 / -2%, window -2 / -2%; varlen, non-causal
+# and Sq 2k / Sk 8k within noise): there the stores ahead of the dV GEMM delay its issue by more
+# than the fence's wait they save.
+DS_EARLY_HEAD_DIMS = (64,)
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,8 @@ class BwdConfigSm90:
         "P^T) instead of after it. The fence and the consumer barrier that follow wait for those stores to "
         "land: issued just before them (False) they were the consumers' top stall after the load waits in "
         "Nsight Compute (hd128 causal, session 13: 3.4% at the fence, 2.6% at the barrier; the reference "
-        "issues its dS stores inside the pointwise loop and waits 0.3% there).",
+        "issues its dS stores inside the pointwise loop and waits 0.3% there). default_config turns it on at "
+        "DS_EARLY_HEAD_DIMS (hd64, where it won 1.5-3% on the H200); at hd128 it lost 1-4% at masked shapes.",
     )
     dq_accum: str = knob(
         ("bulk", "red_v2", "red"), "bulk",
@@ -426,11 +434,12 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
                 for dkv in ("tma", "direct"):  # 'tma' where violations() allows it (not GQA 'atomic')
                     cand = BwdConfigSm90(
                         tile_m=tm, stages=st, dq_split=split, dkv_store=dkv, head_swizzle=swizzle,
-                        gqa_reduce=reduce, spt_order=spt,
+                        gqa_reduce=reduce, spt_order=spt, ds_early=problem.head_dim in DS_EARLY_HEAD_DIMS,
                     )
                     if not violations(cand, problem, arch):
                         return cand
-    return BwdConfigSm90(head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt)
+    return BwdConfigSm90(head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt,
+                         ds_early=problem.head_dim in DS_EARLY_HEAD_DIMS)
 
 
 def loop_ctas(problem: Problem, tile_n: int) -> int:

@@ -14,10 +14,12 @@ pytestmark = pytest.mark.gpu
 
 def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, **change):
     """The problem's default with gqa_reduce 'loop' (these small shapes default to 'atomic') and,
-    unless changed, dK/dV by TMA (the 'loop' default at the sizes that take it)."""
+    unless changed, dK/dV by TMA (the 'loop' default at the sizes that take it); without the 2-CTA
+    dS exchange (the hd256 default, not built with 'loop')."""
     import torch
 
     change.setdefault("dkv_store", "tma")
+    change.setdefault("cluster_exchange", False)
     b, sq, sk, hq, hkv = shape
     dtype = dtype or torch.bfloat16
     q = torch.empty(b, sq, hq, hd, device="cuda", dtype=dtype)
