@@ -268,6 +268,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_se
             raise NotImplementedError(f"fa4.flash_attn_varlen_func's packed path does not take {', '.join(given)}")
         if deterministic not in (False, True):
             raise ValueError(f"deterministic must be a bool, got {deterministic!r}")
+        if torch.compiler.is_compiling():
+            # Dynamo cannot trace a CuTe DSL launch: the graph keeps fa4::varlen_fwd / varlen_bwd.
+            from fa4.ops import traced_varlen
+
+            return traced_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                 seqused_k, softmax_scale, causal, window_size, softcap, learnable_sink, return_lse,
+                                 config, deterministic, bwd_config)
         from fa4.varlen import varlen_forward
 
         return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,

@@ -1,4 +1,5 @@
-"""``fa4::fwd`` and ``fa4::bwd``: fa4.flash_attn_func as torch.library custom ops for torch.compile.
+"""``fa4::fwd`` and ``fa4::bwd``: fa4.flash_attn_func as torch.library custom ops for torch.compile
+(and ``fa4::varlen_fwd`` / ``fa4::varlen_bwd``, the same for flash_attn_varlen_func's packed path).
 
 Dynamo cannot trace a CuTe DSL launch, so under ``torch.compile`` flash_attn_func calls
 :func:`traced_flash_attn`, which the compiled graph keeps as these two opaque ops: fake
@@ -164,4 +165,146 @@ def traced_flash_attn(q, k, v, softmax_scale, causal, return_lse, config, out, d
     if out is not None:
         out.copy_(o)
         o = out
+    return (o, lse) if return_lse else o
+
+
+# -- packed variable-length sequences (fa4.varlen) ------------------------------------------------
+# The same pattern for flash_attn_varlen_func: fa4::varlen_fwd / fa4::varlen_bwd, opaque to the
+# compiled graph. cu_seqlens and seqused are tensor inputs (never read on the host, as in eager);
+# max_seqlen_q/k are SymInts, concrete by the time the op runs.
+
+
+@torch.library.custom_op("fa4::varlen_fwd", mutates_args=())
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Optional[torch.Tensor],
+    seqused_k: Optional[torch.Tensor],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    sink: Optional[torch.Tensor],
+    config: Optional[str],
+    deterministic: bool,
+    bwd_config: Optional[str],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from fa4 import varlen
+
+    # The features come canonical (fa4.features.normalize); deterministic / bwd_config are for the
+    # backward (register_autograd hands it only the forward op's inputs).
+    window = tuple(None if w < 0 else w for w in (window_left, window_right))
+    return varlen._forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                           softmax_scale, causal, window, softcap, sink, True, decode_config(config), None)
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                     softmax_scale, causal, window_left, window_right, softcap, sink, config, deterministic,
+                     bwd_config):
+    return (q.new_empty((q.shape[0], q.shape[1], v.shape[2])),
+            q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32))
+
+
+@torch.library.custom_op("fa4::varlen_bwd", mutates_args=())
+def varlen_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Optional[torch.Tensor],
+    seqused_k: Optional[torch.Tensor],
+    softmax_scale: Optional[float],
+    causal: bool,
+    deterministic: bool,
+    bwd_config: Optional[str],
+    dlse: Optional[torch.Tensor],
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    sink: Optional[torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink); without a sink dsink is an empty tensor (an op's outputs are fixed)."""
+    from fa4 import features, varlen
+    from fa4.sm90.bwd_launch import launch_bwd_varlen
+
+    window = tuple(None if w < 0 else w for w in (window_left, window_right))
+    feat = features.normalize(q.unsqueeze(0), causal, window, sink, softcap)
+    b = cu_seqlens_q.shape[0] - 1
+    # Resolved at the first backward of a key (fa4.lookup caches it), as the dense op does.
+    config = varlen.resolve_bwd(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic,
+                                decode_config(bwd_config))
+    if not varlen._tma_ready(dout):
+        dout = dout.contiguous()
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
+    cu_q, cu_k, used_q, used_k = (varlen._aligned(t) for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k))
+    grads = launch_bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_q, used_k, scale,
+                              feat.causal, deterministic, config, dlse=dlse, window_left=feat.window_left,
+                              window_right=feat.window_right, softcap=feat.softcap, sink=sink)
+    return (*grads[:3], grads[3] if sink is not None else _no_dsink(q))
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                     seqused_k, softmax_scale, causal, deterministic, bwd_config, dlse, window_left, window_right,
+                     softcap, sink):
+    dsink = torch.empty_like(sink) if sink is not None else _no_dsink(q)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dsink
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, causal, wl, wr, softcap, sink, _config,
+     deterministic, bwd_config) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, sink, cu_q, cu_k, used_q, used_k)
+    ctx.args = (max_q, max_k, scale, causal, deterministic, bwd_config)
+    ctx.features = dict(window_left=wl, window_right=wr, softcap=softcap)
+
+
+def _varlen_backward(ctx, dout, dlse):
+    q, k, v, out, lse, sink, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
+    max_q, max_k, scale, causal, deterministic, bwd_config = ctx.args
+    if dout is None:  # only the LSE is in the loss
+        dout = torch.zeros_like(out)
+    dq, dk, dv, dsink = torch.ops.fa4.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, used_q, used_k,
+                                                 scale, causal, deterministic, bwd_config, dlse, sink=sink,
+                                                 **ctx.features)
+    return (dq, dk, dv) + (None,) * 11 + ((dsink if sink is not None else None),) + (None,) * 3
+
+
+varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
+
+def traced_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                  softmax_scale, causal, window_size, softcap, learnable_sink, return_lse, config, deterministic,
+                  bwd_config):
+    """flash_attn_varlen_func's packed path while torch.compile traces (same arguments, same
+    results: fa4.varlen.varlen_forward's, which takes no out= there)."""
+    from fa4 import features, varlen
+    from fa4.launch import check_bwd_args
+    from fa4.tensors import check_bwd_head_dims
+
+    check_bwd_args(deterministic, bwd_config)
+    varlen.validate(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                    require_cuda=False)
+    feat = features.normalize(q.unsqueeze(0), causal, window_size, learnable_sink, softcap)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, learnable_sink)):
+        check_bwd_head_dims(q.unsqueeze(0), v.unsqueeze(0))
+    scale = None if softmax_scale is None else float(softmax_scale)
+    o, lse = torch.ops.fa4.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                      seqused_k, scale, feat.causal, feat.window_left, feat.window_right,
+                                      feat.softcap, feat.sink, encode_config(config), bool(deterministic),
+                                      encode_config(bwd_config))
     return (o, lse) if return_lse else o

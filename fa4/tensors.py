@@ -82,7 +82,10 @@ def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def bwd_head_dim_error(q, v) -> str | None:
     """Why the backward kernel cannot take these head dims (it covers fewer than the forward)."""
-    return _bwd_head_dim_error(q.shape[3], v.shape[3])
+    # Traced by torch.compile (the varlen op path checks at trace time): the function itself, since
+    # Dynamo warns on every lru_cache it steps through.
+    fn = _bwd_head_dim_error.__wrapped__ if torch.compiler.is_compiling() else _bwd_head_dim_error
+    return fn(q.shape[3], v.shape[3])
 
 
 @functools.lru_cache(maxsize=64)

@@ -66,6 +66,8 @@ def _check_tma(name, t):
 
 
 def _max_len(name, v):
+    if isinstance(v, torch.SymInt):  # traced by torch.compile: a host int by the time a kernel runs
+        return v
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise ValueError(f"{name} must be a host int >= 0, got {v!r}")
     return v
@@ -197,7 +199,6 @@ def bwd_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic):
 def _with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
                causal, window_size, softcap, learnable_sink, return_lse, config, deterministic, bwd_config):
     from fa4.launch import check_bwd_args
-    from fa4.lookup import resolve_config
     from fa4.tensors import check_bwd_head_dims
 
     check_bwd_args(deterministic, bwd_config)
@@ -205,19 +206,27 @@ def _with_grad(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
                  require_cuda=False)
     feat = features.normalize(q.unsqueeze(0), causal, window_size, learnable_sink, softcap)
     check_bwd_head_dims(q.unsqueeze(0), v.unsqueeze(0))
-    resolved = None
-    if b > 0 and q.shape[0] > 0 and max_seqlen_q > 0:
-        # Work to launch (an empty batch answers zeros without a kernel, on any device).
-        if not _on_cuda(q):
-            raise ValueError(f"q is on {q.device}; fa4 kernels run on CUDA devices only")
-        problem = bwd_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic)
-        resolved = resolve_config(problem, arch_of(q.device), bwd_config)[1]
+    resolved = resolve_bwd(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic, bwd_config)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[2])
     o, lse = _VarlenFunc.apply(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                seqused_q, seqused_k, float(softmax_scale), feat, config, bool(deterministic),
                                resolved)
     return (o, lse) if return_lse else o
+
+
+def resolve_bwd(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic, bwd_config):
+    """The backward config of a packed call (the lookup chain's answer for its backward Problem,
+    or ``bwd_config`` checked against it); None where there is no work to launch (an empty batch
+    answers zeros without a kernel, on any device)."""
+    from fa4.lookup import resolve_config
+
+    if b == 0 or q.shape[0] == 0 or max_seqlen_q == 0:
+        return None
+    if not _on_cuda(q):
+        raise ValueError(f"q is on {q.device}; fa4 kernels run on CUDA devices only")
+    problem = bwd_problem(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic)
+    return resolve_config(problem, arch_of(q.device), bwd_config)[1]
 
 
 class _VarlenFunc(torch.autograd.Function):
