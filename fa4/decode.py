@@ -22,7 +22,7 @@ from fa4.compile_cache import compiled
 from fa4.decode_problem import DecodeProblem
 from fa4.dispatch import decode_entry
 from fa4.knobs import as_config
-from fa4.tensors import DTYPES, arch_of
+from fa4.tensors import DTYPES, arch_of, device_guard
 
 _plans: dict = {}
 MAX_PLANS = 4096  # the plan cache starts over past this many keys
@@ -30,7 +30,7 @@ MAX_PLANS = 4096  # the plan cache starts over past this many keys
 # at each replay, so its memory must never go back to the allocator (a few int32 per plan).
 _retired_tickets: list = []
 # The launches' device context; a name of its own so CPU tests of the host path can stand it in.
-_on_device = torch.cuda.device
+_on_device = device_guard
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,7 +222,7 @@ def flash_attn_with_kvcache(
         raise ValueError("out must match q in shape, dtype, device and strides")
     b, sq, hq, _ = q.shape
     lse = torch.empty(b, hq, sq, device=q.device, dtype=torch.float32) if return_lse else None
-    with _on_device(q.device):
+    with _on_device(q):
         if plan.workspace is None:
             plan.decode(q, k_cache, v_cache, out, lse, page_table, cache_seqlens, None, None, None,
                         softmax_scale * LOG2_E, 1, plan.qh_per_cta)

@@ -19,7 +19,7 @@ from fa4.dispatch import bwd_entry
 from fa4.knobs import runtime_args
 from fa4.lookup import resolve_config
 from fa4.record import observed
-from fa4.tensors import arch_of, bwd_head_dim_error, check_bwd_head_dims, empty_out, problem_of, validate
+from fa4.tensors import arch_of, bwd_head_dim_error, check_bwd_head_dims, device_guard, empty_out, problem_of, validate
 
 _launch_cache: dict = {}
 
@@ -78,7 +78,7 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_lef
     # Softcap: the kernel keeps t = tanh(s * scale / c) and exponentiates c * t (fa4.common.softcap).
     scale_log2, softcap_scale = ((softcap * LOG2_E, softmax_scale / softcap) if softcap
                                  else (softmax_scale * LOG2_E, 1.0))
-    with torch.cuda.device(q.device):
+    with device_guard(q):
         fn(q, k, v, out, lse, sink, None, None, None, None, scale_log2, softcap_scale, window_left, window_right, 0,
            *runtime)
     return (out, lse) if return_lse else out

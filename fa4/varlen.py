@@ -24,12 +24,12 @@ import torch
 from fa4 import features
 from fa4.common.constants import LOG2_E
 from fa4.compile_cache import compiled
-from fa4.tensors import DTYPES, arch_of
+from fa4.tensors import DTYPES, arch_of, device_guard
 
 _plans: dict = {}
 # The launch's device context and device test; names of their own so CPU tests of the host path
 # can stand them in (tests/fa4/test_varlen_host.py).
-_on_device = torch.cuda.device
+_on_device = device_guard
 
 
 def cu_seqlens(lengths, device="cuda") -> torch.Tensor:
@@ -176,7 +176,7 @@ def _forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, se
     cap = feat.softcap
     scale_log2, softcap_scale = (cap * LOG2_E, softmax_scale / cap) if cap else (softmax_scale * LOG2_E, 1.0)
     fn_, runtime = fn
-    with _on_device(q.device):
+    with _on_device(q):
         fn_(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), out.unsqueeze(0),
             None if lse is None else lse.unsqueeze(0), feat.sink, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
             scale_log2, softcap_scale, feat.window_left, feat.window_right, max_seqlen_q, *runtime)

@@ -18,7 +18,7 @@ from fa4.common.constants import LOG2_E
 from fa4.compile_cache import compiled
 from fa4.knobs import as_config, runtime_args
 from fa4.problem import Problem
-from fa4.tensors import DTYPES, check_bwd_head_dims, problem_of, validate
+from fa4.tensors import DTYPES, check_bwd_head_dims, device_guard, problem_of, validate
 from fa4.sm90.bwd_compile import (
     compile_bwd_main,
     compile_bwd_post,
@@ -227,7 +227,7 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         dv_out = torch.empty_like(v)
     sem_q, sem_kv = _semaphores(plan.sems, dev)
     lse, dlse = _row_stats(lse, dlse)
-    with torch.cuda.device(dev):
+    with _on_device(q):
         plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, 0)
         plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, None, None,
                   *plan.main_scalars)
@@ -305,7 +305,7 @@ class _VarlenPlan:
 _varlen_plans: dict = {}
 # The launch's device context; a name of its own so CPU tests of the host path can stand it in
 # (tests/fa4/test_varlen_bwd_host.py), as fa4.varlen's.
-_on_device = torch.cuda.device
+_on_device = device_guard
 
 
 def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
@@ -355,7 +355,7 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
     if dlse is not None:
         dlse = dlse.unsqueeze(0)
     q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
-    with _on_device(dev):
+    with _on_device(q):
         plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, max_seqlen_q)
         plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_seqlens_q, cu_seqlens_k,
                   seqused_q, seqused_k, *plan.main_scalars)

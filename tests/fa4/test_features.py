@@ -211,7 +211,8 @@ def test_forward_fast_path_keys_features_and_passes_runtime_arguments(monkeypatc
     monkeypatch.setattr(launch, "arch_of", lambda device: SM90)
     monkeypatch.setattr(launch, "validate", lambda *a, **k: None)
     monkeypatch.setattr(launch, "_launch_cache", {})
-    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    guarded = []
+    monkeypatch.setattr(launch, "device_guard", lambda t: guarded.append(t) or contextlib.nullcontext())
     monkeypatch.setenv("FA4_LOOKUP_LOCAL_DB", "0")
     monkeypatch.delenv("FA4_TUNING_URL", raising=False)
     q, k, v, _ = inputs(b=1, sq=64, sk=64, hq=4, hkv=4, d=128, grad=False)
@@ -219,6 +220,7 @@ def test_forward_fast_path_keys_features_and_passes_runtime_arguments(monkeypatc
     launch._forward(q, k, v, 0.1, True, True, None, None, 255, -1, 30.0, s1)
     launch._forward(q, k, v, 0.1, True, True, None, None, 255, -1, 30.0, s2)
     assert len(launch._launch_cache) == 1 and len(keys) == 1  # one entry: the sink's presence, not identity
+    assert guarded == [q, q]  # each launch under q's device context (tests/fa4/test_device_guard.py)
     key = keys[0]
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, False, True, True)
     (a1, a2) = kernels[key].args
