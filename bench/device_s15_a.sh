@@ -5,8 +5,12 @@
 #    varlen and decode GPU suites on the session-14 tree (the backward suite ran in session 14).
 #    First the host cost twice (session 14's device_guard: predicted fwd 20.7-21.7 -> ~18 us, fwd+bwd
 #    a few us less; the peers in the same runs).
-#  MODE=ab: the hd64 ds_early default's fourth and fifth samples and the hd128 shapes again
-#    (bench/bwd_order.py --variants, both directions), deterministic included.
+#    Then the backward knob and feature cases of exp_pin (never run on a GPU: correctness first).
+#  MODE=ab: exp_pin (session 14, CPU: the exp2 loop pinned ahead of the dP^T wait; without it ptxas
+#    leaves 5 of 32 MUFU.EX2 under the dP^T GEMM in the hd128 unmasked loop, with it 32 of 32).
+#    Prediction: +2-6% at hd128 (up to ~500 of ~4,600 cycles a step, less where the other consumer
+#    warpgroup's GEMMs already fill the tensor cores); alone and with ds_early; then the hd64
+#    ds_early default's fourth and fifth samples. bench/bwd_order.py --variants, deterministic too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -17,13 +21,16 @@ if [ "${MODE:-tests}" = tests ]; then
     TAILN=5 step "host$run" 120 python3 bench/host_cost.py --providers fa4,flash-attn-4,cudnn
   done
   TAILN=6 step varlen_compile 200 python3 -m pytest -q -p no:cacheprovider tests/fa4/test_varlen_bwd_gpu.py -k compile
+  TAILN=6 step exp_pin 240 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+    tests/fa4/test_bwd_feat_gpu.py -k "exp_pin"
   TAILN=8 step fwd_suites "${TESTS_S:-360}" python3 -m pytest -q -n 15 -p no:cacheprovider \
     tests/fa4/test_fwd_gpu.py tests/fa4/test_fwd_features_gpu.py tests/fa4/test_varlen_gpu.py \
     tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_decode_gpu.py
   exit 0
 fi
-for det in "" --det; do
-  TAILN=14 step "ab$det" 240 python3 bench/bwd_order.py --orders default --rounds 2 $det \
-    --variants '[{"ds_early": false}, {"ds_early": true}]' \
-    --shapes llama3.2-1b-8k,gpt2-1k,hd64-8k,llama3-8b-8k,qwen2.5-7b-4k,causal-8k --out "$work/ab$det.json"
-done
+# MODE=ab (non-deterministic, issue 18's and 20's shapes) or MODE=abdet (deterministic): one call each.
+det=""; shapes=varlen-causal,window,llama3-8b-8k,qwen2.5-7b-4k,causal-8k,llama3.2-1b-8k,gpt2-1k
+[ "${MODE}" = abdet ] && det=--det && shapes=llama3.2-1b-8k,llama3-8b-8k,causal-8k
+TAILN=14 step "ab$det" "${AB_S:-500}" python3 bench/bwd_order.py --orders default --rounds 2 $det \
+  --variants '[{"exp_pin": true}, {"exp_pin": true, "ds_early": true}, {"ds_early": false}, {"ds_early": true}]' \
+  --shapes "${SHAPES:-$shapes}" --out "$work/ab$det.json"

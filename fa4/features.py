@@ -90,6 +90,11 @@ def normalize(q: torch.Tensor, causal, window_size, learnable_sink, softcap) -> 
     return Features(causal, left, right, float(softcap), sink)
 
 
+def window_size(left: int, right: int) -> tuple[int | None, int | None]:
+    """The reference's window_size of canonical bounds (-1: an unbounded side, None there)."""
+    return (None if left < 0 else left), (None if right < 0 else right)
+
+
 def problem_fields(f: Features) -> dict:
     """The Problem fields of the features (fa4.problem.Problem's window_left ... sink)."""
     return {"window_left": f.window_left, "window_right": f.window_right, "softcap": f.softcap,

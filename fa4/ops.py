@@ -195,11 +195,11 @@ def varlen_fwd(
     deterministic: bool,
     bwd_config: Optional[str],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from fa4 import varlen
+    from fa4 import features, varlen
 
     # The features come canonical (fa4.features.normalize); deterministic / bwd_config are for the
     # backward (register_autograd hands it only the forward op's inputs).
-    window = tuple(None if w < 0 else w for w in (window_left, window_right))
+    window = features.window_size(window_left, window_right)
     return varlen._forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                            softmax_scale, causal, window, softcap, sink, True, decode_config(config), None)
 
@@ -240,8 +240,8 @@ def varlen_bwd(
     from fa4 import features, varlen
     from fa4.sm90.bwd_launch import launch_bwd_varlen
 
-    window = tuple(None if w < 0 else w for w in (window_left, window_right))
-    feat = features.normalize(q.unsqueeze(0), causal, window, sink, softcap)
+    feat = features.normalize(q.unsqueeze(0), causal, features.window_size(window_left, window_right), sink,
+                              softcap)
     b = cu_seqlens_q.shape[0] - 1
     # Resolved at the first backward of a key (fa4.lookup caches it), as the dense op does.
     config = varlen.resolve_bwd(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic,

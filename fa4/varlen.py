@@ -235,7 +235,7 @@ class _VarlenFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sink, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, feat, config, deterministic,
                 bwd_config):
-        window = tuple(None if w < 0 else w for w in (feat.window_left, feat.window_right))
+        window = features.window_size(feat.window_left, feat.window_right)
         o, lse = _forward(q, k, v, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, feat.causal, window,
                           feat.softcap, sink, True, config, None)
         # The LSE is differentiable (its gradient enters D in the preprocess); a gradient the loss

@@ -294,6 +294,26 @@ def between_first_and_last(opcodes: list[str], op: str) -> list[str]:
     return opcodes[at[0]:at[-1] + 1] if at else []
 
 
+def ops_between_waits(sass: str, op: str, first: int = 1, second: int = 0) -> list[int]:
+    """For each WGMMA wait on ``first`` groups (WARPGROUP.DEPBAR.LE gsb0, first) directly followed by
+    a wait on ``second``, how many ``op`` instructions lie between the two: the work a consumer
+    does while its last GEMM group is still running (e.g. MUFU.EX2 under the backward's dP^T)."""
+    counts, between = [], None
+    for line in sass.splitlines():
+        m = _SASS_LINE.match(line)
+        if not m:
+            continue
+        opcode = m.group(1)
+        if opcode.startswith("WARPGROUP.DEPBAR"):
+            groups = int(line.split(";")[0].rsplit(",", 1)[1].strip(), 0)
+            if groups == second and between is not None:
+                counts.append(between)
+            between = 0 if groups == first else None
+        elif between is not None and _matches(opcode, op):
+            between += 1
+    return counts
+
+
 def count_ops(opcodes: Iterable[str], ops: Iterable[str]) -> dict[str, int]:
     opcodes = list(opcodes)
     return {op: sum(_matches(o, op) for o in opcodes) for op in ops}

@@ -9,7 +9,7 @@ consumers cannot afford. Passing the thread index through an opaque move inside 
 makes the addresses loop-variant: they are recomputed (a few integer ops) and die after use.
 """
 
-from cutlass import Int32
+from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -58,4 +58,31 @@ def opaque(x: Int32, *, loc=None, ip=None) -> Int32:
             T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
             has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
         )
+    )
+
+
+@dsl_user_op
+def pin_before(guard: Int32, values, *, loc=None, ip=None) -> None:
+    """A scheduling fence for ``values`` (fp32 registers): ptxas must compute all of them before
+    this point, for the price of one compare and one never-taken branch.
+
+    ptxas schedules across basic blocks and sinks a computation below a branch when only the
+    fall-through path uses it. Here the branch (taken when ``guard`` < 0: pass a length, a kernel
+    argument no compiler can know is never negative) leads to a block that stores every value
+    (to shared memory: no global store for the kernels' codegen checks to count) and traps, so all
+    of them must exist before the branch."""
+    vals = [Float32(v).ir_value(loc=loc, ip=ip) for v in values]
+    body = ["{", ".reg .pred p;", ".reg .u32 a;", "setp.lt.s32 p, $0, 0;", "@!p bra PIN_DONE;", "mov.u32 a, 0;"]
+    i = 0
+    while i < len(vals):
+        width = next(w for w in (4, 2, 1) if i + w <= len(vals))  # PTX vectors: v4, v2
+        regs = ", ".join(f"${1 + j}" for j in range(i, i + width))
+        vec = f"v{width}." if width > 1 else ""
+        body.append(f"st.volatile.shared.{vec}f32 [a+{4 * i}], {'{' + regs + '}' if width > 1 else regs};")
+        i += width
+    body += ["trap;", "PIN_DONE:", "}"]
+    llvm.inline_asm(
+        None, [Int32(guard).ir_value(loc=loc, ip=ip), *vals], "\n".join(body),
+        ",".join(["r"] + ["f"] * len(vals)), has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
     )

@@ -71,7 +71,7 @@ from fa4.common import bwd_pair, bwd_schedule, mma, scheduling, semaphore, softc
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, transpose_view
-from fa4.common.regs import opaque
+from fa4.common.regs import opaque, pin_before
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
 # The named barrier ids live beside the dQ paths (fa4.sm90.bwd_dq).
@@ -128,6 +128,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         self.ds_stages = config.ds_stages
         self.ds_stmatrix = config.ds_store == "stmatrix"
         self.ds_early = config.ds_early
+        self.exp_pin = config.exp_pin
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
@@ -787,7 +788,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             softcap_bwd.tanh_scores(s_mn, softcap_inv)
             if cutlass.const_expr(masked):
                 self.apply_mask_t(s_mn, c0_mn, limits, q_base)
-            warpgroup.wait_group(0)
+            self.wait_dp(s_mn, seqlen_k)
             # One loop over columns (queries): the LSE registers are still live here, so D is read
             # from shared memory once per column instead of taking 16 more registers.
             for c in cutlass.range_constexpr(ncol):
@@ -808,7 +809,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             tDsum = cute.make_rmem_tensor((max(npre, 1),), Float32)
             for c in cutlass.range_constexpr(npre):
                 tDsum[c] = sDsum[col0 + c0_mn[0, c][1], state.index]
-            warpgroup.wait_group(0)
+            self.wait_dp(s_mn, seqlen_k)
             for r in cutlass.range_constexpr(nrow):
                 for c in cutlass.range_constexpr(ncol):
                     dsum = tDsum[c] if c < npre else sDsum[col0 + c0_mn[0, c][1], state.index]
@@ -872,6 +873,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
         warpgroup.wait_group(0)
         pipe_q.consumer_release(state)
+
+    @cute.jit
+    def wait_dp(self, s_mn, seqlen_k):
+        """Wait for the dP^T GEMM. With exp_pin, the exp2 (softcap: tanh) results in s_mn are
+        fenced ahead of the wait (fa4.common.regs.pin_before), so that loop runs under the GEMM:
+        without it ptxas sinks most of its MUFU work below the wait (hd128 causal: 27 of 32 per
+        thread and step in the unmasked loop), to interleave it with the dS^T arithmetic."""
+        if cutlass.const_expr(self.exp_pin):
+            pin_before(seqlen_k, [s_mn[r, c] for r in range(cute.size(s_mn, mode=[0]))
+                                  for c in range(cute.size(s_mn, mode=[1]))])
+        warpgroup.wait_group(0)
 
     @cute.jit
     def store_ds(self, sdp_mma, tdKrdS_as_S, sdS, ds_buf, ctid):

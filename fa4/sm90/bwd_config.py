@@ -114,6 +114,13 @@ class BwdConfigSm90:
         "issues its dS stores inside the pointwise loop and waits 0.3% there). default_config turns it on at "
         "DS_EARLY_HEAD_DIMS (hd64, where it won 1.5-3% on the H200); at hd128 it lost 1-4% at masked shapes.",
     )
+    exp_pin: bool = knob(
+        (False, True), False,
+        "Keep the exp2 (and softcap tanh) loop ahead of the dP^T GEMM's wait: a never-taken branch before "
+        "the wait is a basic-block boundary ptxas does not schedule across. Without it ptxas moves most "
+        "MUFU.EX2 below the wait (hd128 causal: 27 of 32 per thread and step in the unmasked loop) to "
+        "interleave them with the dS^T arithmetic, so the exponentials no longer run under the GEMM.",
+    )
     dq_accum: str = knob(
         ("bulk", "red_v2", "red"), "bulk",
         "How dQ tiles reach the fp32 accumulator in global memory: 'bulk' stages the tile in shared "

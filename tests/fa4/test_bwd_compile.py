@@ -205,6 +205,25 @@ def test_mainloop_descriptors_stay_uniform(hd, causal, change):
     assert cc.count_ops(span, ["R2UR"])["R2UR"] <= 4, cc.count_ops(span, ["R2UR", "HGMMA"])
 
 
+@pytest.mark.parametrize("hd,causal,tile_exps", [(128, True, 32), (128, False, 32), (64, True, 64)])
+def test_exp_pin_keeps_the_exponentials_under_the_dp_gemm(hd, causal, tile_exps):
+    """With exp_pin every MUFU.EX2 of a step issues between the wait for S^T and the wait for dP^T
+    (so it runs while the dP^T GEMM does), in each mainloop: masked and unmasked. Without it ptxas
+    sinks most of them below the second wait in the unmasked loop (hd128 causal: 5 of 32 left
+    under the GEMM, session 14)."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_config import default_config
+
+    prob = Problem.standard(4096, hd, causal=causal, pass_="bwd")
+    config = dataclasses.replace(default_config(prob), exp_pin=True)
+    key = compile_key("bf16", hd, causal, False, False, config, hd)
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, [])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
+    under = [n for n in cc.ops_between_waits(cc.disassemble(cubin), "MUFU.EX2") if n]
+    assert under and all(n == tile_exps for n in under), under
+
+
 def test_row_lanes():
     """Threads per row of the pre/post kernels: d/8 (or d/4) where that is a power of two up to a
     warp, else the largest power of two that divides it (each thread then takes several pieces)."""

@@ -41,6 +41,23 @@ def test_softcap(feat, hd, causal, softcap, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, softcap=softcap)
     assert ok, info
 
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_exp_pin_with_features(feat, hd, causal):
+    """exp_pin fences the softcap's tanh results (not the exponentials) ahead of the dP^T wait; with
+    a window, a sink and the LSE's gradient too."""
+    import torch
+
+    shape = SHAPES[1]
+    b, sq, sk, hq, hkv = shape
+    probe = torch.empty(b, sq, hq, hd, device="cuda", dtype=torch.bfloat16)
+    kv = torch.empty(b, sk, hkv, hd, device="cuda", dtype=torch.bfloat16)
+    for kw in (dict(softcap=20.0), dict(window_left=100, window_right=20, softcap=5.0, sink=True, dlse=True)):
+        cfg = feat.default_for(probe, kv, kv, causal, False, kw["softcap"], exp_pin=True)
+        ok, info = feat.check_case(*shape, hd, causal=causal, config=cfg, **kw)
+        assert ok, (kw, info)
+
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[3]])

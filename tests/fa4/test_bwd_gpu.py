@@ -46,11 +46,12 @@ FLIP, OTHER = "flip", "other"
 KNOB_CHANGES = [(64, c) for c in (
     dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(ds_stages=1), dict(dq_split="head_dim"),
     dict(dkv_store="direct"), _T64, dict(_T64, stages=1), dict(_T64, dq_accum="red_v2"), dict(_T64, dq_accum="red"),
-    dict(_T64, dv_operand="smem"), dict(_T64, ds_store="sts"), dict(ds_early=False),
+    dict(_T64, dv_operand="smem"), dict(_T64, ds_store="sts"), dict(ds_early=False), dict(exp_pin=True),
 )] + [(128, c) for c in (
     dict(stages=1), dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(dv_operand="smem"), dict(ds_store="sts"),
     dict(ds_stages=1), dict(dkv_store="direct"), dict(ds_early=True), dict(ds_early=True, ds_stages=1),
-    dict(ds_early=True, dv_operand="smem"), dict(ds_early=True, ds_store="sts"),
+    dict(ds_early=True, dv_operand="smem"), dict(ds_early=True, ds_store="sts"), dict(exp_pin=True),
+    dict(exp_pin=True, ds_early=True),
 )]
 
 

@@ -95,3 +95,26 @@ def test_other_ptxas_failures_stay_plain(tools, tmp_path, monkeypatch):
     monkeypatch.setattr(cc, "find_tool", lambda name: bad)
     with pytest.raises(RuntimeError, match=r"^ptxas failed \(.*\):\n.*syntax error"):
         cc.ptxas_verbose(".version 9.0\n")
+
+
+def test_ops_between_waits_counts_the_work_under_the_last_gemm_group():
+    """Only what lies between a wait on 1 group and the next wait on 0 counts; a wait on 1 that is
+    followed by another wait on 1 (or by nothing) starts over; predicated lines are read too."""
+    sass = "\n".join(f"        /*{i * 16:04x}*/                   {op} ;" for i, op in enumerate([
+        "HGMMA.64x64x16.F32.BF16 R152, gdesc[UR20], R152, gsb0",
+        "MUFU.EX2 R1, R1",  # before any wait: not counted
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "MUFU.EX2 R2, R2",
+        "@!P0 MUFU.EX2 R3, R3",
+        "FFMA R4, R4, R5, R6",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "MUFU.EX2 R7, R7",  # after the second wait: not counted
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "MUFU.EX2 R8, R8",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",  # starts over
+        "WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "WARPGROUP.DEPBAR.LE gsb0, 0x1",
+        "MUFU.EX2 R9, R9",  # never closed by a wait on 0
+    ]))
+    assert cc.ops_between_waits(sass, "MUFU.EX2") == [2, 0]
+    assert cc.ops_between_waits(sass, "FFMA") == [1, 0]
