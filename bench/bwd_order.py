@@ -169,14 +169,14 @@ def bench_shape(name, orders, rounds=2, det=False):
     def timed(fn):
         return tt.do_bench(fn, warmup=10, rep=80, return_mode="median")
 
+    from bench.bench_gqa_loop import max_rel_diff
     from fa4.arch import SM90
     from fa4.sm90.bwd_config import violations
 
     ours, ref, config, flops = setup(name, det)
     b = ref()
     a = ours(config)
-    diff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
-               for x, y in zip(a, b))
+    diff = max_rel_diff(a, b)
     # A knob variant runs only where it is feasible for the shape's config, and only once its
     # gradients agree with the default's as the default's agree with the reference's.
     skipped = {}
@@ -186,9 +186,7 @@ def bench_shape(name, orders, rounds=2, det=False):
             if bad:
                 skipped[label(o)] = "; ".join(bad)[:300]
                 continue
-            c = ours(variant_config(config, o))
-            vdiff = max((x.float() - y.float()).abs().max().item() / max(y.float().abs().max().item(), 1e-6)
-                        for x, y in zip(c, b))
+            vdiff = max_rel_diff(ours(variant_config(config, o)), b)
             if not vdiff <= 2 * diff + 1e-3:
                 skipped[label(o)] = f"gradients off the reference: {vdiff:.3g} against the default's {diff:.3g}"
     run = [o for o in orders if label(o) not in skipped]

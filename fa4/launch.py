@@ -19,7 +19,8 @@ from fa4.dispatch import bwd_entry
 from fa4.knobs import runtime_args
 from fa4.lookup import resolve_config
 from fa4.record import observed
-from fa4.tensors import arch_of, bwd_head_dim_error, check_bwd_head_dims, device_guard, empty_out, problem_of, validate
+from fa4.tensors import (arch_of, bwd_head_dim_error, check_bwd_head_dims, device_guard, empty_out, problem_of,
+                         tma_ready, validate)
 
 _launch_cache: dict = {}
 
@@ -71,7 +72,7 @@ def _forward(q, k, v, softmax_scale, causal, return_lse, config, out, window_lef
     if out is None:
         out = empty_out(q, v)
     elif (out.shape != (*q.shape[:3], v.shape[3]) or out.dtype != q.dtype or out.device != q.device
-          or (out.stride() != q.stride() if v.shape[3] == q.shape[3] else not _tma_ready(out))):
+          or (out.stride() != q.stride() if v.shape[3] == q.shape[3] else not tma_ready(out))):
         # head_dim_v != head_dim: q's strides cannot fit; any layout the TMA store takes does.
         raise ValueError("out must match q in shape (head_dim_v wide), dtype, device and strides")
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device=q.device, dtype=torch.float32) if return_lse else None
@@ -129,14 +130,6 @@ def bwd_config_for(q, k, v, causal: bool, deterministic: bool, bwd_config, windo
     return hit
 
 
-def _tma_ready(t: torch.Tensor) -> bool:
-    # What the backward's TMA loads need of dO: unit inner stride, other strides non-zero
-    # multiples of 16 bytes (a broadcast gradient, e.g. of out.sum(), has stride 0), aligned base.
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
-        return False
-    return all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
-
-
 @observed("bwd")
 def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, config, dlse=None,
               window_left=-1, window_right=-1, softcap=0.0, sink=None):
@@ -145,7 +138,7 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, con
     not use it; the window bounds (-1: unbounded) and softcap as the forward's."""
     if dout is None:  # only the LSE is in the loss
         dout = torch.zeros_like(out)
-    elif not _tma_ready(dout):
+    elif not tma_ready(dout):
         dout = dout.contiguous()
     run = bwd_entry(arch_of(q.device)).run
     # Only what is asked is passed: the plain call is the one of before the features.

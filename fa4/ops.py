@@ -214,7 +214,7 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 @torch.library.custom_op("fa4::varlen_bwd", mutates_args=())
 def varlen_bwd(
-    dout: torch.Tensor,
+    dout: Optional[torch.Tensor],
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -238,21 +238,17 @@ def varlen_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dsink); without a sink dsink is an empty tensor (an op's outputs are fixed)."""
     from fa4 import features, varlen
-    from fa4.sm90.bwd_launch import launch_bwd_varlen
 
-    feat = features.normalize(q.unsqueeze(0), causal, features.window_size(window_left, window_right), sink,
-                              softcap)
+    # The features come canonical from fa4::varlen_fwd's call (fa4.features.normalize).
+    feat = features.Features(causal, window_left, window_right, softcap, sink)
     b = cu_seqlens_q.shape[0] - 1
     # Resolved at the first backward of a key (fa4.lookup caches it), as the dense op does.
     config = varlen.resolve_bwd(q, k, v, b, max_seqlen_q, max_seqlen_k, feat, deterministic,
                                 decode_config(bwd_config))
-    if not varlen._tma_ready(dout):
-        dout = dout.contiguous()
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
-    cu_q, cu_k, used_q, used_k = (varlen._aligned(t) for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k))
-    grads = launch_bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_q, used_k, scale,
-                              feat.causal, deterministic, config, dlse=dlse, window_left=feat.window_left,
-                              window_right=feat.window_right, softcap=feat.softcap, sink=sink)
+    grads = varlen.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            seqused_q, seqused_k, scale, causal, deterministic, config, dlse, window_left,
+                            window_right, softcap, sink)
     return (*grads[:3], grads[3] if sink is not None else _no_dsink(q))
 
 
@@ -276,8 +272,6 @@ def _varlen_setup_context(ctx, inputs, output):
 def _varlen_backward(ctx, dout, dlse):
     q, k, v, out, lse, sink, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
     max_q, max_k, scale, causal, deterministic, bwd_config = ctx.args
-    if dout is None:  # only the LSE is in the loss
-        dout = torch.zeros_like(out)
     dq, dk, dv, dsink = torch.ops.fa4.varlen_bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, used_q, used_k,
                                                  scale, causal, deterministic, bwd_config, dlse, sink=sink,
                                                  **ctx.features)

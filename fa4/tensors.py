@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
 from fa4.arch import Arch, arch_from_capability
 from fa4.problem import Problem
+from fa4.sm90.bwd_config import HEAD_DIMS as BWD_HEAD_DIMS
+from fa4.sm90.bwd_config import HEAD_DIMS_V as BWD_HEAD_DIMS_V
 from fa4.sm90.fwd_config import HEAD_DIMS, head_dims_v
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -37,6 +38,15 @@ def device_guard(t: torch.Tensor):
     if idx == torch.cuda.current_device():
         return _NO_GUARD
     return torch.cuda.device(idx)
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """What the backward's TMA loads need of dO (and the forward's store of an out= tensor): unit
+    inner stride, other strides non-zero multiples of 16 bytes (a broadcast gradient, e.g. of
+    out.sum(), has stride 0), a 16-byte aligned base."""
+    if t.stride(-1) != 1 or t.data_ptr() % 16:
+        return False
+    return all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
 
 
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, supported_head_dims=HEAD_DIMS,
@@ -97,18 +107,7 @@ def is_empty(q: torch.Tensor, k: torch.Tensor) -> bool:
 
 def bwd_head_dim_error(q, v) -> str | None:
     """Why the backward kernel cannot take these head dims (it covers fewer than the forward)."""
-    # Traced by torch.compile (the varlen op path checks at trace time): the function itself, since
-    # Dynamo warns on every lru_cache it steps through.
-    fn = _bwd_head_dim_error.__wrapped__ if torch.compiler.is_compiling() else _bwd_head_dim_error
-    return fn(q.shape[3], v.shape[3])
-
-
-@functools.lru_cache(maxsize=64)
-def _bwd_head_dim_error(d: int, dv: int) -> str | None:
-    # Cached: asked on every call with grad (a pure function of the two head dims).
-    from fa4.sm90.bwd_config import HEAD_DIMS as BWD_HEAD_DIMS
-    from fa4.sm90.bwd_config import HEAD_DIMS_V as BWD_HEAD_DIMS_V
-
+    d, dv = q.shape[3], v.shape[3]
     if d in BWD_HEAD_DIMS and dv in BWD_HEAD_DIMS_V.get(d, (d,)):
         return None
     return (f"fa4's backward supports head_dim {BWD_HEAD_DIMS} with head_dim_v == head_dim (and 192 with 128), "

@@ -24,7 +24,7 @@ import torch
 from fa4 import features
 from fa4.common.constants import LOG2_E
 from fa4.compile_cache import compiled
-from fa4.tensors import DTYPES, arch_of, device_guard
+from fa4.tensors import DTYPES, arch_of, device_guard, tma_ready
 
 _plans: dict = {}
 # The launch's device context and device test; names of their own so CPU tests of the host path
@@ -241,36 +241,39 @@ class _VarlenFunc(torch.autograd.Function):
         # The LSE is differentiable (its gradient enters D in the preprocess); a gradient the loss
         # does not give arrives as None.
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(q, k, v, o, lse, sink, *(_aligned(t) for t in (cu_q, cu_k, used_q, used_k)))
+        ctx.save_for_backward(q, k, v, o, lse, sink, cu_q, cu_k, used_q, used_k)
         ctx.args = (max_q, max_k, scale, feat.causal, deterministic, bwd_config, feat.window_left, feat.window_right,
                     feat.softcap)
         return o, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        from fa4.sm90.bwd_launch import launch_bwd_varlen
-
         q, k, v, o, lse, sink, cu_q, cu_k, used_q, used_k = ctx.saved_tensors
         none = (None,) * 11
         if dout is None and dlse is None:
             return (None, None, None, None) + none
         max_q, max_k, scale, causal, deterministic, config, wl, wr, cap = ctx.args
-        if dout is None:  # only the LSE is in the loss
-            dout = torch.zeros_like(o)
-        elif not _tma_ready(dout):
-            dout = dout.contiguous()
-        grads = launch_bwd_varlen(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, causal,
-                                  deterministic, config, dlse=dlse, window_left=wl, window_right=wr, softcap=cap,
-                                  sink=sink)
+        grads = backward(dout, q, k, v, o, lse, cu_q, cu_k, max_q, max_k, used_q, used_k, scale, causal,
+                         deterministic, config, dlse, wl, wr, cap, sink)
         dsink = grads[3] if sink is not None else None
         return (grads[0], grads[1], grads[2], dsink) + none
 
 
-def _tma_ready(t) -> bool:
-    # dO's TMA loads: unit inner stride, other strides non-zero multiples of 16 bytes, aligned base.
-    if t.stride(-1) != 1 or t.data_ptr() % 16:
-        return False
-    return all(s > 0 and (s * t.element_size()) % 16 == 0 for s in t.stride()[:-1])
+def backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+             softmax_scale, causal, deterministic, config, dlse, window_left, window_right, softcap, sink):
+    """The packed backward launch of eager autograd and of the fa4::varlen_bwd op, for a resolved
+    ``config`` and canonical features: ``dout`` None (only the LSE in the loss) as zeros, dO in a
+    layout its TMA loads take, the int32 vectors 16-byte aligned."""
+    from fa4.sm90.bwd_launch import launch_bwd_varlen
+
+    if dout is None:
+        dout = torch.zeros_like(out)
+    elif not tma_ready(dout):
+        dout = dout.contiguous()
+    cu_q, cu_k, used_q, used_k = (_aligned(t) for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k))
+    return launch_bwd_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max_seqlen_q, max_seqlen_k, used_q, used_k,
+                             softmax_scale, causal, deterministic, config, dlse=dlse, window_left=window_left,
+                             window_right=window_right, softcap=softcap, sink=sink)
 
 
 def problem_of(q, k, v, b, max_seqlen_q, max_seqlen_k, feat):

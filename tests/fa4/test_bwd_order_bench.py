@@ -11,10 +11,9 @@ from fa4.sm90.bwd_config import default_config
 from tests.fa4 import cpu_kernels
 
 
-def _fake_setup(problem, times, skew):
+def _fake_setup(problem, skew):
     """setup(name, det) of one shape: ours(cfg) returns the reference's gradients (``skew`` added
-    where ``cfg.ds_early``) and records which config ran; the fake do_bench reads the time of
-    the config that ran last from ``times``."""
+    where ``cfg.ds_early``) and records which config ran (the fake do_bench times the last one)."""
     g = torch.Generator().manual_seed(1)
     grads = tuple(torch.randn(4, 8, generator=g) for _ in range(3))
     ran = []
@@ -36,7 +35,7 @@ def _fake_setup(problem, times, skew):
 def _run(monkeypatch, problem, variants, skew=0.0):
     mod = cpu_kernels.bench_module(monkeypatch, "bwd_order")
     times = {"ref": 2.0, False: 2.5, True: 2.0}
-    setup, ran = _fake_setup(problem, times, skew)
+    setup, ran = _fake_setup(problem, skew)
     monkeypatch.setattr(mod, "setup", setup)
     # do_bench: the time of whatever the timed function ran.
     mod_triton = __import__("triton.testing", fromlist=["do_bench"])

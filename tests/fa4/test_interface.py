@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fa4.tensors import validate
+from fa4.tensors import tma_ready, validate
 
 
 def t(*shape, dtype=torch.bfloat16):
@@ -223,7 +223,7 @@ def test_any_dout_layout_reaches_the_kernel_tma_ready(calls, layout):
         (out.transpose(1, 2) * w).float().sum().backward()
         dout = w.transpose(1, 2)
     seen = calls.bwd[0]["dout"]
-    assert launch._tma_ready(seen) and torch.equal(seen, dout)
+    assert tma_ready(seen) and torch.equal(seen, dout)
     if layout == "permuted":
         assert seen.stride() == dout.stride()
     assert_grads_match((q.grad, k.grad, v.grad), q, k, v, dout, True)
