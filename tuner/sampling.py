@@ -16,6 +16,8 @@ import numpy as np
 from optuna.distributions import CategoricalDistribution
 from optuna.samplers import BaseSampler
 
+from .storage import SURPLUS
+
 CLAIM = "fa4_claimed_config"  # trial system attribute: the config a running trial will measure
 
 
@@ -57,7 +59,7 @@ class FeasibleSampler(BaseSampler):
         trial, or enqueued."""
         mask = np.zeros(len(self._feasible), dtype=bool)
         for t in study.get_trials(deepcopy=False):
-            if trial is not None and t._trial_id == trial._trial_id:
+            if trial is not None and t._trial_id == trial._trial_id or t.user_attrs.get(SURPLUS):
                 continue
             params = t.params if len(t.params) == len(self._names) else (
                 t.system_attrs.get(CLAIM) or t.system_attrs.get("fixed_params", {}))

@@ -22,6 +22,10 @@ import os
 import time
 from pathlib import Path
 
+# A trial user attribute: the trial started after its study's budget was taken by other workers'
+# trials; it measured nothing and no count of the study includes it.
+SURPLUS = "surplus"
+
 HEARTBEAT_S = 10  # a beat every 10 s: cheap next to a trial (compile + timing: seconds)
 GRACE_FACTOR = 3  # three missed beats = dead; one late beat under load is not
 MAX_RETRY = 2  # a config that kills its worker three times is not retried again

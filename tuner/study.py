@@ -20,7 +20,9 @@ another mode is another study.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -34,7 +36,7 @@ from fa4.timing import DEFAULT_TIMING, Timing
 from providers import Provider, ProviderError, get_provider
 from providers.harness import INFEASIBLE, Settings
 
-from .storage import fail_stale, heartbeat_interval, masked_storage, open_storage
+from .storage import SURPLUS, fail_stale, heartbeat_interval, masked_storage, open_storage
 
 SAMPLERS = ("tpe", "grid", "random")
 DEFAULT_PROVIDER = "fa4"
@@ -42,6 +44,34 @@ DEFAULT_PROVIDER = "fa4"
 
 class TuneError(ValueError):
     """A request the tuner cannot run (bad arguments for this provider): exit code 2."""
+
+
+class SurplusTrial(Exception):
+    """Raised by the objective of a surplus trial: Optuna records it FAIL, the tuner leaves it out."""
+
+
+class _SurplusFilter(logging.Filter):
+    """Drops Optuna's two 'Trial N failed ...' warnings of the surplus trials it is told of."""
+
+    def __init__(self):
+        super().__init__()
+        self.numbers: set[int] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        m = re.match(r"Trial (\d+) failed", record.getMessage())
+        return not (m and int(m.group(1)) in self.numbers)
+
+
+@contextlib.contextmanager
+def _quiet_surplus():
+    """Optuna logs every caught objective exception as a failed trial; a surplus trial is no failure."""
+    log = logging.getLogger("optuna.study._optimize")
+    f = _SurplusFilter()
+    log.addFilter(f)
+    try:
+        yield f.numbers
+    finally:
+        log.removeFilter(f)
 
 
 # ---- naming and storage ---------------------------------------------------------------
@@ -313,6 +343,12 @@ class Tuner:
         import optuna
 
         def objective(trial):
+            if self._surplus(study, trial):
+                # Another worker took the study's last trial between this one's count and its
+                # start: measure nothing, and let the study's counts leave this trial out.
+                trial.set_user_attr(SURPLUS, True)
+                self._surplus_numbers.add(trial.number)
+                raise SurplusTrial(f"trial {trial.number}: the study was full when it started")
             config = suggest_config(trial, self.knob_cls) if self.knob_cls else None
             cdict = self.provider.config_to_dict(config)
             if self.worker:
@@ -382,6 +418,23 @@ class Tuner:
                                 f"{self.problem.key()} on {self.arch.name}")
         return self._feasible
 
+    def _surplus(self, study, trial) -> bool:
+        """Whether ``trial`` starts after the study's budget is taken.
+
+        Two workers may both count one trial left and both start one (a trial is created only
+        after the count). Trials in order of start (then number) decide it: the ones started
+        before this trial, answered or running, already fill the budget. A trial started after
+        this one's check ranks after it, so of two racing trials exactly one is surplus.
+        """
+        import optuna
+
+        S = optuna.trial.TrialState
+        me = (trial.datetime_start, trial.number)
+        earlier = sum(1 for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING))
+                      if t.number != trial.number and not t.user_attrs.get(SURPLUS)
+                      and t.datetime_start is not None and (t.datetime_start, t.number) < me)
+        return earlier >= (1 if self.knob_cls is None else self.trials)
+
     def _left(self, study) -> tuple[int, int, int]:
         """(trials still worth starting, answered trials, running trials).
 
@@ -450,7 +503,9 @@ class Tuner:
                     if on_start:
                         on_start(self, max(0, left), before)
                 if left > 0:
-                    study.optimize(self._objective(study), n_trials=left, callbacks=callbacks, catch=())
+                    with _quiet_surplus() as self._surplus_numbers:
+                        study.optimize(self._objective(study), n_trials=left, callbacks=callbacks,
+                                       catch=(SurplusTrial,))
                     continue
                 if not wait or running == 0 or self.out_of_time:
                     break
@@ -549,7 +604,8 @@ class Tuner:
     def result(self, study, before: int = 0) -> TuneResult:
         import optuna
 
-        trials = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+        trials = [t for t in study.get_trials(deepcopy=False)
+                  if t.state.is_finished() and not t.user_attrs.get(SURPLUS)]
         # What each trial measured, from the results DB (the one store of results).
         by_id = {r["id"]: r for r in self.store.measurements(study_name=self.name)}
 

@@ -303,3 +303,33 @@ def test_the_default_is_enqueued_once_while_it_waits(env):
     t._enqueue_default(study)
     waiting = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,))
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == config_to_dict(fwd_default(PROBLEM))
+
+
+def test_a_trial_started_after_the_budget_is_taken_is_surplus(env, caplog):
+    """Two fleet workers may both count one trial left and both start one (the fleet test on two
+    fake GPUs once ended with 6 of 5). The later-started trial measures nothing, and the study's
+    counts, the sampler's taken configs and Optuna's log leave it out."""
+    full = _tuner(env, trials=4, parallel=True, worker="gpu0")
+    assert full.run().trials == 4
+    stale = _tuner(env, trials=4, parallel=True, worker="gpu1")
+    real_left = stale._left
+    counts = iter([(1, 3, 0)])  # what a worker read just before the other finished the last trial
+    stale._left = lambda study: next(counts, None) or real_left(study)
+    with caplog.at_level("WARNING", logger="optuna"):
+        res = stale.run()
+    assert res.trials == 4 and res.failed == 0 and "worker_died" not in res.statuses
+    trials = _study(stale).trials
+    assert len(trials) == 5
+    extra = trials[4]
+    assert extra.state == optuna.trial.TrialState.FAIL and extra.user_attrs["surplus"] is True
+    assert not extra.params  # stopped before sampling a config: nothing claimed
+    rows = env["store"].measurements(study_name=stale.name)
+    assert sorted(r["trial_number"] for r in rows) == [0, 1, 2, 3]
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+    # Racing trials: the earlier-started one keeps its place, whichever checks first.
+    study = _study(stale)
+    with pytest.warns(UserWarning, match="Heartbeat"):  # ask() outside optimize: fine for this check
+        a, b = study.ask(), study.ask()
+    for budget, want in ((4, (True, True)), (5, (False, True)), (6, (False, False))):
+        t = _tuner(env, trials=budget)
+        assert (t._surplus(study, b), t._surplus(study, a))[::-1] == want, budget
