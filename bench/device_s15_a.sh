@@ -11,6 +11,13 @@
 #    Prediction: +2-6% at hd128 (up to ~500 of ~4,600 cycles a step, less where the other consumer
 #    warpgroup's GEMMs already fill the tensor cores); alone and with ds_early; then the hd64
 #    ds_early default's fourth and fifth samples. bench/bwd_order.py --variants, deterministic too.
+#  MODE=abwide: exp_pin at hd192 / 192-128 / 256 (dkv_split 'head_dim'; session 15, CPU: the default
+#    keeps 2-9 of a step's 16 MUFU.EX2 under the dP^T GEMM, exp_pin 16 of 16). Prediction +1-4%.
+#  MODE=fwdab: the forward's exp_pin (session 15, CPU: the default issues 2 of a step's 66 MUFU.EX2
+#    (hd128; the rescale factors) between the S wait and the PV(j-1) wait, exp_pin all 66, at every
+#    head dim): every head dim, causal and not, beside the reference, twice. Prediction: +1-4% where
+#    the other warpgroup's GEMMs do not already fill the tensor cores (hd64 / hd128 ping-pong), more
+#    at hd192/256 (ping-pong off: nothing else runs under PV).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -26,6 +33,20 @@ if [ "${MODE:-tests}" = tests ]; then
   TAILN=8 step fwd_suites "${TESTS_S:-360}" python3 -m pytest -q -n 15 -p no:cacheprovider \
     tests/fa4/test_fwd_gpu.py tests/fa4/test_fwd_features_gpu.py tests/fa4/test_varlen_gpu.py \
     tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_decode_gpu.py
+  exit 0
+fi
+if [ "${MODE}" = fwdab ]; then
+  TAILN=12 step fwd_correct 300 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_fwd_gpu.py \
+    tests/fa4/test_fwd_features_gpu.py -k exp_pin
+  for run in 1 2; do
+    TAILN=30 step "fwdab$run" 240 python3 bench/check_fwd.py --no-check --hds 64,96,128,192,192v128,256 \
+      --variants '[{"exp_pin": true}]' --out "$work/fwdab$run.json"
+  done
+  exit 0
+fi
+if [ "${MODE}" = abwide ]; then
+  TAILN=12 step abwide "${AB_S:-400}" python3 bench/bwd_order.py --orders default --rounds 2 \
+    --variants '[{"exp_pin": true}]' --shapes hd192-8k,hd192v128-8k,hd256-8k --out "$work/abwide.json"
   exit 0
 fi
 # MODE=ab (non-deterministic, issue 18's and 20's shapes) or MODE=abdet (deterministic): one call each.

@@ -41,16 +41,31 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 MAX_RATE, MAX_DURATION = 2000, 120
 
 
+def _sample_feasible(rng: random.Random, problem, n: int) -> list:
+    """``n`` distinct feasible forward configs of ``problem``, drawn uniformly from the space (about
+    one in twenty is feasible at hd128: about eighty draws, where enumerating the space took seconds)."""
+    from fa4.arch import SM90
+    from fa4.knobs import knob_specs
+    from fa4.sm90.fwd_config import FwdConfigSm90, violations
+
+    specs = knob_specs(FwdConfigSm90)
+    out: list = []
+    while len(out) < n:
+        cfg = FwdConfigSm90(**{s.name: rng.choice(s.choices) for s in specs})
+        if cfg not in out and not violations(cfg, problem, SM90):
+            out.append(cfg)
+    return out
+
+
 def seed(db_url: str, extra: int = 0) -> int:
     """Measured rows for hd 64/128 x causal/not x six seqlens, a few configs each; returns the row count.
 
     ``extra`` rows more, on another device (answers for DEVICE do not change), to make listings
     of /v1/results heavy: 50 samples each, as a tuner's trial stores them.
     """
-    from fa4.arch import SM90
-    from fa4.knobs import config_to_dict, iter_configs
+    from fa4.knobs import config_to_dict
     from fa4.problem import Problem
-    from fa4.sm90.fwd_config import FwdConfigSm90, violations
+    from fa4.sm90.fwd_config import FwdConfigSm90
     from store import ResultsStore
     from providers import get_provider
 
@@ -64,8 +79,7 @@ def seed(db_url: str, extra: int = 0) -> int:
                 for s in SEQLENS:
                     p = Problem.standard(s, hd, causal=causal)
                     pid = store.upsert_problem(p)
-                    feasible = [c for c in iter_configs(FwdConfigSm90) if not violations(c, p, SM90)]
-                    for cfg in rng.sample(feasible, 4):
+                    for cfg in _sample_feasible(rng, p, 4):
                         cid = store.upsert_config("fa4", config_to_dict(cfg), FwdConfigSm90)
                         ms = rng.uniform(0.5, 2.0)
                         store.add_measurement(dev, pid, cid, status="ok", samples_ms=[ms] * 5, median_ms=ms,
@@ -248,21 +262,22 @@ async def run_load(url: str, rate: float, duration: float, seed_: int = 1, conne
 
 def write_bodies(rng: random.Random, study: str, n: int) -> list[bytes]:
     """``n`` tuner trials in the measured families (so they change answers lookups ask for), encoded
-    up front: enumerating the knob space takes a second, which would stall the load generator."""
-    from fa4.knobs import config_to_dict, iter_configs
+    up front, so that nothing stalls the load generator. Configs are drawn uniformly from the space
+    (enumerating its 1.8M points took seconds)."""
+    from fa4.knobs import knob_specs
     from fa4.problem import Problem
     from fa4.sm90.fwd_config import FwdConfigSm90
     from providers import get_provider
 
     fp = get_provider("fa4").source_fingerprint()
-    configs = [config_to_dict(c) for c in iter_configs(FwdConfigSm90)]
+    specs = knob_specs(FwdConfigSm90)
     out = []
     for i in range(n):
         hd, causal, s = rng.choice((64, 128)), rng.choice((False, True)), rng.choice(SEQLENS)
         p = Problem.standard(s, hd, causal=causal)
         ms = rng.uniform(0.5, 2.0)
         out.append(json.dumps({
-            "device": DEVICE, "provider": "fa4", "problem": p.to_dict(), "config": rng.choice(configs),
+            "device": DEVICE, "provider": "fa4", "problem": p.to_dict(), "config": {k.name: rng.choice(k.choices) for k in specs},
             "status": "ok", "samples_ms": [ms] * 20, "median_ms": ms, "tflops": p.flops / (ms * 1e9),
             "study_name": study, "trial_number": i, "source_fingerprint": fp}).encode())
     return out

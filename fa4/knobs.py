@@ -29,6 +29,10 @@ class KnobSpec:
     # A runtime knob is a kernel argument, not compiled in: None for compile-time knobs, else
     # the function from the knob's value to the argument the kernel takes.
     runtime: Callable[[Any], Any] | None = None
+    # Which problems the knob means something for (None: all). Elsewhere only its default is
+    # feasible (the kernel's violations() says so), and iter_configs(cls, problem) enumerates
+    # only the default.
+    applies: Callable[[Any], bool] | None = None
 
     @property
     def kind(self) -> str:
@@ -91,7 +95,8 @@ def _same(value):
     return value
 
 
-def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[[Any], Any] = False):
+def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[[Any], Any] = False,
+         applies: Callable[[Any], bool] | None = None):
     """A dataclass field that is a tunable knob with a finite set of choices.
 
     ``runtime`` marks a knob the kernel takes as an argument at launch instead of compiling it
@@ -99,6 +104,10 @@ def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[
     integer flag the kernel tests). Configs that differ only in runtime knobs share one
     compiled kernel, and the launch passes :func:`runtime_args` in declaration order, which
     is the order of those parameters in the kernel's signature.
+
+    ``applies(problem)`` narrows the knob to the problems it means something for (e.g. a softcap
+    knob to softcap problems): elsewhere the kernel's violations() must refuse every value but
+    the default, which lets iter_configs skip them (tests/fa4/test_knob_applies.py checks that).
     """
     choices = tuple(choices)
     if not choices:
@@ -109,7 +118,8 @@ def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[
     if len(kinds) != 1:
         raise ValueError(f"all choices of a knob must share one type, got {kinds}")
     convert = _same if runtime is True else (runtime or None)
-    return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc, "runtime": convert}})
+    return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc, "runtime": convert,
+                                                    "applies": applies}})
 
 
 def is_knob_class(cls) -> bool:
@@ -132,7 +142,8 @@ def knob_specs(cls) -> list[KnobSpec]:
             meta = f.metadata.get(_KNOB)
             if meta is None:
                 raise TypeError(f"{cls.__name__}.{f.name} is not declared with knob()")
-            built.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"], meta.get("runtime")))
+            built.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"], meta.get("runtime"),
+                                  meta.get("applies")))
         specs = _specs_of[cls] = tuple(built)
     return list(specs)
 
@@ -173,10 +184,20 @@ def space_size(cls) -> int:
     return n
 
 
-def iter_configs(cls) -> Iterator:
-    """Every point of the (unfiltered) search space."""
+def problem_choices(spec: KnobSpec, problem=None) -> tuple:
+    """The values of a knob worth enumerating for ``problem``: its default alone where the knob
+    does not apply (every other value is infeasible there), else all its choices."""
+    if problem is not None and spec.applies is not None and not spec.applies(problem):
+        return (spec.default,)
+    return spec.choices
+
+
+def iter_configs(cls, problem=None) -> Iterator:
+    """Every point of the search space; with ``problem``, the knobs that do not apply to it at
+    their default only. The feasible configs are then still all there, in the same order, and
+    a forward problem without softcap enumerates a fifth of the space."""
     specs = knob_specs(cls)
-    for values in itertools.product(*(s.choices for s in specs)):
+    for values in itertools.product(*(problem_choices(s, problem) for s in specs)):
         yield cls(**dict(zip((s.name for s in specs), values)))
 
 

@@ -83,7 +83,7 @@ class Provider:
         cls = self.knob_cls_for(problem)
         if cls is None:
             return [None]
-        return [c for c in iter_configs(cls) if not self.violations(c, problem, arch)]
+        return [c for c in iter_configs(cls, problem) if not self.violations(c, problem, arch)]
 
     # ---- config plumbing -------------------------------------------------------------
     def config_from_dict(self, problem: Problem, data: dict | None):

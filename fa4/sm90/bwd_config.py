@@ -152,6 +152,7 @@ class BwdConfigSm90:
         "per group, deterministic by construction. It pays where the loop grid, group factor times "
         "fewer CTAs, still fills the machine (default_config takes it from GQA_LOOP_MIN_CTAS CTAs); "
         "'atomic' spreads a small grid over more SMs. Not a knob without GQA (one head per group).",
+        applies=lambda problem: problem.heads_q != problem.heads_kv,
     )
     dkv_split: str = knob(
         ("keys", "head_dim"), "keys",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32
+from cutlass import Float32, tensor_utils
 from cutlass.cute.nvgpu import warp, warpgroup
 
 from fa4.common import mma
@@ -53,9 +53,7 @@ def swizzle_width(width: int, n_slice: int) -> int:
 def k_major_layout(kind: str, tiler_mnk: tuple, dtype, stages: int, n_slice: int):
     """make_smem_layout_a / _b (row-major: K contiguous) of ``tiler_mnk`` with the swizzle atom
     of swizzle_width(K, n_slice)."""
-    import cutlass.utils as utils
-
-    row_major = utils.LayoutEnum.ROW_MAJOR
+    row_major = tensor_utils.LayoutEnum.ROW_MAJOR
     k = tiler_mnk[2]
     w = swizzle_width(k, n_slice)
     make = sm90_utils.make_smem_layout_a if kind == "a" else sm90_utils.make_smem_layout_b

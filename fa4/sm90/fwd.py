@@ -41,15 +41,15 @@ import cutlass
 import cutlass.memory
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, tensor_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from fa4.common import convert, masking, mma, scheduling, softcap, softmax, varlen
 from fa4.common.constants import LOG2_E
 from fa4.common.exp2 import emulated_indices
 from fa4.common.layout import acc_as_rows_cols
+from fa4.common.regs import pin_before
 from fa4.common.tma import seq_tiles
 from fa4.sm90.fwd_config import (
     REG_SPLIT,
@@ -96,6 +96,7 @@ class FlashFwdSm90:
         self.pingpong_mma = config.pingpong in ("mma", "mma_exp")
         self.pingpong_exp = config.pingpong == "mma_exp"
         self.overlap = config.intra_wg_overlap
+        self.exp_pin = config.exp_pin
         self.p_smem = config.p_operand == "smem"
         self.persistent = config.persistent
         if varlen and self.persistent:
@@ -151,9 +152,9 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.has_lse):
             mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=[2, 1, 0]))
 
-        q_major = utils.LayoutEnum.from_tensor(mQ)
-        k_major = utils.LayoutEnum.from_tensor(mK)
-        v_major = utils.LayoutEnum.from_tensor(mV)
+        q_major = tensor_utils.LayoutEnum.from_tensor(mQ)
+        k_major = tensor_utils.LayoutEnum.from_tensor(mK)
+        v_major = tensor_utils.LayoutEnum.from_tensor(mV)
         qk_mma = sm90_utils.make_trivial_tiled_mma(
             self.dtype, self.dtype, q_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(),
             Float32, (1, 1, 1), self.qk_tiler[:2],
@@ -164,7 +165,7 @@ class FlashFwdSm90:
             warpgroup.OperandSource.SMEM if self.p_smem else warpgroup.OperandSource.RMEM,
         )
         # P through shared memory: one (64 x tile_n) K-major tile per consumer warpgroup.
-        sP_layout = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, self.pv_tiler, self.dtype, self.num_wg)
+        sP_layout = sm90_utils.make_smem_layout_a(tensor_utils.LayoutEnum.ROW_MAJOR, self.pv_tiler, self.dtype, self.num_wg)
         sQ_layout = sm90_utils.make_smem_layout_a(q_major, self.qk_tiler, self.dtype, self.q_stages)
         sK_layout = sm90_utils.make_smem_layout_b(k_major, self.qk_tiler, self.dtype, self.kv_stages)
         sV_layout = sm90_utils.make_smem_layout_b(v_major, self.pv_tiler, self.dtype, self.kv_stages)
@@ -179,7 +180,7 @@ class FlashFwdSm90:
         if cutlass.const_expr(self.head_dim_v != self.head_dim):
             sO_one = cute.tile_to_shape(
                 sm90_utils.make_smem_layout_atom(
-                    sm90_utils.get_smem_layout_atom(utils.LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim_v),
+                    sm90_utils.get_smem_layout_atom(tensor_utils.LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim_v),
                     self.dtype,
                 ),
                 (ROWS_PER_WG, self.head_dim_v), (0, 1),
@@ -640,6 +641,11 @@ class FlashFwdSm90:
         self.exp_turn_wait(cwg)
         self.scores_in_turn(s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat, masked)
         need = softmax.softmax_next(s_mn, row_max, row_sum, row_scale, scale_log2, tau, self.emulated)
+        if cutlass.const_expr(self.exp_pin):
+            # Before the exp turn is passed and PV(j-1) waited for: ptxas would otherwise sink most
+            # exponentials below both (fwd_config.FwdConfigSm90.exp_pin).
+            pin_before(seqlen_k, [s_mn[r, c] for r in range(cute.size(s_mn, mode=[0]))
+                                  for c in range(cute.size(s_mn, mode=[1]))])
         self.exp_turn_pass(cwg)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(v_state)

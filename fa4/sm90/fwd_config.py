@@ -84,6 +84,13 @@ class FwdConfigSm90:
         (True, False), True,
         "Issue QK(j) and PV(j-1) back to back, then run the softmax of tile j while PV(j-1) is in flight.",
     )
+    exp_pin: bool = knob(
+        (False, True), False,
+        "With intra_wg_overlap: keep the exp2 of S(j) ahead of the wait for PV(j-1), behind a never-taken "
+        "branch (a basic-block boundary ptxas does not schedule across). Without it ptxas computes the row "
+        "max under PV(j-1) but moves 62 of the 64 MUFU.EX2 of a step below the wait (hd128 default), so "
+        "the exponentials run after the GEMM instead of under it.",
+    )
     p_operand: str = knob(
         ("rmem", "smem"), "rmem",
         "Where the PV WGMMA reads P: 'rmem' from the registers it was converted into (no shared-memory "
@@ -106,6 +113,7 @@ class FwdConfigSm90:
         "Softcap problems only: fraction of each thread's score tanh evaluated on the FMA pipe (2^y by the "
         "exp2 polynomial, a Newton reciprocal, fa4.common.softcap) instead of MUFU.TANH, in 1/8 steps spread "
         "over each group of 8 elements; with softcap every score takes two MUFU ops (tanh and exp2).",
+        applies=lambda problem: problem.softcap != 0,
     )
     tau: float = knob(
         (0.0, 4.0, 8.0), 0.0,
@@ -223,6 +231,10 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # which the 'mma' barrier orders; the extra barrier would only serialize further.
         out.append(Violation("knob combination",
             "pingpong 'mma_exp' needs intra_wg_overlap (the exp barrier brackets the overlapped softmax)"))
+    if config.exp_pin and not config.intra_wg_overlap:
+        # The serial step waits for both GEMMs before its softmax: nothing runs under them to pin.
+        out.append(Violation("knob combination",
+            "exp_pin keeps the exponentials under PV(j-1): it needs intra_wg_overlap"))
     if (config.persistent and problem.causal and problem.head_dim == 128
             and (config.tile_n != 128 or config.p_operand != "rmem")):
         # The tile loop keeps the scheduler's values and pipeline phases live through the mainloop;

@@ -54,8 +54,9 @@ def feasible_kernels(pairs=SPACES[0]) -> list[tuple]:
     """(hd, hdv, causal, gqa, det, config) for every distinct feasible main kernel at these head dims."""
     seen = {}
     for (hd, hdv), causal, gqa, det in itertools.product(pairs, (False, True), (False, True), (False, True)):
-        for c in iter_configs(BwdConfigSm90):
-            if violations(c, problem(hd, causal, gqa, det, hdv)):
+        prob = problem(hd, causal, gqa, det, hdv)
+        for c in iter_configs(BwdConfigSm90, prob):
+            if violations(c, prob):
                 continue
             case = (hd, hdv, causal, gqa, det, c)
             seen.setdefault(key_of(case), case)

@@ -13,6 +13,7 @@ the pair is feasible. FA4_COMPILE_ALL=1 compiles every distinct kernel of the sp
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 
@@ -32,7 +33,7 @@ HEAD_DIM_PAIRS = [(d, dv) for d in HEAD_DIMS for dv in head_dims_v(d)]
 def distinct_kernels(head_dim: int, causal: bool, head_dim_v: int | None = None) -> list[FwdConfigSm90]:
     prob = Problem.standard(4096, head_dim, head_dim_v=head_dim_v, causal=causal)
     seen = {}
-    for c in iter_configs(FwdConfigSm90):
+    for c in iter_configs(FwdConfigSm90, prob):
         if violations(c, prob):
             continue
         seen.setdefault(compile_key("bf16", head_dim, causal, True, c, head_dim_v), c)
@@ -88,6 +89,28 @@ def test_every_head_dim_has_a_feasible_default():
                 assert not violations(cfg, prob), (prob, cfg, violations(cfg, prob))
                 # The defaults carry the per-head-dim choice, not the generic fallback's.
                 assert cfg.tau == 8.0, (hd, hdv, cfg)
+
+
+@pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True)])
+def test_exp_pin_keeps_the_exponentials_under_the_pv_gemm(hd, causal):
+    """With exp_pin a step's exponentials (tile_n/2 a thread, and the two rows' rescale factors)
+    issue between the wait for S(j) and the wait for PV(j-1), in each mainloop, so they run under
+    the PV GEMM. Without it ptxas keeps only the rescale factors there (hd128: 2 of 66; session
+    15) and moves the rest below the wait."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.fwd_config import default_config
+
+    prob = Problem.standard(4096, hd, causal=causal)
+    counts = {}
+    for pin in (False, True):
+        config = dataclasses.replace(default_config(prob), exp_pin=pin)
+        ptx, cubin, ops = compile_and_read(compile_fwd, compile_key("bf16", hd, causal, True, config, hd), [])
+        assert_clean(ptx, cubin, ops, config.tile_m // 64, REG_SPLIT[config.tile_m // 64])
+        counts[pin] = cc.ops_between_waits(cc.disassemble(cubin), "MUFU.EX2")
+    per_step = default_config(prob).tile_n // 2 + 2
+    assert counts[True] and all(n == per_step for n in counts[True]), counts
+    assert len(counts[False]) == len(counts[True]) and max(counts[False]) < per_step, counts
 
 
 @pytest.mark.parametrize("hd,hdv,causal,config", cases())

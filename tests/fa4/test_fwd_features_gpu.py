@@ -143,6 +143,14 @@ def test_softcap_fma_split_hd64():
     check((2, 1000, 1000, 4, 2), 64, True, softcap=30.0, change={"tanh_fma_frac": 0.125}, scale_mult=3.0)
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("name", ["causal-window-softcap-sink", "window-lr-softcap-sink"])
+def test_exp_pin_with_features(hd, name):
+    """exp_pin fences the softmax's exponentials ahead of the PV wait with every feature on (the
+    softcap's tanh before them, masked tiles, the sink's share at the end)."""
+    check(SHAPES[1], hd, change={"exp_pin": True}, **FEATURES[name])
+
+
 @pytest.mark.parametrize("hd,hdv", [(96, 96), (192, 192), (192, 128), (256, 256)])
 def test_wide_head_dims_all_features(hd, hdv):
     check((1, 333, 777, 4, 2), hd, True, window=(64, None), softcap=30.0, sink=True, hdv=hdv)

@@ -28,11 +28,11 @@ def check_fwd():
 # 128-row tiles, GEMM ping-pong), alone; every change feasible and different from the default.
 _BOTH = ({"tau": 0.0}, {"tau": 4.0}, {"exp2_emu_frac": 0.375}, {"exp2_emu_frac": 0.25, "exp2_emu_pattern": "spread"},
          {"pingpong": "off"}, {"p_operand": "smem"}, {"persistent": True}, {"kv_stages": 3},
-         {"sched_order": "natural"}, {"head_swizzle": 4})
+         {"sched_order": "natural"}, {"head_swizzle": 4}, {"exp_pin": True})
 # The wider head dims (defaults: hd96 192x96; hd192 128x112, 128x128 at head_dim_v 128; hd256
 # 128x80; no ping-pong past 128): each change feasible at every test shape, causal or not.
 # (Persistent causal kernels are infeasible past head_dim 128: test_forward_persistent_wide.)
-_WIDE = ({"tau": 0.0}, {"sched_order": "natural", "head_swizzle": 4})
+_WIDE = ({"tau": 0.0}, {"sched_order": "natural", "head_swizzle": 4}, {"exp_pin": True})
 FWD_CHANGES = [(64, 64, {})] + [(64, 64, c) for c in _BOTH + (
     {"pingpong": "mma"}, {"tile_n": 96}, {"tile_m": 128}, {"intra_wg_overlap": False, "pingpong": "mma"})] + [
     (128, 128, {})] + [(128, 128, c) for c in _BOTH + (

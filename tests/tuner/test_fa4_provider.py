@@ -77,7 +77,8 @@ def test_bwd_search_space_is_the_bwd_declaration(problem):
 
 def test_fwd_pass_is_unchanged():
     p = get_provider("fa4")
-    assert p.feasible_configs(FWD, SM90) == [c for c in iter_configs(FwdConfigSm90)
+    # (iter_configs with the problem skips tanh_fma_frac's infeasible values: tests/fa4/test_knob_applies.py.)
+    assert p.feasible_configs(FWD, SM90) == [c for c in iter_configs(FwdConfigSm90, FWD)
                                              if not fwd_config.violations(c, FWD, SM90)]
     assert p.default_config(FWD, SM90) == fwd_config.default_config(FWD, SM90)
 
@@ -99,8 +100,10 @@ class SyntheticFa4(OffGpuH200, Fa4Provider):
 
     def measure(self, problem, config, settings):
         assert isinstance(config, self.knob_cls_for(problem)), type(config)
-        # Distinct per config: its position in the declaration's space.
-        rank = list(iter_configs(type(config))).index(config)
+        # Distinct per config: its position in the declaration's space (iter_configs' order).
+        rank = 0
+        for spec in knob_specs(type(config)):
+            rank = rank * len(spec.choices) + spec.choices.index(getattr(config, spec.name))
         return Measurement(OK, samples_ms=[1.0], median_ms=1.0, iqr_ms=0.0, tflops=300.0 + rank / 10)
 
 
@@ -154,18 +157,20 @@ def test_bwd_compile_variant_carries_the_features():
     """A backward Problem with issue 18's fields (a window, softcap, a sink) names the kernel the
     launch compiles for it: the same flags as fa4.sm90.bwd_launch's (a right bound under causal,
     or one that hides no key, is no bound)."""
-    from tests.fa4.test_bwd_compile import feature_problem
+    def feature_problem(causal, window_left=-1, window_right=-1, softcap=0.0, sink=False):
+        return dataclasses.replace(Problem.standard(4096, 128, causal=causal, pass_="bwd"), window_left=window_left,
+                                   window_right=window_right, softcap=softcap, sink=sink)
 
     p = get_provider("fa4")
     c = bwd_config.BwdConfigSm90(tile_m=64)
-    key = p.compile_variant(feature_problem(128, False, False, False, "all"), c)
+    key = p.compile_variant(feature_problem(False, 1023, 5, 30.0, True), c)
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, True, True, True)
-    key = p.compile_variant(feature_problem(128, True, False, False, "wlr"), c)
+    key = p.compile_variant(feature_problem(True, 1023, 5), c)
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True, False, False, False)
-    plain = p.compile_variant(feature_problem(128, False, False, False, "sink"), c)
+    plain = p.compile_variant(feature_problem(False, sink=True), c)
     assert plain.has_sink and not (plain.has_window_left or plain.has_window_right or plain.has_softcap)
     # The Mistral-style window (left, 0) is the causal kernel with a left bound.
-    mistral = dataclasses.replace(feature_problem(128, False, False, False, "wl"), window_right=0)
+    mistral = feature_problem(False, 1023, 0)
     key = p.compile_variant(mistral, c)
     assert key.causal and key.has_window_left and not key.has_window_right
 
