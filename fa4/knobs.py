@@ -33,6 +33,10 @@ class KnobSpec:
     # feasible (the kernel's violations() says so), and iter_configs(cls, problem) enumerates
     # only the default.
     applies: Callable[[Any], bool] | None = None
+    # Which configs the knob has no effect in (None: none): there a config with any value of it
+    # is the default's kernel and launch. iter_configs(cls, problem) then yields the default only,
+    # and compile_time_config maps the others to it.
+    inert: Callable[[Any], bool] | None = None
 
     @property
     def kind(self) -> str:
@@ -96,7 +100,7 @@ def _same(value):
 
 
 def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[[Any], Any] = False,
-         applies: Callable[[Any], bool] | None = None):
+         applies: Callable[[Any], bool] | None = None, inert: Callable[[Any], bool] | None = None):
     """A dataclass field that is a tunable knob with a finite set of choices.
 
     ``runtime`` marks a knob the kernel takes as an argument at launch instead of compiling it
@@ -108,6 +112,9 @@ def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[
     ``applies(problem)`` narrows the knob to the problems it means something for (e.g. a softcap
     knob to softcap problems): elsewhere the kernel's violations() must refuse every value but
     the default, which lets iter_configs skip them (tests/fa4/test_knob_applies.py checks that).
+    ``inert(config)`` says where the knob has no effect (e.g. the polynomial's element pattern
+    at a polynomial fraction of 0): such configs stay feasible (a stored or hand-written one still
+    runs) but are the default's kernel, so a tuner does not measure them as another config.
     """
     choices = tuple(choices)
     if not choices:
@@ -119,7 +126,7 @@ def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[
         raise ValueError(f"all choices of a knob must share one type, got {kinds}")
     convert = _same if runtime is True else (runtime or None)
     return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc, "runtime": convert,
-                                                    "applies": applies}})
+                                                    "applies": applies, "inert": inert}})
 
 
 def is_knob_class(cls) -> bool:
@@ -143,7 +150,7 @@ def knob_specs(cls) -> list[KnobSpec]:
             if meta is None:
                 raise TypeError(f"{cls.__name__}.{f.name} is not declared with knob()")
             built.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"], meta.get("runtime"),
-                                  meta.get("applies")))
+                                  meta.get("applies"), meta.get("inert")))
         specs = _specs_of[cls] = tuple(built)
     return list(specs)
 
@@ -159,9 +166,19 @@ def runtime_args(config) -> tuple:
 
 
 def compile_time_config(config):
-    """``config`` with its runtime knobs at their defaults: the part that selects the compiled kernel."""
-    defaults = {s.name: s.default for s in knob_specs(type(config)) if s.runtime is not None}
-    return dataclasses.replace(config, **defaults)
+    """``config`` with its runtime knobs, and the knobs inert in it, at their defaults: the part
+    that selects the compiled kernel."""
+    specs = knob_specs(type(config))
+    defaults = {s.name: s.default for s in specs if s.runtime is not None}
+    return dataclasses.replace(canonical_config(config), **defaults)
+
+
+def canonical_config(config):
+    """``config`` with each knob that has no effect in it (its ``inert``) at its default: the same
+    kernel and launch, one name for it."""
+    inert = {s.name: s.default for s in knob_specs(type(config))
+             if s.inert is not None and getattr(config, s.name) != s.default and s.inert(config)}
+    return dataclasses.replace(config, **inert) if inert else config
 
 
 class RuntimeKnobNames:
@@ -193,12 +210,19 @@ def problem_choices(spec: KnobSpec, problem=None) -> tuple:
 
 
 def iter_configs(cls, problem=None) -> Iterator:
-    """Every point of the search space; with ``problem``, the knobs that do not apply to it at
-    their default only. The feasible configs are then still all there, in the same order, and
-    a forward problem without softcap enumerates a fifth of the space."""
+    """Every point of the search space; with ``problem``, the configs worth tuning for it: the
+    knobs that do not apply to it at their default only, and no config in which a knob with a
+    value other than its default has no effect (canonical_config: the same kernel as a config
+    that is enumerated). The feasible configs are then still all there up to that renaming, in
+    the same order, and a forward problem without softcap enumerates under a fifth of the space."""
     specs = knob_specs(cls)
+    names = [s.name for s in specs]
+    inert = [s for s in specs if s.inert is not None] if problem is not None else []
     for values in itertools.product(*(problem_choices(s, problem) for s in specs)):
-        yield cls(**dict(zip((s.name for s in specs), values)))
+        config = cls(**dict(zip(names, values)))
+        if any(getattr(config, s.name) != s.default and s.inert(config) for s in inert):
+            continue
+        yield config
 
 
 def config_to_dict(config) -> dict:

@@ -247,7 +247,8 @@ def print_no_gpu(report: dict, console) -> None:
     console.print(f"[bold]fa4-tune[/]: {report['provider']} on {report['arch']} (no CUDA GPU here)")
     console.print(f"problem: {problem_from_dict(report['problem']).key()}")
     console.print(
-        f"search space: {report['configs']} configs, {report['feasible']} feasible, "
+        f"search space: {report['configs']} configs for this problem (of {report['space']} declared), "
+        f"{report['feasible']} feasible, "
         f"{report['infeasible']} infeasible"
     )
     for kind, r in report["infeasible_reasons"].items():

@@ -53,11 +53,9 @@ def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: 
                 head_dim_v: int | None = None, *, has_window_left: bool = False, has_window_right: bool = False,
                 has_softcap: bool = False, has_sink: bool = False, varlen: bool = False,
                 seqused_q: bool = False, seqused_k: bool = False) -> FwdKernelKey:
-    """Configs that differ only in runtime knobs share one compiled kernel."""
+    """Configs that differ only in runtime knobs, or in knobs inert in them (the exp2 pattern at
+    fraction 0: fa4.knobs.canonical_config), share one compiled kernel."""
     base = compile_time_config(config)
-    if base.exp2_emu_frac == 0.0:
-        # Nothing is emulated: the pattern picks no element, the kernels are the same.
-        base = dataclasses.replace(base, exp2_emu_pattern=FwdConfigSm90().exp2_emu_pattern)
     if not has_softcap:
         # No tanh to split (violations() rejects the knob there; a key must not tell them apart).
         base = dataclasses.replace(base, tanh_fma_frac=0.0)

@@ -107,6 +107,7 @@ class FwdConfigSm90:
         ("block", "spread"), "block",
         "Which elements of each group of 8 take the polynomial: 'block' the first k, 'spread' k evenly "
         "spaced ones (FMA-pipe and MUFU work interleaved in program order). No effect at fraction 0.",
+        inert=lambda config: config.exp2_emu_frac == 0,
     )
     tanh_fma_frac: float = knob(
         (0.0, 0.125, 0.25, 0.375, 0.5), 0.0,

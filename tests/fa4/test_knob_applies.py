@@ -1,9 +1,12 @@
-"""Knobs narrowed to the problems they mean something for (``knob(..., applies=...)``).
+"""Knobs narrowed to the problems they mean something for (``knob(..., applies=...)``), and
+knobs without effect in some configs (``knob(..., inert=...)``).
 
-iter_configs(cls, problem) enumerates such a knob at its default alone where it does not apply;
-that is exact only if the kernel's violations() refuses every other value there. Checked here
-for each such knob: on samples of the whole space (the forward's is 1.8M configs), and on the
-whole backward space of one problem against the unfiltered enumeration.
+iter_configs(cls, problem) enumerates a knob at its default alone where it does not apply; that
+is exact only if the kernel's violations() refuses every other value there. Checked here for
+each such knob: on samples of the whole space (the forward's is 1.8M configs), and on the whole
+backward space of one problem against the unfiltered enumeration. It also leaves out the configs
+in which a knob off its default is inert; their canonical form (the default's kernel) is feasible
+and enumerated.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import random
 import pytest
 
 from fa4.arch import SM90
-from fa4.knobs import iter_configs, knob_specs, problem_choices, space_size
+from fa4.knobs import canonical_config, compile_time_config, iter_configs, knob_specs, problem_choices, space_size
 from fa4.problem import Problem
 from fa4.sm90 import bwd_config, fwd_config
 
@@ -60,8 +63,39 @@ def test_the_narrowed_enumeration_keeps_every_feasible_config_in_order():
     assert [c for c in narrowed if not bwd_config.violations(c, BWD_MHA, SM90)] == full and full
 
 
-def test_the_forward_space_without_softcap_is_a_fifth():
-    spec = next(s for s in knob_specs(fwd_config.FwdConfigSm90) if s.name == "tanh_fma_frac")
+def test_the_forward_space_without_softcap_is_under_a_fifth():
+    specs = {s.name: s for s in knob_specs(fwd_config.FwdConfigSm90)}
+    tanh, frac = specs["tanh_fma_frac"], specs["exp2_emu_frac"]
+    # Of the (fraction, pattern) pairs, the pattern is inert at fraction 0: one pair of two goes.
+    kept = (2 * len(frac.choices) - 1) / (2 * len(frac.choices))
     n = sum(1 for _ in iter_configs(fwd_config.FwdConfigSm90, FWD_PLAIN))
-    assert n == space_size(fwd_config.FwdConfigSm90) // len(spec.choices)
-    assert sum(1 for _ in iter_configs(fwd_config.FwdConfigSm90, FWD_SOFTCAP)) == space_size(fwd_config.FwdConfigSm90)
+    assert n == space_size(fwd_config.FwdConfigSm90) // len(tanh.choices) * kept
+    assert sum(1 for _ in iter_configs(fwd_config.FwdConfigSm90, FWD_SOFTCAP)) == space_size(fwd_config.FwdConfigSm90) * kept
+
+
+def _enumerated(config, problem) -> bool:
+    """Whether iter_configs(type(config), problem) yields ``config`` (without walking the space)."""
+    specs = knob_specs(type(config))
+    return all(getattr(config, s.name) in problem_choices(s, problem) for s in specs) and not any(
+        s.inert is not None and getattr(config, s.name) != s.default and s.inert(config) for s in specs)
+
+
+@pytest.mark.parametrize("problem", [FWD_PLAIN, FWD_SOFTCAP], ids=["plain", "softcap"])
+def test_an_inert_knob_leaves_the_default_kernel_which_is_enumerated(problem):
+    """A feasible config with the exp2 pattern off its default at fraction 0 runs the default
+    pattern's kernel (one compile key), and that config is feasible and enumerated."""
+    from fa4.sm90.compile import compile_key
+
+    seen = 0
+    for c in _random_configs(fwd_config.FwdConfigSm90, 20000, seed=2):
+        if fwd_config.violations(c, problem, SM90):
+            continue
+        canon = canonical_config(c)
+        assert not fwd_config.violations(canon, problem, SM90) and _enumerated(canon, problem), c
+        assert compile_time_config(c) == compile_time_config(canon)
+        key = compile_key("bf16", 128, True, True, c, 128, has_softcap=problem.softcap > 0)
+        assert key == compile_key("bf16", 128, True, True, canon, 128, has_softcap=problem.softcap > 0)
+        if canon != c:
+            seen += 1
+            assert c.exp2_emu_frac == 0 and c.exp2_emu_pattern != "block" and not _enumerated(c, problem)
+    assert seen > 10

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from fa4.arch import SM90
-from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs
+from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, space_size
 from fa4.problem import Problem
 from fa4.sm90 import bwd_config, fwd_config
 from fa4.sm90.bwd_compile import compile_key as bwd_compile_key
@@ -86,7 +86,9 @@ def test_fwd_pass_is_unchanged():
 def test_check_without_gpu_counts_the_bwd_space():
     p = get_provider("fa4")
     rep = check_without_gpu(p, BWD_DET, compile_configs=False)
-    n = len(list(iter_configs(BwdConfigSm90)))
+    # The problem's space: MHA, so gqa_reduce at its default only (half the declaration's).
+    n = len(list(iter_configs(BwdConfigSm90, BWD_DET)))
+    assert n == space_size(BwdConfigSm90) // 2 == rep["space"] // 2
     n_ok = len([c for c in iter_configs(BwdConfigSm90) if not bwd_config.violations(c, BWD_DET, SM90)])
     assert (rep["configs"], rep["feasible"], rep["infeasible"]) == (n, n_ok, n - n_ok)
     assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
