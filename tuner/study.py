@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from fa4.arch import SM90, Arch, current_arch
-from fa4.knobs import VIOLATION_KINDS, iter_configs, knob_specs, search_space, space_size, violation_kind
+from fa4.knobs import (VIOLATION_KINDS, canonical_config, config_from_dict, config_to_dict, iter_configs, knob_specs,
+                       search_space, space_size, violation_kind)
 from fa4.problem import Problem
 from fa4.timing import DEFAULT_TIMING, Timing
 from providers import Provider, ProviderError, get_provider
@@ -330,12 +331,28 @@ class Tuner:
         mid = trial.user_attrs.get("measurement_id")
         return None if mid is None else self.store.get_measurement(mid)
 
+    def _canon(self, params: dict | None) -> dict | None:
+        """A config dict with the knobs that have no effect in it at their defaults
+        (fa4.knobs.canonical_config): two names of one kernel and launch compare equal."""
+        if self.knob_cls is None or not params:
+            return params
+        key = tuple(sorted(params.items()))
+        cache = self.__dict__.setdefault("_canon_cache", {})
+        if key not in cache:
+            try:
+                cache[key] = config_to_dict(canonical_config(config_from_dict(self.knob_cls, params)))
+            except (TypeError, ValueError):  # not a whole config of this class: compared as it is
+                cache[key] = params
+        return cache[key]
+
     def _previous(self, study, params: dict):
+        """An answered trial of the same config (or another name of its kernel and launch)."""
         import optuna
 
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        want = self._canon(params)
         for t in study.get_trials(deepcopy=False, states=states):
-            if t.params == params and "measurement_id" in t.user_attrs:
+            if "measurement_id" in t.user_attrs and self._canon(t.params) == want:
                 return t
         return None
 
@@ -602,6 +619,11 @@ class Tuner:
             study.enqueue_trial(hit["config"], user_attrs={"warm_start_from": hit["from"]})
             self.warm_start.append({"config": hit["config"], "from": hit["from"]})
 
+    def _changes(self, config: dict) -> dict:
+        """The knobs ``config`` sets otherwise than the default, those without effect in it left out."""
+        canon, default = self._canon(config) or {}, self.default_dict or {}
+        return {k: v for k, v in config.items() if default.get(k) != v and canon.get(k) == v}
+
     def result(self, study, before: int = 0) -> TuneResult:
         import optuna
 
@@ -643,14 +665,14 @@ class Tuner:
         # The best config as what it changes: a full knob list hides the one knob that won.
         changes = None
         if best is not None and self.default_dict is not None:
-            changes = {k: v for k, v in best["config"].items() if self.default_dict.get(k) != v}
+            changes = self._changes(best["config"])
         served = None  # what lookups serve once the study's winners were re-measured
         if self.verdict is not None:
             cfg = self.verdict["rounds"]["configs"][self.verdict["rounds"]["winner"]]
             served = {
                 "config": cfg, "significant": self.verdict["significant"], "gain": self.verdict["gain"],
                 "spread": self.verdict["spread"], "rounds": len(self.verdict["rounds"]["tflops"]),
-                "changes": {k: v for k, v in cfg.items() if (self.default_dict or {}).get(k) != v},
+                "changes": self._changes(cfg),
             }
         return TuneResult(
             study_name=self.name,

@@ -138,6 +138,33 @@ def test_a_bwd_study_suggests_and_stores_bwd_configs(tmp_path):
         store.close()
 
 
+def test_a_config_with_an_inert_knob_is_the_default_s_trial(tmp_path):
+    """The exp2 pattern has no effect at fraction 0 (its knob's ``inert``): a config that differs
+    from the default only there (enqueued by hand, or a warm start from an older study) points at
+    the default's measurement instead of measuring the same kernel again, and a report of what a
+    config changes leaves the pattern out."""
+    store = ResultsStore.open(f"sqlite:///{tmp_path / 'r.db'}")
+    try:
+        t = Tuner(SyntheticFa4(), FWD, store=store, runner=InProcessRunner(), trials=1,
+                  provider_spec="plugin:tests.tuner.test_fa4_provider:SyntheticFa4")
+        t.run()
+        default = config_to_dict(fwd_config.default_config(FWD, SM90))
+        assert default["exp2_emu_frac"] == 0.0 and default["exp2_emu_pattern"] == "block"
+        alias = {**default, "exp2_emu_pattern": "spread"}
+        study = optuna.load_study(study_name=t.name, storage=open_storage(t.storage_spec))
+        study.enqueue_trial(alias)
+        t2 = Tuner(SyntheticFa4(), FWD, store=store, runner=InProcessRunner(), trials=2,
+                   provider_spec="plugin:tests.tuner.test_fa4_provider:SyntheticFa4")
+        res = t2.run()
+        trials = optuna.load_study(study_name=t.name, storage=open_storage(t.storage_spec)).trials
+        assert trials[1].params == alias and trials[1].user_attrs["duplicate_of"] == 0
+        assert res.measured == 1 and len(store.measurements(study_name=t.name)) == 1
+        assert t2._changes(alias) == {}
+        assert t2._changes({**alias, "tile_n": 96}) == {"tile_n": 96}
+    finally:
+        store.close()
+
+
 def test_cli_compile_only_bwd_without_gpu(tmp_path):
     """fa4-tune --pass bwd on a machine without a GPU: the space, and real sm_90a compiles of the backward."""
     r = fa4_tune("--provider", "fa4", "--pass", "bwd", "--deterministic", "--causal", "--seqlen", "2048",
