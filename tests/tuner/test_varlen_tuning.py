@@ -447,7 +447,8 @@ def test_cli_without_gpu_counts_the_varlen_space_and_compiles_its_kernel(tmp_pat
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.loads(r.stdout)
     assert Problem.from_dict(rep["problem"]) == ISSUE
-    feasible = [c for c in iter_configs(fwd_config.FwdConfigSm90) if not fwd_config.violations(c, ISSUE, SM90)]
+    # The problem's space (no softcap: tanh_fma_frac at 0; no exp2 pattern at fraction 0 but the default).
+    feasible = [c for c in iter_configs(fwd_config.FwdConfigSm90, ISSUE) if not fwd_config.violations(c, ISSUE, SM90)]
     assert rep["feasible"] == len(feasible) and not any(c.persistent for c in feasible)
     assert rep["compile"]["compiled"] == 1 and rep["compile"]["ok"] == 1 and rep["compile"]["errors"] == []
 
