@@ -28,11 +28,18 @@ if [ "${MODE:-tests}" = tests ]; then
     TAILN=5 step "host$run" 120 python3 bench/host_cost.py --providers fa4,flash-attn-4,cudnn
   done
   TAILN=6 step varlen_compile 200 python3 -m pytest -q -p no:cacheprovider tests/fa4/test_varlen_bwd_gpu.py -k compile
-  TAILN=6 step exp_pin 240 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+  [ -z "${NO_PIN:-}" ] && TAILN=6 step exp_pin 240 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
     tests/fa4/test_bwd_feat_gpu.py -k "exp_pin"
   TAILN=8 step fwd_suites "${TESTS_S:-360}" python3 -m pytest -q -n 15 -p no:cacheprovider \
     tests/fa4/test_fwd_gpu.py tests/fa4/test_fwd_features_gpu.py tests/fa4/test_varlen_gpu.py \
     tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_decode_gpu.py
+  exit 0
+fi
+if [ "${MODE}" = pin ]; then
+  TAILN=8 step exp_pin_bwd 220 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+    tests/fa4/test_bwd_feat_gpu.py -k "exp_pin"
+  TAILN=8 step exp_pin_fwd 200 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_fwd_gpu.py \
+    tests/fa4/test_fwd_features_gpu.py -k exp_pin
   exit 0
 fi
 if [ "${MODE}" = fwdab ]; then

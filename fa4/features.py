@@ -69,7 +69,9 @@ def normalize(q: torch.Tensor, causal, window_size, learnable_sink, softcap) -> 
         causal, right = True, -1
     if softcap is None:
         softcap = 0.0
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) or softcap < 0:
+    # A comparison chain, not math.isfinite: under torch.compile a float may be symbolic, and dynamo
+    # guards on a comparison where it cannot trace isfinite (NaN and inf fail the chain too).
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
         raise ValueError(f"softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
     sink = learnable_sink
     if sink is not None:

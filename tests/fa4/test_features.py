@@ -104,6 +104,7 @@ def _q(h=4):
     (dict(window_size=5), r"\(left, right\) pair"),
     (dict(softcap=-1.0), "softcap must be a finite number >= 0"),
     (dict(softcap=float("inf")), "softcap"),
+    (dict(softcap=float("nan")), "softcap"),
     (dict(learnable_sink=torch.zeros(3)), r"shape \(heads_q,\) = \(4,\)"),
     (dict(learnable_sink=torch.zeros(4, dtype=torch.int32)), "float32, bfloat16 or float16"),
     (dict(learnable_sink=[0.0] * 4), "torch.Tensor"),
@@ -128,6 +129,28 @@ def test_features_are_normalised_as_the_reference():
     f = n(_q(), False, (None, None), base[1:], 0.0)  # a misaligned slice is copied, an aligned one kept
     assert f.sink.data_ptr() % 16 == 0 and f.sink.data_ptr() != base[1:].data_ptr()
     assert n(_q(), False, (None, None), base[:4], 0.0).sink.data_ptr() == base.data_ptr()
+
+
+def test_features_trace_with_a_symbolic_softcap(monkeypatch):
+    """Under torch.compile a float argument may be symbolic (the H200's torch 2.11 made the varlen
+    fullgraph test's softcap one): the checks must trace, guard on the value, and give what eager gives;
+    a bad value still raises while tracing."""
+    import torch._dynamo.config as dynamo_config
+
+    monkeypatch.setattr(dynamo_config, "specialize_float", False)
+    torch._dynamo.reset()
+
+    def f(q, softcap):
+        feat = features.normalize(q, True, (100, None), None, softcap)
+        return q * feat.softcap + feat.window_left
+
+    g = torch.compile(f, fullgraph=True, dynamic=True, backend="eager")
+    q = torch.randn(1, 8, 4, 64)
+    for softcap in (15.0, 12.5):
+        assert torch.equal(g(q, softcap), f(q, softcap))
+    with pytest.raises(Exception, match="softcap must be a finite number"):
+        g(q, -3.0)
+    torch._dynamo.reset()
 
 
 @pytest.fixture
