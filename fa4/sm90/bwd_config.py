@@ -339,6 +339,15 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # A 'loop' CTA walks a group's heads over one (key tile, K/V head, batch); the varlen
         # kernel's CTA is (key tile, head, sequence) with per-sequence offsets: not built together.
         out.append(Violation("knob combination", "gqa_reduce 'loop' with varlen: not built (varlen takes 'atomic')"))
+    if getattr(problem, "varlen", False) and config.exp_pin:
+        # Compiled (ptxas 13.0): hd128 causal varlen with the fence spills 371 local loads a thread
+        # (the dense kernel none); on the H200 the varlen backward ran 3.5x slower with it.
+        out.append(Violation("registers", "exp_pin with varlen spills (hd128: 371 local loads a thread)"))
+    if config.exp_pin and problem.softcap and problem.head_dim == 128:
+        # Compiled: the pinned tanh and exp2 values beside the hd128 dP^T accumulator spill 41-43
+        # local loads a thread (causal and not); hd64/96/192/256 with softcap and hd128 with a
+        # window or sink compiled clean.
+        out.append(Violation("registers", "exp_pin with softcap at hd128 spills (~42 local loads a thread)"))
     if getattr(problem, "varlen", False) and config.tile_m == 128 and config.ds_store == "sts":
         # The varlen compile sweep (ptxas 13.0): hd64, P^T through shared memory, deterministic,
         # dq_split 'rows', dkv_store 'tma' spilled 1 register with the sequence's offsets beside

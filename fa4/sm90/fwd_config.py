@@ -236,6 +236,10 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # The serial step waits for both GEMMs before its softmax: nothing runs under them to pin.
         out.append(Violation("knob combination",
             "exp_pin keeps the exponentials under PV(j-1): it needs intra_wg_overlap"))
+    if config.exp_pin and problem.varlen:
+        # Compiled (ptxas 13.0, each head dim's default with exp_pin): the varlen kernels spill
+        # 48-334 local loads a thread with the fence (hd128 causal 48, hd192 328), the dense ones none.
+        out.append(Violation("registers", "exp_pin with varlen spills (48-334 local loads a thread)"))
     if (config.persistent and problem.causal and problem.head_dim == 128
             and (config.tile_n != 128 or config.p_operand != "rmem")):
         # The tile loop keeps the scheduler's values and pipeline phases live through the mainloop;

@@ -46,15 +46,18 @@ def test_softcap(feat, hd, causal, softcap, shape):
 @pytest.mark.parametrize("causal", [False, True])
 def test_exp_pin_with_features(feat, hd, causal):
     """exp_pin fences the softcap's tanh results (not the exponentials) ahead of the dP^T wait; with
-    a window, a sink and the LSE's gradient too."""
+    a window, a sink and the LSE's gradient too. (hd128 with softcap spills with the fence, and
+    violations() refuses it: a window and a sink there.)"""
     import torch
 
     shape = SHAPES[1]
     b, sq, sk, hq, hkv = shape
     probe = torch.empty(b, sq, hq, hd, device="cuda", dtype=torch.bfloat16)
     kv = torch.empty(b, sk, hkv, hd, device="cuda", dtype=torch.bfloat16)
-    for kw in (dict(softcap=20.0), dict(window_left=100, window_right=20, softcap=5.0, sink=True, dlse=True)):
-        cfg = feat.default_for(probe, kv, kv, causal, False, kw["softcap"], exp_pin=True)
+    cases = ([dict(softcap=20.0), dict(window_left=100, window_right=20, softcap=5.0, sink=True, dlse=True)]
+             if hd != 128 else [dict(window_left=100, window_right=20, sink=True, dlse=True), dict(sink=True)])
+    for kw in cases:
+        cfg = feat.default_for(probe, kv, kv, causal, False, kw.get("softcap", 0.0), exp_pin=True)
         ok, info = feat.check_case(*shape, hd, causal=causal, config=cfg, **kw)
         assert ok, (kw, info)
 

@@ -105,11 +105,20 @@ def test_varlen_bwd_keys_and_defaults():
     p = varlen_problem(128, True)
     dense = dataclasses.replace(p, varlen=False, varlen_mean_q=0, varlen_mean_k=0)
     assert default_config(p) == default_config(dense) and default_config(p).dkv_store == "tma"
-    # The one varlen-only refusal (the compile sweep's spill): tile_m 128 with per-element dS^T stores.
+    # The varlen-only refusals (compiled spills): tile_m 128 with per-element dS^T stores, and exp_pin
+    # (hd128 causal: 371 local loads a thread; 3.5x slower on the H200, session 16).
     hd64 = varlen_problem(64, False, det=True)
     sts = BwdConfigSm90(tile_m=128, stages=1, ds_stages=1, ds_store="sts", dq_split="rows", dv_operand="smem")
     assert any("varlen at tile_m 128" in v for v in violations(sts, hd64))
     assert not violations(sts, dataclasses.replace(hd64, varlen=False, varlen_mean_q=0, varlen_mean_k=0))
+    for hd in (64, 128, 192, 256):
+        p = varlen_problem(hd, True)
+        pinned = dataclasses.replace(default_config(p), exp_pin=True)
+        assert [str(v) for v in violations(pinned, p)] == ["exp_pin with varlen spills (hd128: 371 local loads a thread)"], hd
+        dense = dataclasses.replace(p, varlen=False, varlen_mean_q=0, varlen_mean_k=0)
+        assert not violations(dataclasses.replace(default_config(dense), exp_pin=True), dense), hd
+        soft = dataclasses.replace(dense, softcap=30.0)
+        assert bool(violations(dataclasses.replace(default_config(soft), exp_pin=True), soft)) == (hd == 128), hd
     # Every default varlen backward config is feasible, GQA or not.
     for hd in (64, 128, 192, 256):
         for gqa in (False, True):

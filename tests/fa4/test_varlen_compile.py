@@ -45,6 +45,13 @@ def test_varlen_key_and_kernel_refuse_what_is_not_built():
     with pytest.raises(ValueError, match="seqused"):
         compile_key("bf16", 128, True, True, cfg, seqused_q=True)
     assert compile_key("bf16", 128, True, True, cfg, varlen=True) != compile_key("bf16", 128, True, True, cfg)
+    # exp_pin spills in every varlen forward (compiled, each head dim's default: 48-334 local loads).
+    for hd in (64, 96, 128, 192, 256):
+        dense = Problem.standard(2048, hd, causal=True)
+        vl = dataclasses.replace(dense, batch=4, varlen=True, varlen_mean_q=1024, varlen_mean_k=1024)
+        pinned = dataclasses.replace(default_config(dense), exp_pin=True)
+        assert not violations(pinned, dense), hd
+        assert any("exp_pin with varlen spills" in str(v) for v in violations(pinned, vl)), hd
     from fa4.sm90.fwd import FlashFwdSm90
 
     with pytest.raises(ValueError, match="persistent"):
