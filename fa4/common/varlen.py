@@ -29,6 +29,29 @@ def seq_rows(cu, used, batch):
     return off, (used[batch] if used is not None else cu[batch + 1] - off)
 
 
+def tile_start(cu, b, tile: int):
+    """First grid tile of sequence ``b`` along the key axis of a compact varlen grid: monotone in
+    ``b``, and sequence b owns ceil(len_b / tile) tiles from it and at most one spare (kernel and
+    host alike)."""
+    return (cu[b] + b * tile) // tile
+
+
+@cute.jit
+def tile_sequence(cu: cute.Tensor, nseq, t, tile: cutlass.Constexpr):
+    """The sequence whose compact-grid region holds tile ``t``: the last b in [0, nseq) with
+    tile_start(b) <= t (a binary search over cu_seqlens, log2 nseq dependent loads; tile_start(0)
+    is 0). Tiles past the last sequence's keys come out as its spare tiles, which exit."""
+    lo = cutlass.Int32(0)
+    hi = cutlass.Int32(nseq)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if tile_start(cu, mid, tile) <= t:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 @cute.jit
 def store_rows(
     rO: cute.Tensor,  # the thread's O accumulator partition, converted to the output dtype

@@ -91,6 +91,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # one, a CTA is (key tile, head, sequence) and reads its sequence's offsets and lengths
         # (fa4.common.varlen); the fp32 side buffers give each sequence whole padded tiles.
         self.varlen = varlen
+        # The compact varlen grid (knob varlen_grid): no CTA for the key tiles a sequence lacks.
+        self.compact = varlen and config.varlen_grid == "compact"
         # Issue 18's features. Sliding window: the bounds of fa4.common.masking_range (causal is
         # right = 0; the host folds a window right bound into it). Softcap: t = tanh recomputed on
         # S^T, dS^T = P^T (dP^T - D)(1 - t^2) (fa4.common.softcap_bwd). A learnable sink needs
@@ -287,6 +289,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             seqlen_k = max_seqlen_k
             num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
         num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+        num_ctas = num_n * num_bh
+        if cutlass.const_expr(self.compact):
+            # (total_k // tile_n + sequences) tiles a head cover every sequence's region
+            # (fa4.common.varlen.tile_start); the heads take the place of heads x sequences.
+            num_ctas = (mK.shape[0] // self.tile_n + (mCuSeqlensQ.shape[0] - 1)) * num_heads
         args = (
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
@@ -302,7 +309,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                                       stream=stream, min_blocks_per_mp=1)
         else:
             # No cluster launch attribute at all: the kernels without the exchange launch as before.
-            self.kernel(*args).launch(grid=(num_n * num_bh, 1, 1), block=[self.num_threads, 1, 1], stream=stream,
+            self.kernel(*args).launch(grid=(num_ctas, 1, 1), block=[self.num_threads, 1, 1], stream=stream,
                                       min_blocks_per_mp=1)
 
     def make_dv_mma(self, dkv_mma):
@@ -522,6 +529,16 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             head = head_kv * qhead_per_kvhead
         elif cutlass.const_expr(self.cluster):
             n_block, head, batch = bwd_cluster.pair_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
+            head_kv = head // qhead_per_kvhead
+        elif cutlass.const_expr(self.compact):
+            # A tile t of the packed key axis (one grid row of all sequences' regions a head), then
+            # its sequence and its key tile there; a spare tile's n_block is past its keys (it exits).
+            nseq = vl[0].shape[0] - 1
+            t, head, _ = scheduling.decode_tile(
+                bidx, mK.shape[0] // self.tile_n + nseq, num_heads, num_heads, head_swizzle, spt
+            )
+            batch = varlen.tile_sequence(vl[1], nseq, t, self.tile_n)
+            n_block = t - varlen.tile_start(vl[1], batch, self.tile_n)
             head_kv = head // qhead_per_kvhead
         else:
             n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)

@@ -180,6 +180,16 @@ class BwdConfigSm90:
         "(the peer's K slice and dS buffers take the second dS buffer's room). Not with varlen, "
         "gqa_reduce 'loop', deterministic mode, a window or softcap (cluster_violations).",
     )
+    varlen_grid: str = knob(
+        ("padded", "compact"), "padded",
+        "Varlen only: how key tiles map to CTAs. 'padded' launches sequences x the longest sequence's key "
+        "tiles x heads, and the CTAs past a shorter sequence's end exit at once (half the grid for 8 documents "
+        "of 512-4096 keys, each still an SM slot: the backward runs one CTA an SM). 'compact' launches "
+        "(total_k // tile_n + sequences) x heads: sequence b's tiles start at (cu_seqlens_k[b] + b tile_n) // "
+        "tile_n, and a CTA finds its sequence by a binary search over cu_seqlens_k (fa4.common.varlen.tile_sequence), "
+        "at most one spare CTA a sequence and head.",
+        applies=lambda problem: getattr(problem, "varlen", False),
+    )
     spt_order: bool = knob(
         (True, False), True,
         "Masked (causal, a window's right bound): launch the shortest key tiles (highest n_block) first and "
@@ -339,6 +349,8 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # A 'loop' CTA walks a group's heads over one (key tile, K/V head, batch); the varlen
         # kernel's CTA is (key tile, head, sequence) with per-sequence offsets: not built together.
         out.append(Violation("knob combination", "gqa_reduce 'loop' with varlen: not built (varlen takes 'atomic')"))
+    if config.varlen_grid != "padded" and not getattr(problem, "varlen", False):
+        out.append(Violation("knob combination", "varlen_grid 'compact' is for varlen problems"))
     if getattr(problem, "varlen", False) and config.exp_pin:
         # Compiled (ptxas 13.0): hd128 causal varlen with the fence spills 371 local loads a thread
         # (the dense kernel none); on the H200 the varlen backward ran 3.5x slower with it.

@@ -38,6 +38,10 @@ CASES = [
     pytest.param("bf16", 64, True, False, True, {}, False, dict(dq_accum="red_v2"), id="bf16-hd64-causal-det-red_v2"),
     pytest.param("bf16", 128, True, False, False, {}, True, dict(dkv_store="direct"), id="bf16-hd128-causal-direct"),
     pytest.param("bf16", 256, True, False, False, {}, False, None, id="bf16-hd256-causal-split"),
+    pytest.param("bf16", 128, True, True, True, {}, True, dict(varlen_grid="compact", spt_order=False),
+                 id="bf16-hd128-causal-gqa-det-seqused-compact"),
+    pytest.param("bf16", 64, False, False, False, dict(window_left=255, window_right=63, softcap=30.0, sink=True),
+                 False, dict(varlen_grid="compact", ds_early=True), id="bf16-hd64-features-compact"),
     pytest.param("bf16", 96, True, True, False, {}, True, None, id="bf16-hd96-causal-gqa-seqused"),
     pytest.param("bf16", 192, True, True, False, {}, False, None, id="bf16-hd192-causal-gqa"),
 ]

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import fa4
-from fa4.common.varlen import padded_offset, padded_total
+from fa4.common.varlen import padded_offset, padded_total, tile_start
 from fa4.sm90 import bwd_launch
 from fa4.sm90.bwd_compile import SEQ_PAD, BwdKernelKey
 from fa4.sm90.bwd_config import BwdConfigSm90
@@ -46,6 +46,52 @@ def test_padded_regions_never_overlap(seed):
         assert start % SEQ_PAD == 0 and start >= end, (lens, b)
         end = start + -(-n // SEQ_PAD) * SEQ_PAD
     assert end <= padded_total(cu[-1], len(lens), SEQ_PAD)
+
+
+@pytest.mark.parametrize("tile", [64, 80, 128])
+@pytest.mark.parametrize("seed", range(20))
+def test_compact_grid_covers_every_key_tile_once(seed, tile):
+    """The compact varlen grid's map (fa4.common.varlen.tile_start; the kernel's tile_sequence is the
+    binary search for the last b with tile_start(b) <= t): over the (total_k // tile + B) tiles a
+    head, every key tile of every sequence comes out exactly once, each sequence has at most one
+    spare tile, and every other tile lands past its sequence's keys (those CTAs exit)."""
+    rng = random.Random(seed)
+    lens = [rng.choice([0, 1, tile - 1, tile, tile + 1, 2 * tile, rng.randint(0, 5000)])
+            for _ in range(rng.randint(1, 40))]
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    starts = [tile_start(cu, b, tile) for b in range(len(lens))]
+    assert starts[0] == 0 and starts == sorted(starts)
+    seen, spare = set(), [0] * len(lens)
+
+    def search(t):  # the kernel's loop, step by step
+        lo, hi = 0, len(lens)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if tile_start(cu, mid, tile) <= t else (lo, mid)
+        return lo
+
+    for t in range(cu[-1] // tile + len(lens)):
+        b = search(t)
+        assert b == max(i for i in range(len(lens)) if starts[i] <= t)
+        n = t - starts[b]
+        if n * tile < lens[b]:
+            assert (b, n) not in seen
+            seen.add((b, n))
+        elif b < len(lens) - 1 or t < tile_start(cu, len(lens), tile):
+            spare[b] += 1
+    assert seen == {(b, n) for b, ln in enumerate(lens) for n in range(-(-ln // tile))}
+    assert max(spare) <= 1, spare
+
+
+def test_compact_grid_size_at_the_issue_mix():
+    """Issue 18's 8 documents (512-4096 keys, 16k): the padded grid launches 8 x 32 = 256 CTAs a
+    head for 128 key tiles; the compact one 16384 // 128 + 8 = 136 (8 spare)."""
+    lens = [2048, 512, 4096, 1024, 3072, 1536, 2560, 1536]
+    cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    real = sum(-(-n // 128) for n in lens)
+    compact = cu[-1] // 128 + len(lens)
+    assert (real, compact, len(lens) * -(-max(lens) // 128)) == (128, 136, 256)
+    assert [tile_start(cu, b, 128) for b in range(len(lens))] == [0, 17, 22, 55, 64, 89, 102, 123]
 
 
 # -- the four launches as fp32 models ----------------------------------------------------------------

@@ -86,9 +86,10 @@ def test_fwd_pass_is_unchanged():
 def test_check_without_gpu_counts_the_bwd_space():
     p = get_provider("fa4")
     rep = check_without_gpu(p, BWD_DET, compile_configs=False)
-    # The problem's space: MHA, so gqa_reduce at its default only (half the declaration's).
+    # The problem's space: MHA and not varlen, so gqa_reduce and varlen_grid at their defaults only
+    # (a quarter of the declaration's).
     n = len(list(iter_configs(BwdConfigSm90, BWD_DET)))
-    assert n == space_size(BwdConfigSm90) // 2 == rep["space"] // 2
+    assert n == space_size(BwdConfigSm90) // 4 == rep["space"] // 4
     n_ok = len([c for c in iter_configs(BwdConfigSm90) if not bwd_config.violations(c, BWD_DET, SM90)])
     assert (rep["configs"], rep["feasible"], rep["infeasible"]) == (n, n_ok, n - n_ok)
     assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
