@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Next session, after README command (1) (`bash bench/device_main.sh`):
+#  the compact varlen grid (session 16, compile-checked only): its GPU tests first (correctness:
+#  both launch orders, documents of 0 and 1 keys, seqused, GQA, all features, deterministic
+#  bitwise), then against the padded grid and the reference, twice (prediction: varlen causal main
+#  kernel +2-3%, i.e. 0.950 -> ~0.975 of the reference over the whole backward), and the
+#  per-kernel split with it.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/device_lib.sh
+device_begin s17
+device_env "$work/env.log"
+TAILN=8 step compact_tests 300 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_varlen_bwd_gpu.py -k compact
+for run in 1 2; do
+  TAILN=8 step "compact_ab$run" 200 python3 bench/bwd_order.py --orders default --rounds 3 \
+    --variants '[{"varlen_grid": "compact"}]' --shapes varlen-causal,varlen --out "$work/compact_ab$run.json"
+done
+TAILN=8 step compact_det 150 python3 bench/bwd_order.py --orders default --rounds 2 --det \
+  --variants '[{"varlen_grid": "compact"}]' --shapes varlen-causal --out "$work/compact_det.json"
