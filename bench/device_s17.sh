@@ -17,3 +17,5 @@ for run in 1 2; do
 done
 TAILN=8 step compact_det 150 python3 bench/bwd_order.py --orders default --rounds 2 --det \
   --variants '[{"varlen_grid": "compact"}]' --shapes varlen-causal --out "$work/compact_det.json"
+# Issue 20's deterministic bar in one process: our deterministic against our non-deterministic.
+TAILN=12 step det_ratio 300 python3 bench/det_ratio.py --rounds 3 --out "$work/det_ratio.json"

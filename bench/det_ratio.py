@@ -1,0 +1,68 @@
+"""Our deterministic backward against our non-deterministic one, same process, same inputs (issue
+20's bar: deterministic >= 0.95x non-deterministic at each real-model shape). Each side's config is
+the one a call resolves for its mode (bench/bwd_order.py's setup); the two are timed in interleaved
+rounds (do_bench median, the better round), their gradients checked against each other first.
+
+    python3 bench/det_ratio.py [--shapes llama3-8b-8k,qwen2.5-7b-4k,...] [--rounds 3] [--out rows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bwd_order  # noqa: E402
+
+SHAPES = "llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k,causal-8k,varlen-causal"
+
+
+def ratio_row(name: str, rounds: int) -> dict:
+    import triton.testing as tt
+
+    from bench.bench_gqa_loop import max_rel_diff
+
+    nondet, _, cfg_n, flops = bwd_order.setup(name, False)
+    det, _, cfg_d, _ = bwd_order.setup(name, True)
+    diff = max_rel_diff(det(cfg_d), nondet(cfg_n))
+    times = {"nondet": [], "det": []}
+    for r in range(rounds):
+        order = (("nondet", nondet, cfg_n), ("det", det, cfg_d))
+        for lab, fn, cfg in (order if r % 2 == 0 else order[::-1]):
+            times[lab].append(tt.do_bench(lambda fn=fn, cfg=cfg: fn(cfg), warmup=10, rep=80, return_mode="median"))
+    best = {k: min(v) for k, v in times.items()}
+    return dict(name=name, det_config=str(cfg_d), nondet_config=str(cfg_n), max_rel_diff=diff, ms=times,
+                tflops={k: flops / t / 1e9 for k, t in best.items()}, ratio=best["nondet"] / best["det"])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    rows = []
+    for name in a.shapes.split(","):
+        try:
+            row = ratio_row(name, a.rounds)
+        except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
+            row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
+        rows.append(row)
+        print("BENCH " + json.dumps(row), flush=True)
+        if a.out:
+            Path(a.out).write_text(json.dumps(rows, indent=1))
+    print("\n| shape | non-det TFLOP/s | det TFLOP/s | det/non-det | grads max rel diff |\n|---|---:|---:|---:|---:|")
+    for x in rows:
+        if "error" in x:
+            print(f"| {x['name']} | error: {x['error'][:120]} | | | |")
+            continue
+        t = x["tflops"]
+        print(f"| {x['name']} | {t['nondet']:.1f} | {t['det']:.1f} | {x['ratio']:.3f} | {x['max_rel_diff']:.2g} |")
+
+
+if __name__ == "__main__":
+    main()
