@@ -19,3 +19,9 @@ TAILN=8 step compact_det 150 python3 bench/bwd_order.py --orders default --round
   --variants '[{"varlen_grid": "compact"}]' --shapes varlen-causal --out "$work/compact_det.json"
 # Issue 20's deterministic bar in one process: our deterministic against our non-deterministic.
 TAILN=12 step det_ratio 300 python3 bench/det_ratio.py --rounds 3 --out "$work/det_ratio.json"
+# Issue 20's weakest shape (GPT-2 1k hd64: main kernel 0.922 of the reference's, session 16's split):
+# is it a knob setting? A backward study.
+python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+TAILN=12 step gpt2_tune 300 fa4-tune --pass bwd --batch 16 --seqlen 1024 --heads 12 --hdim 64 --causal \
+  --trials 24 --budget-s 220 --verify-rounds 3 --db "sqlite:///$work/gpt2.db"
