@@ -25,3 +25,7 @@ python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
 TAILN=12 step gpt2_tune 300 fa4-tune --pass bwd --batch 16 --seqlen 1024 --heads 12 --hdim 64 --causal \
   --trials 24 --budget-s 220 --verify-rounds 3 --db "sqlite:///$work/gpt2.db"
+# Issue 20's host cost: the call split against PyTorch's own autograd floor, twice.
+for run in 1 2; do
+  TAILN=10 step "host_floor$run" 90 bash -c "cd bench && python3 host_floor.py"
+done
