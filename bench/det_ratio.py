@@ -1,7 +1,8 @@
 """Our deterministic backward against our non-deterministic one, same process, same inputs (issue
 20's bar: deterministic >= 0.95x non-deterministic at each real-model shape). Each side's config is
 the one a call resolves for its mode (bench/bwd_order.py's setup); the two are timed in interleaved
-rounds (do_bench median, the better round), their gradients checked against each other first.
+rounds (do_bench median, the better round); the largest relative difference between their
+gradients is reported beside the times (a report, not a gate).
 
     python3 bench/det_ratio.py [--shapes llama3-8b-8k,qwen2.5-7b-4k,...] [--rounds 3] [--out rows.json]
 """

@@ -36,6 +36,12 @@ def tile_start(cu, b, tile: int):
     return (cu[b] + b * tile) // tile
 
 
+def compact_tiles(total, nseq, tile: int):
+    """Grid tiles a head of a compact varlen grid: tile_start(nseq) for a packed axis of ``total``
+    rows, bounded from the host-known sizes alone (every sequence's region fits below it)."""
+    return total // tile + nseq
+
+
 @cute.jit
 def tile_sequence(cu: cute.Tensor, nseq, t, tile: cutlass.Constexpr):
     """The sequence whose compact-grid region holds tile ``t``: the last b in [0, nseq) with

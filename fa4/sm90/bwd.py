@@ -293,7 +293,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         if cutlass.const_expr(self.compact):
             # (total_k // tile_n + sequences) tiles a head cover every sequence's region
             # (fa4.common.varlen.tile_start); the heads take the place of heads x sequences.
-            num_ctas = (mK.shape[0] // self.tile_n + (mCuSeqlensQ.shape[0] - 1)) * num_heads
+            num_ctas = varlen.compact_tiles(mK.shape[0], mCuSeqlensQ.shape[0] - 1, self.tile_n) * num_heads
         args = (
             sdp_mma, dkv_mma, dv_mma, dq_mma, tma_q, mQ_tma, tma_do, mdO_tma, tma_k, mK_tma, tma_v, mV_tma,
             tma_lse, mLSE2_tma, tma_dsum, mDsum_tma, mdQacc, mdK, mdV, tma_dk, tma_dv, mSemQ, mSemKV,
@@ -535,7 +535,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             # its sequence and its key tile there; a spare tile's n_block is past its keys (it exits).
             nseq = vl[0].shape[0] - 1
             t, head, _ = scheduling.decode_tile(
-                bidx, mK.shape[0] // self.tile_n + nseq, num_heads, num_heads, head_swizzle, spt
+                bidx, varlen.compact_tiles(mK.shape[0], nseq, self.tile_n), num_heads, num_heads, head_swizzle, spt
             )
             batch = varlen.tile_sequence(vl[1], nseq, t, self.tile_n)
             n_block = t - varlen.tile_start(vl[1], batch, self.tile_n)

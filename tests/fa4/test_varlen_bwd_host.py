@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import fa4
-from fa4.common.varlen import padded_offset, padded_total, tile_start
+from fa4.common.varlen import compact_tiles, padded_offset, padded_total, tile_start
 from fa4.sm90 import bwd_launch
 from fa4.sm90.bwd_compile import SEQ_PAD, BwdKernelKey
 from fa4.sm90.bwd_config import BwdConfigSm90
@@ -70,7 +70,8 @@ def test_compact_grid_covers_every_key_tile_once(seed, tile):
             lo, hi = (mid, hi) if tile_start(cu, mid, tile) <= t else (lo, mid)
         return lo
 
-    for t in range(cu[-1] // tile + len(lens)):
+    assert compact_tiles(cu[-1], len(lens), tile) == tile_start(cu, len(lens), tile)
+    for t in range(compact_tiles(cu[-1], len(lens), tile)):
         b = search(t)
         assert b == max(i for i in range(len(lens)) if starts[i] <= t)
         n = t - starts[b]
@@ -89,7 +90,7 @@ def test_compact_grid_size_at_the_issue_mix():
     lens = [2048, 512, 4096, 1024, 3072, 1536, 2560, 1536]
     cu = [0, *torch.tensor(lens).cumsum(0).tolist()]
     real = sum(-(-n // 128) for n in lens)
-    compact = cu[-1] // 128 + len(lens)
+    compact = compact_tiles(cu[-1], len(lens), 128)
     assert (real, compact, len(lens) * -(-max(lens) // 128)) == (128, 136, 256)
     assert [tile_start(cu, b, 128) for b in range(len(lens))] == [0, 17, 22, 55, 64, 89, 102, 123]
 
