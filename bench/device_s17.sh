@@ -8,24 +8,31 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
-device_begin s17
+# One call runs one phase (a call is capped at 600 s): `bash bench/device_s17.sh a|b|c`.
+phase=${1:-a}
+device_begin "s17$phase"
 device_env "$work/env.log"
-TAILN=8 step compact_tests 300 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_varlen_bwd_gpu.py -k compact
+if [ "$phase" = a ]; then
+TAILN=8 step compact_tests 280 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_varlen_bwd_gpu.py -k compact
+TAILN=10 step host_floor1 90 bash -c "cd bench && python3 host_floor.py"
+exit 0
+fi
+if [ "$phase" = b ]; then
 for run in 1 2; do
   TAILN=8 step "compact_ab$run" 200 python3 bench/bwd_order.py --orders default --rounds 3 \
     --variants '[{"varlen_grid": "compact"}]' --shapes varlen-causal,varlen --out "$work/compact_ab$run.json"
 done
 TAILN=8 step compact_det 150 python3 bench/bwd_order.py --orders default --rounds 2 --det \
   --variants '[{"varlen_grid": "compact"}]' --shapes varlen-causal --out "$work/compact_det.json"
-# Issue 20's deterministic bar in one process: our deterministic against our non-deterministic.
-TAILN=12 step det_ratio 300 python3 bench/det_ratio.py --rounds 3 --out "$work/det_ratio.json"
+exit 0
+fi
+# Phase c. Issue 20's deterministic bar in one process: our deterministic against our non-deterministic.
+TAILN=12 step det_ratio 240 python3 bench/det_ratio.py --rounds 3 --out "$work/det_ratio.json"
 # Issue 20's weakest shape (GPT-2 1k hd64: main kernel 0.922 of the reference's, session 16's split):
 # is it a knob setting? A backward study.
 python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
-TAILN=12 step gpt2_tune 300 fa4-tune --pass bwd --batch 16 --seqlen 1024 --heads 12 --hdim 64 --causal \
-  --trials 24 --budget-s 220 --verify-rounds 3 --db "sqlite:///$work/gpt2.db"
-# Issue 20's host cost: the call split against PyTorch's own autograd floor, twice.
-for run in 1 2; do
-  TAILN=10 step "host_floor$run" 90 bash -c "cd bench && python3 host_floor.py"
-done
+TAILN=12 step gpt2_tune 200 fa4-tune --pass bwd --batch 16 --seqlen 1024 --heads 12 --hdim 64 --causal \
+  --trials 16 --budget-s 150 --verify-rounds 3 --db "sqlite:///$work/gpt2.db"
+# Issue 20's host cost: the call split against PyTorch's own autograd floor (second run).
+TAILN=10 step host_floor2 90 bash -c "cd bench && python3 host_floor.py"
