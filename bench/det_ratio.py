@@ -5,6 +5,10 @@ rounds (do_bench median, the better round); the largest relative difference betw
 gradients is reported beside the times (a report, not a gate).
 
     python3 bench/det_ratio.py [--shapes llama3-8b-8k,qwen2.5-7b-4k,...] [--rounds 3] [--out rows.json]
+        [--det-variants '[{"q_order": "descending", "spt_order": false}]']
+
+``--det-variants``: knob overrides of the deterministic config, each timed in the same rounds and
+reported against the same non-deterministic time (only where feasible for the shape).
 """
 
 from __future__ import annotations
@@ -22,22 +26,39 @@ import bwd_order  # noqa: E402
 SHAPES = "llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k,causal-8k,varlen-causal"
 
 
-def ratio_row(name: str, rounds: int) -> dict:
+def ratio_row(name: str, rounds: int, det_variants=()) -> dict:
     import triton.testing as tt
 
     from bench.bench_gqa_loop import max_rel_diff
+    from fa4.arch import SM90
+    from fa4.sm90.bwd_config import violations
 
     nondet, _, cfg_n, flops = bwd_order.setup(name, False)
     det, _, cfg_d, _ = bwd_order.setup(name, True)
     diff = max_rel_diff(det(cfg_d), nondet(cfg_n))
-    times = {"nondet": [], "det": []}
+    order = [("nondet", nondet, cfg_n), ("det", det, cfg_d)]
+    skipped = {}
+    for o in det_variants:
+        cfg = bwd_order.variant_config(cfg_d, o)
+        bad = violations(cfg, det.problem, SM90)
+        if bad:
+            skipped[bwd_order.label(o)] = str(bad[0])
+            continue
+        # Deterministic variants must give the default deterministic kernel's gradients up to the
+        # order of the fp32 adds (a different turn order is another fixed order).
+        vdiff = max_rel_diff(det(cfg), det(cfg_d))
+        if vdiff > 2 ** -6:
+            skipped[bwd_order.label(o)] = f"gradients differ from the default's by {vdiff:.3g}"
+            continue
+        order.append(("det " + bwd_order.label(o), det, cfg))
+    times = {lab: [] for lab, _, _ in order}
     for r in range(rounds):
-        order = (("nondet", nondet, cfg_n), ("det", det, cfg_d))
         for lab, fn, cfg in (order if r % 2 == 0 else order[::-1]):
             times[lab].append(tt.do_bench(lambda fn=fn, cfg=cfg: fn(cfg), warmup=10, rep=80, return_mode="median"))
     best = {k: min(v) for k, v in times.items()}
     return dict(name=name, det_config=str(cfg_d), nondet_config=str(cfg_n), max_rel_diff=diff, ms=times,
-                tflops={k: flops / t / 1e9 for k, t in best.items()}, ratio=best["nondet"] / best["det"])
+                tflops={k: flops / t / 1e9 for k, t in best.items()}, ratio=best["nondet"] / best["det"],
+                variants={k: best["nondet"] / t for k, t in best.items() if k.startswith("det ")}, skipped=skipped)
 
 
 def main(argv=None):
@@ -45,11 +66,13 @@ def main(argv=None):
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--det-variants", default="[]", help="JSON list of knob overrides of the deterministic config")
     a = ap.parse_args(argv)
+    variants = [dict(v) for v in json.loads(a.det_variants)]
     rows = []
     for name in a.shapes.split(","):
         try:
-            row = ratio_row(name, a.rounds)
+            row = ratio_row(name, a.rounds, variants)
         except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
             row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
         rows.append(row)
@@ -63,6 +86,11 @@ def main(argv=None):
             continue
         t = x["tflops"]
         print(f"| {x['name']} | {t['nondet']:.1f} | {t['det']:.1f} | {x['ratio']:.3f} | {x['max_rel_diff']:.2g} |")
+    for x in rows:
+        for lab, r in x.get("variants", {}).items():
+            print(f"  {x['name']}: {lab}: det/non-det {r:.3f} ({x['tflops'][lab]:.1f} TFLOP/s)")
+        for lab, why in x.get("skipped", {}).items():
+            print(f"  {x['name']}: {lab} skipped: {why}")
 
 
 if __name__ == "__main__":
