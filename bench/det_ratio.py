@@ -5,7 +5,7 @@ rounds (do_bench median, the better round); the largest relative difference betw
 gradients is reported beside the times (a report, not a gate).
 
     python3 bench/det_ratio.py [--shapes llama3-8b-8k,qwen2.5-7b-4k,...] [--rounds 3] [--out rows.json]
-        [--det-variants '[{"q_order": "descending", "spt_order": false}]']
+        [--det-variants '[{"spt_order": false, "head_swizzle": 4}]']
 
 ``--det-variants``: knob overrides of the deterministic config, each timed in the same rounds and
 reported against the same non-deterministic time (only where feasible for the shape).

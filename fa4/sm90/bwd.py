@@ -134,9 +134,6 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
-        # q_order 'descending': each head's query tiles from the last one down (producer, consumers
-        # and dQ writers alike), so every CTA of a head reaches a query tile at the same step.
-        self.q_desc = config.q_order == "descending"
         self.gqa_atomic = gqa and not self.gqa_loop
         self.dkv_tma = config.dkv_store == "tma" and not self.gqa_atomic
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
@@ -615,8 +612,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             tDsD, tDgD = cpasync.tma_partition(
                 tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
             )
-            for t in cutlass.range(m_start, m_end, unroll=1):
-                m = self.walk(t, m_start, m_end)
+            for m in cutlass.range(m_start, m_end, unroll=1):
                 pipe_q.producer_acquire(state)
                 bar_q = pipe_q.producer_get_barrier(state)
                 cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=bar_q)
@@ -626,12 +622,6 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
                 cute.copy(tma_dsum, tDgD[None, m], tDsD[None, state.index], tma_bar_ptr=bar_do)
                 state.advance()
-
-    def walk(self, t, m_start, m_end):
-        """The query tile at walk position t - m_start of [m_start, m_end) (q_order)."""
-        if cutlass.const_expr(self.q_desc):
-            return m_start + m_end - 1 - t
-        return t
 
     def heads_walked(self, qhead_per_kvhead):
         """Query heads a CTA walks: its K/V head's group with gqa_reduce 'loop', else its own one
@@ -727,42 +717,29 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         if cutlass.const_expr(self.gqa_loop):
             group = coord_args[1].shape[2] // coord_args[2].shape[2]
         for hl in cutlass.range(group, unroll=1):
-            if cutlass.const_expr(self.q_desc):
-                # The runs in reverse (the window's left cut, the unmasked tiles, the diagonal's),
-                # each backwards; step() counts step_base - m.
-                step_base = m_end - 1 + hl * (m_end - m_start)
-                runs = ((m_unmasked_end, m_end, True), (m_masked_end, m_unmasked_end, False), (m_start, m_masked_end, True))
-                for lo, hi, masked in runs if self.has_window_left else runs[1:]:
-                    for t in cutlass.range(lo, hi, unroll=1):
-                        self.step(
-                            sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum,
-                            mdQacc, mSemQ, pipe_q, pipe_do, step_base, ctid, lo + hi - 1 - t, n_block, head + hl, batch,
-                            num_n, seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, masked,
-                        )
-            else:
-                step_base = m_start
-                if cutlass.const_expr(self.gqa_loop):
-                    step_base = m_start - hl * (m_end - m_start)
-                for m in cutlass.range(m_start, m_masked_end, unroll=1):
+            step_base = m_start
+            if cutlass.const_expr(self.gqa_loop):
+                step_base = m_start - hl * (m_end - m_start)
+            for m in cutlass.range(m_start, m_masked_end, unroll=1):
+                self.step(
+                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
+                )
+            for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
+                self.step(
+                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
+                )
+            if cutlass.const_expr(self.has_window_left):
+                # The window's left bound cuts the key tile from here on.
+                for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
                     self.step(
                         sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                         mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
                         seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
                     )
-                for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
-                    self.step(
-                        sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                        mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
-                    )
-                if cutlass.const_expr(self.has_window_left):
-                    # The window's left bound cuts the key tile from here on.
-                    for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
-                        self.step(
-                            sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                            mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                            seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
-                        )
         # The tile coordinates again, from the block index: recomputing them here is a few
         # integer ops, holding them through the mainloop cost registers the loop needs.
         bidx, mQ, mK, head_swizzle, vl = coord_args
@@ -801,8 +778,6 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # The ring position follows from the step number: no pipeline state carried across
         # iterations (two fewer live registers in a loop that is at the register limit).
         i = m - step_base
-        if cutlass.const_expr(self.q_desc):
-            i = step_base - m
         state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
         ds_buf = i % self.ds_stages
         pipe_q.consumer_wait(state)

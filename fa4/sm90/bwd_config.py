@@ -192,18 +192,6 @@ class BwdConfigSm90:
         "at most one spare CTA a sequence and head.",
         applies=lambda problem: getattr(problem, "varlen", False),
     )
-    q_order: str = knob(
-        ("ascending", "descending"), "ascending",
-        "Masked (causal, a window's right bound): the order in which a CTA walks its query tiles. Key tile n's "
-        "CTA visits query tiles from about n on; ascending (from the diagonal up), CTAs of lower key tiles "
-        "reach a query tile later in their walk than higher ones, so a deterministic dQ turn in launch order "
-        "waits unless the shortest key tiles launch first (spt_order True, which leaves the longest for the "
-        "tail). Descending (from the last query tile down), every CTA of a head reaches a query tile at the "
-        "same step of its walk: turns in launch order stop waiting with the longest tiles first too, and the "
-        "CTAs in flight read the same Q/dO tiles (gqa_reduce 'loop': each head's tiles backwards, head after "
-        "head). Not built with cluster_exchange.",
-        applies=lambda problem: right_bounded(problem),
-    )
     spt_order: bool = knob(
         (True, False), True,
         "Masked (causal, a window's right bound): launch the shortest key tiles (highest n_block) first and "
@@ -309,14 +297,6 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
                                  "dkv_split 'head_dim' reads P^T from shared memory (both consumers need all of it): "
                                  "dv_operand 'smem'"))
     out += cluster_violations(config, problem)
-    if config.q_order == "descending":
-        if config.cluster_exchange:
-            out.append(Violation("knob combination",
-                                 "q_order 'descending' with cluster_exchange (the pair's lockstep walk): not built"))
-        if not right_bounded(problem):
-            out.append(Violation("knob combination",
-                                 "q_order 'descending' without a right bound (causal or window_right): every key "
-                                 "tile visits every query tile, and the order changes nothing"))
     if config.tile_m % ROWS_PER_WG:
         out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))
     need = smem_bytes(config, problem)

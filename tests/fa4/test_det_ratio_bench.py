@@ -16,8 +16,8 @@ CAUSAL = Problem(2, 8192, 8192, 16, 16, 128, 128, causal=True, pass_="bwd")
 
 def _run(monkeypatch, problem, variants, times, skew=0.0):
     """det_ratio's row of one shape. ours(cfg) returns fixed gradients (``skew`` added where the
-    config walks its query tiles descending) and records the config; the fake do_bench reports
-    ``times`` of the config that ran last: 'nondet', 'det' or a (q_order, spt_order) pair."""
+    config stores dS^T early) and records the config; the fake do_bench reports ``times`` of the
+    config that ran last: 'nondet', 'det' or a (ds_early, spt_order) pair."""
     mod = cpu_kernels.bench_module(monkeypatch, "det_ratio")
     g = torch.Generator().manual_seed(1)
     grads = tuple(torch.randn(4, 8, generator=g) for _ in range(3))
@@ -26,7 +26,7 @@ def _run(monkeypatch, problem, variants, times, skew=0.0):
     def make(det):
         def ours(cfg):
             ran.append((det, cfg))
-            return tuple(x + (skew if cfg.q_order == "descending" else 0.0) for x in grads)
+            return tuple(x + (skew if cfg.ds_early else 0.0) for x in grads)
 
         ours.problem = Problem(**{**problem.__dict__, "deterministic": det})
         return ours
@@ -42,34 +42,33 @@ def _run(monkeypatch, problem, variants, times, skew=0.0):
         det, cfg = ran[-1]
         if not det:
             return times["nondet"]
-        return times.get((cfg.q_order, cfg.spt_order), times["det"])
+        return times.get((cfg.ds_early, cfg.spt_order), times["det"])
 
     monkeypatch.setattr(__import__("triton.testing", fromlist=["do_bench"]), "do_bench", do_bench)
     return mod.ratio_row("causal-8k", 2, variants)
 
 
 def test_variants_against_the_same_non_deterministic_time(monkeypatch):
-    var = {"q_order": "descending", "spt_order": False}
-    row = _run(monkeypatch, CAUSAL, [var], {"nondet": 1.0, "det": 1.25, ("descending", False): 1.05})
+    var = {"ds_early": True, "spt_order": False}
+    row = _run(monkeypatch, CAUSAL, [var], {"nondet": 1.0, "det": 1.25, (True, False): 1.05})
     assert abs(row["ratio"] - 0.8) < 1e-9
     assert row["skipped"] == {}
     (label, ratio), = row["variants"].items()
-    assert label == "det q_order=descending,spt_order=False"
+    assert label == "det ds_early=True,spt_order=False"
     assert abs(ratio - 1.0 / 1.05) < 1e-9
     assert len(row["ms"][label]) == 2  # one timing per round
     assert abs(row["tflops"][label] - 1e12 / 1.05 / 1e9) < 1e-6
 
 
 def test_infeasible_variant_is_skipped_with_its_rule(monkeypatch):
-    # Without a right bound q_order 'descending' is refused (every key tile sees every query tile).
-    full = Problem(2, 8192, 8192, 16, 16, 128, 128, causal=False, pass_="bwd")
-    row = _run(monkeypatch, full, [{"q_order": "descending"}], {"nondet": 1.0, "det": 1.1})
+    # The compact varlen grid on a dense problem is refused.
+    row = _run(monkeypatch, CAUSAL, [{"varlen_grid": "compact"}], {"nondet": 1.0, "det": 1.1})
     assert row["variants"] == {}
-    assert "right bound" in row["skipped"]["q_order=descending"]
+    assert "varlen" in row["skipped"]["varlen_grid=compact"]
 
 
 def test_variant_with_other_gradients_is_not_timed(monkeypatch):
-    row = _run(monkeypatch, CAUSAL, [{"q_order": "descending"}], {"nondet": 1.0, "det": 1.1}, skew=0.5)
+    row = _run(monkeypatch, CAUSAL, [{"ds_early": True}], {"nondet": 1.0, "det": 1.1}, skew=0.5)
     assert row["variants"] == {}
-    assert "differ" in row["skipped"]["q_order=descending"]
+    assert "differ" in row["skipped"]["ds_early=True"]
     assert set(row["ms"]) == {"nondet", "det"}
