@@ -41,6 +41,7 @@ VEC16 = 8  # 16-bit elements per 16-byte vector
 VEC32 = 4  # fp32 elements per 16-byte vector
 DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of the dQ tile
 DQ_THREADS = 128 * DQ_WGS
+POST_GROUP = 8  # GQA dK/dV postprocess: passes whose loads are issued before their stores
 
 
 def row_lanes(vectors: int) -> int:
@@ -241,15 +242,26 @@ class BwdPostprocess:
         per_thread = self.head_dim // VEC32 // lanes
         rows_per_pass = ROWS_PER_CTA // lanes
         chunk = tidx % lanes
-        for p in cutlass.range_constexpr(lanes):
-            row = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
-            if row < seqlen:
+        # The loads of POST_GROUP passes first, then their stores: the accumulator's rows up to the
+        # CTA's last are allocated (seqlen_pad, or the sequence's padded region), so only the stores
+        # need the row bound. A branch around each pass's load kept ptxas from issuing the next
+        # pass's load before this pass's store: one memory latency a pass (~2.1 TB/s at hd128).
+        group = min(POST_GROUP, lanes)
+        for g in cutlass.range_constexpr(lanes // group):
+            accs = [cute.make_rmem_tensor((VEC32,), Float32) for _ in range(group * per_thread)]
+            for q in cutlass.range_constexpr(group):
+                row = bx * ROWS_PER_CTA + (g * group + q) * rows_per_pass + tidx // lanes
                 for j in cutlass.range_constexpr(per_thread):
-                    acc = cute.make_rmem_tensor((VEC32,), Float32)
-                    cute.autovec_copy(cute.local_tile(mAcc[batch, head, row, None], (VEC32,), (j * lanes + chunk,)), acc)
-                    out = cute.make_rmem_tensor((VEC32,), self.dtype)
-                    out.store((acc.load() * scale).to(self.dtype))
-                    cute.autovec_copy(out, cute.local_tile(mOut[batch, row, head, None], (VEC32,), (j * lanes + chunk,)))
+                    cute.autovec_copy(cute.local_tile(mAcc[batch, head, row, None], (VEC32,), (j * lanes + chunk,)),
+                                      accs[q * per_thread + j])
+            for q in cutlass.range_constexpr(group):
+                row = bx * ROWS_PER_CTA + (g * group + q) * rows_per_pass + tidx // lanes
+                if row < seqlen:
+                    for j in cutlass.range_constexpr(per_thread):
+                        out = cute.make_rmem_tensor((VEC32,), self.dtype)
+                        out.store((accs[q * per_thread + j].load() * scale).to(self.dtype))
+                        cute.autovec_copy(out, cute.local_tile(mOut[batch, row, head, None], (VEC32,),
+                                                               (j * lanes + chunk,)))
 
 
 class BwdPostprocessDq:
