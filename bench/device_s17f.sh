@@ -14,15 +14,13 @@ cd "$(dirname "$0")/.."
 . bench/device_lib.sh
 device_begin s17f
 device_env "$work/env.log"
-TAILN=6 step tests 240 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+TAILN=6 step tests 140 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
   tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_bwd_gqa_loop_gpu.py \
   -k "grads_match or gqa or matches_atomic or deterministic or compact"
 G=llama3-8b-8k,qwen2.5-7b-4k,llama3.2-1b-8k
+TAILN=14 step split1 60 python3 bench/kernel_split.py --shapes $G --calls 10 --out "$work/split1.json"
 for run in 1 2; do
-  TAILN=14 step "split$run" 100 python3 bench/kernel_split.py --shapes $G --out "$work/split$run.json"
-  TAILN=10 step "det_ratio$run" 100 python3 bench/det_ratio.py --rounds 3 --shapes $G,sq2k-sk8k --out "$work/det_ratio$run.json"
+  TAILN=10 step "det_ratio$run" 60 python3 bench/det_ratio.py --rounds 2 --shapes $G --out "$work/det_ratio$run.json"
 done
-TAILN=8 step det_vs_ref 120 python3 bench/bwd_order.py --orders default --rounds 2 --det --shapes $G \
+TAILN=8 step det_vs_ref 80 python3 bench/bwd_order.py --orders default --rounds 2 --det --shapes $G \
   --out "$work/det_vs_ref.json"
-TAILN=8 step nondet_vs_ref 100 python3 bench/bwd_order.py --orders default --rounds 2 --shapes $G \
-  --out "$work/nondet_vs_ref.json"
