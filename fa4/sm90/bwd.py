@@ -154,7 +154,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         mdK: cute.Tensor,  # gqa 'atomic': (batch, heads_kv, seqlen_k_pad, d) fp32 zeroed; else like mK
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
-        mSemKV: cute.Tensor,  # (batch, heads_kv, 2 num_n) int32 zeroed (dK, dV turns per key tile), or None
+        mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
         mCuSeqlensQ: cute.Tensor,  # varlen: (B+1,) int32 row offsets of the sequences in q, else None
         mCuSeqlensK: cute.Tensor,  # varlen: (B+1,) int32 in k/v, else None
         mSeqUsedQ: cute.Tensor,  # varlen: (B,) int32 rows used per sequence, or None
@@ -964,23 +964,14 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
             gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
             if cutlass.const_expr(self.deterministic):
-                # dK and dV take their turns on two counters of the tile (2 n_block, 2 n_block + 1):
-                # while this head adds dV, the next head of the group may already add dK.
-                turn = head - head_kv * qhead_per_kvhead
-                sem = mSemKV[batch, head_kv, None].iterator + 2 * n_block
-                semaphore.wait_turn(sem, turn, ctid == 0)
+                sem = mSemKV[batch, head_kv, None].iterator + n_block
+                semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-                self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
+            if cutlass.const_expr(self.deterministic):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + 2 * n_block, ctid == 0)
-                semaphore.wait_turn(mSemKV[batch, head_kv, None].iterator + (2 * n_block + 1), turn, ctid == 0)
-                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-                self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
-                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + (2 * n_block + 1), ctid == 0)
-            else:
-                self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
-                self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
+                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
         elif cutlass.const_expr(self.dkv_tma):
             if cutlass.const_expr(self.varlen):
                 # Whole key tiles of the sequence by TMA at its offset; its last, partial tile by

@@ -148,10 +148,9 @@ class _Plan:
         self.sems = None
         if deterministic:
             nq = b * hq * _round4(-(-sq // config.tile_m))
-            # GQA 'atomic': two counters a key tile, the dK and the dV adds' turns.
-            nkv = b * hkv * 2 * _round4(-(-sk // config.tile_n)) if atomic else 0
+            nkv = b * hkv * _round4(-(-sk // config.tile_n)) if atomic else 0
             self.sems = (nq + nkv, nq, (b, hq, _round4(-(-sq // config.tile_m))),
-                         (b, hkv, 2 * _round4(-(-sk // config.tile_n))) if atomic else None)
+                         (b, hkv, _round4(-(-sk // config.tile_n))) if atomic else None)
         self.f32 = torch.float32
 
 
@@ -298,9 +297,8 @@ class _VarlenPlan:
         if deterministic:
             # Turns per (sequence, head, tile): the sequence is the semaphores' batch index.
             nm, nn = _round4(-(-max_seqlen_q // config.tile_m)), _round4(-(-max_seqlen_k // config.tile_n))
-            # GQA: two counters a key tile (the dK and the dV adds' turns).
-            nq, nkv = b * hq * nm, (b * hkv * 2 * nn if gqa else 0)
-            self.sems = (nq + nkv, nq, (b, hq, nm), (b, hkv, 2 * nn) if gqa else None)
+            nq, nkv = b * hq * nm, (b * hkv * nn if gqa else 0)
+            self.sems = (nq + nkv, nq, (b, hq, nm), (b, hkv, nn) if gqa else None)
         self.f32 = torch.float32
 
 

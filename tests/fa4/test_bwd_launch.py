@@ -342,28 +342,3 @@ def test_workspace_views_are_contiguous_disjoint_and_cover_the_buffer():
         assert (view.data_ptr() - buf.data_ptr()) % 16 == 0
         at += math.prod(shape)
     assert at == buf.numel()
-
-
-@pytest.mark.parametrize("varlen", [False, True])
-def test_deterministic_gqa_semaphores_hold_two_turn_counters_a_key_tile(monkeypatch, varlen):
-    """Deterministic GQA 'atomic': the main kernel takes the dK and the dV turns of key tile n on
-    counters 2n and 2n + 1 of its (sequence, K/V head) row, so the plan's sem_kv rows hold two per
-    key tile of the longest sequence; sem_q one per query tile; both zeroed views of one buffer that
-    do not overlap."""
-    from fa4.sm90.bwd_launch import _Plan, _semaphores, _VarlenPlan
-
-    monkeypatch.setattr(bwd_launch, "compiled", lambda key, build: None)
-    cfg = BwdConfigSm90()
-    if varlen:
-        q, k = torch.zeros(700, 8, 64, dtype=torch.bfloat16), torch.zeros(900, 2, 64, dtype=torch.bfloat16)
-        plan = _VarlenPlan(q, k, k, 3, 300, 500, False, False, 0.125, True, True, cfg, False, -1, -1, 0.0, False)
-        rows, n_q, n_k = 3, 300, 500
-    else:
-        q, k, _ = tensors(b=2, sq=300, sk=500, hq=8, hkv=2)
-        plan = _Plan(q, k, k, 0.125, True, True, cfg, False, -1, -1, 0.0, False)
-        rows, n_q, n_k = 2, 300, 500
-    sem_q, sem_kv = _semaphores(plan.sems, "cpu")
-    assert sem_q.shape[:2] == (rows, 8) and sem_q.shape[2] >= -(-n_q // cfg.tile_m)
-    assert sem_kv.shape[:2] == (rows, 2) and sem_kv.shape[2] >= 2 * -(-n_k // cfg.tile_n)
-    assert sem_q.data_ptr() + sem_q.numel() * 4 <= sem_kv.data_ptr()
-    assert not sem_q.any() and not sem_kv.any()
