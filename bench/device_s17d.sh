@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran once at a889164 (bench/RESULTS.md, session 17): q_order was taken out again in 6a89fdf, so on
+# later commits its tests and variants are gone; check out a889164 to rerun it.
 # Session 17, second device round: q_order 'descending' (each CTA walks its query tiles from the
 # last one down; compile-checked clean, the ascending kernels byte-identical). Its GPU tests first
 # (right, and deterministic bitwise under both launch orders: no deadlock with the longest key

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Ran once at 683724b (bench/RESULTS.md, session 17): change (2) was taken out again in 2a719bc; on
+# later commits this script measures the kernels without it.
 # Session 17, third device round, two backward changes (each compile-checked clean):
 # (1) the GQA dK/dV postprocess issues the loads of 8 passes before their stores (SASS
 #     LLLLLLLLSSSSSSSS). Prediction: Llama-3-8B's dK/dV postprocess 47.2 us (session 16) -> ~30 us,
