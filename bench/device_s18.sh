@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Session 18, after README command (1) (`bash bench/device_main.sh`). One phase a call (600 s cap):
+#  p: the preprocess change (below);
 #  a: issue 18's varlen causal and window backward against the reference, more samples (the bar
 #     0.95: varlen's median 0.955 over nine runs, window 0.925-0.974 not re-measured since session 16);
 #  b: issue 20's provider="auto" bar, the measuring half: each provider's default on the 10 problems
@@ -14,6 +15,16 @@ phase=${1:-a}
 device_begin "s18$phase"
 device_env "$work/env.log"
 db=/tmp/s18_auto.db
+if [ "$phase" = p ]; then
+  # The preprocess's loads in groups of 8 passes (SASS test in tests/fa4/test_bwd_compile.py):
+  # correctness (head dims, the LSE gradient, rows that see no key, varlen lengths 0 and 1,
+  # seqused), then the kernel split: prediction 74 -> ~69 us at hd128 S8k B2 H16 (the reference's).
+  TAILN=8 step pre_tests 230 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+    tests/fa4/test_bwd_feat_gpu.py tests/fa4/test_varlen_bwd_gpu.py \
+    -k "grads_match_reference or lse_gradient or see_no_key or lengths_0_and_1 or issue_mix or seqused or other_head_dims"
+  TAILN=12 step pre_split 150 python3 bench/kernel_split.py --shapes causal-8k,llama3-8b-8k,varlen-causal --calls 10
+  exit 0
+fi
 if [ "$phase" = a ]; then
   for run in 1 2; do
     TAILN=8 step "bwd_feat$run" 200 python3 bench/bwd_order.py --orders default --rounds 4 \

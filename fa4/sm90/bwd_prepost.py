@@ -41,7 +41,7 @@ VEC16 = 8  # 16-bit elements per 16-byte vector
 VEC32 = 4  # fp32 elements per 16-byte vector
 DQ_WGS = 2  # consumer warpgroups of the main kernel; each computes half of the dQ tile
 DQ_THREADS = 128 * DQ_WGS
-POST_GROUP = 8  # GQA dK/dV postprocess: passes whose loads are issued before their stores
+POST_GROUP = 8  # preprocess and GQA dK/dV postprocess: passes whose loads are issued before their stores
 
 
 def row_lanes(vectors: int) -> int:
@@ -161,29 +161,38 @@ class BwdPreprocess:
         per_thread = self.head_dim_v // VEC16 // lanes
         rows_per_pass = ROWS_PER_CTA // lanes
         chunk = tidx % lanes
-        for p in cutlass.range_constexpr(lanes):
-            row = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
-            src = cutlass.min(row, seqlen - 1)
-            part = Float32(0.0)
-            for j in cutlass.range_constexpr(per_thread):
-                o = cute.make_rmem_tensor((VEC16,), self.dtype)
-                do = cute.make_rmem_tensor((VEC16,), self.dtype)
-                cute.autovec_copy(cute.local_tile(mO[batch, src, head, None], (VEC16,), (j * lanes + chunk,)), o)
-                cute.autovec_copy(cute.local_tile(mdO[batch, src, head, None], (VEC16,), (j * lanes + chunk,)), do)
-                dot = (o.load().to(Float32) * do.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-                part = dot if j == 0 else part + dot
-            dsum = cute.arch.warp_reduction(part, operator.add, threads_in_group=lanes)
-            if chunk == 0:
-                val = Float32(0.0)  # padded rows: D = 0
-                if row < seqlen:
-                    val = dsum
-                    if cutlass.const_expr(self.has_dlse):
-                        val = dsum - mdLSE[batch, head, row]
-                mDsum[batch, head, row] = val
+        # The LSE row first: a load behind the D stores below could not be issued before them.
         row = bx * ROWS_PER_CTA + tidx
+        lse = mLSE[batch, head, cutlass.min(row, seqlen - 1)]
+        # The passes in groups of POST_GROUP: all loads of a group, then its D stores. A store
+        # between two passes' loads keeps the later loads behind it (the compiler cannot tell
+        # mDsum from mO), one pass in flight per thread: 32 bytes, too few to fill HBM.
+        for g in cutlass.range_constexpr(0, lanes, POST_GROUP):
+            passes = range(g, min(g + POST_GROUP, lanes))
+            dsums = []
+            for p in passes:
+                src = cutlass.min(bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes, seqlen - 1)
+                part = Float32(0.0)
+                for j in cutlass.range_constexpr(per_thread):
+                    o = cute.make_rmem_tensor((VEC16,), self.dtype)
+                    do = cute.make_rmem_tensor((VEC16,), self.dtype)
+                    cute.autovec_copy(cute.local_tile(mO[batch, src, head, None], (VEC16,), (j * lanes + chunk,)), o)
+                    cute.autovec_copy(cute.local_tile(mdO[batch, src, head, None], (VEC16,), (j * lanes + chunk,)), do)
+                    dot = (o.load().to(Float32) * do.load().to(Float32)).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    part = dot if j == 0 else part + dot
+                dsum = cute.arch.warp_reduction(part, operator.add, threads_in_group=lanes)
+                if cutlass.const_expr(self.has_dlse):
+                    dsum = dsum - mdLSE[batch, head, src]
+                dsums.append(dsum)
+            for i, p in enumerate(passes):
+                prow = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
+                if chunk == 0:
+                    val = Float32(0.0)  # padded rows: D = 0
+                    if prow < seqlen:
+                        val = dsums[i]
+                    mDsum[batch, head, prow] = val
         lse2 = Float32.inf
         if row < seqlen:
-            lse = mLSE[batch, head, row]
             if lse != -Float32.inf:
                 lse2 = lse * Float32(LOG2_E)
         mLSE2[batch, head, row] = lse2
