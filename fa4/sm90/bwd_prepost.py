@@ -168,10 +168,10 @@ class BwdPreprocess:
         # between two passes' loads keeps the later loads behind it (the compiler cannot tell
         # mDsum from mO), one pass in flight per thread: 32 bytes, too few to fill HBM.
         for g in cutlass.range_constexpr(0, lanes, POST_GROUP):
-            passes = range(g, min(g + POST_GROUP, lanes))
+            prows = [bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes for p in range(g, min(g + POST_GROUP, lanes))]
             dsums = []
-            for p in passes:
-                src = cutlass.min(bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes, seqlen - 1)
+            for prow in prows:
+                src = cutlass.min(prow, seqlen - 1)
                 part = Float32(0.0)
                 for j in cutlass.range_constexpr(per_thread):
                     o = cute.make_rmem_tensor((VEC16,), self.dtype)
@@ -184,8 +184,7 @@ class BwdPreprocess:
                 if cutlass.const_expr(self.has_dlse):
                     dsum = dsum - mdLSE[batch, head, src]
                 dsums.append(dsum)
-            for i, p in enumerate(passes):
-                prow = bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes
+            for i, prow in enumerate(prows):
                 if chunk == 0:
                     val = Float32(0.0)  # padded rows: D = 0
                     if prow < seqlen:
@@ -257,14 +256,13 @@ class BwdPostprocess:
         # pass's load before this pass's store: one memory latency a pass (~2.1 TB/s at hd128).
         group = min(POST_GROUP, lanes)
         for g in cutlass.range_constexpr(lanes // group):
+            prows = [bx * ROWS_PER_CTA + (g * group + q) * rows_per_pass + tidx // lanes for q in range(group)]
             accs = [cute.make_rmem_tensor((VEC32,), Float32) for _ in range(group * per_thread)]
-            for q in cutlass.range_constexpr(group):
-                row = bx * ROWS_PER_CTA + (g * group + q) * rows_per_pass + tidx // lanes
+            for q, row in enumerate(prows):
                 for j in cutlass.range_constexpr(per_thread):
                     cute.autovec_copy(cute.local_tile(mAcc[batch, head, row, None], (VEC32,), (j * lanes + chunk,)),
                                       accs[q * per_thread + j])
-            for q in cutlass.range_constexpr(group):
-                row = bx * ROWS_PER_CTA + (g * group + q) * rows_per_pass + tidx // lanes
+            for q, row in enumerate(prows):
                 if row < seqlen:
                     for j in cutlass.range_constexpr(per_thread):
                         out = cute.make_rmem_tensor((VEC32,), self.dtype)
