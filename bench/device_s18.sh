@@ -19,10 +19,16 @@ if [ "$phase" = p ]; then
   # The preprocess's loads in groups of 8 passes (SASS test in tests/fa4/test_bwd_compile.py):
   # correctness (head dims, the LSE gradient, rows that see no key, varlen lengths 0 and 1,
   # seqused), then the kernel split: prediction 74 -> ~69 us at hd128 S8k B2 H16 (the reference's).
-  TAILN=8 step pre_tests 230 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+  TAILN=8 step pre_tests 200 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
     tests/fa4/test_bwd_feat_gpu.py tests/fa4/test_varlen_bwd_gpu.py \
     -k "grads_match_reference or lse_gradient or see_no_key or lengths_0_and_1 or issue_mix or seqused or other_head_dims"
-  TAILN=12 step pre_split 150 python3 bench/kernel_split.py --shapes causal-8k,llama3-8b-8k,varlen-causal --calls 10
+  TAILN=12 step pre_split 120 python3 bench/kernel_split.py --shapes causal-8k,llama3-8b-8k,varlen-causal --calls 10
+  # Varlen's padded grid walks (sequence, group of head_swizzle heads, key tile): half its CTAs
+  # (key tiles past a document's end) exit at once but hold an SM slot each, spread through the
+  # launch. Larger groups walk key tile n of more documents together, so the empty ones gather
+  # toward the end of the launch. Prediction: 0:16 / 0:32 +1-2% over the default's 0:4.
+  TAILN=12 step varlen_swz 150 python3 bench/bwd_order.py --orders default,0:8,0:16,0:32 --rounds 3 \
+    --shapes varlen-causal --out "$work/varlen_swz.json"
   exit 0
 fi
 if [ "$phase" = a ]; then
