@@ -78,6 +78,13 @@ SEQ_PAD = 128
 # and Sq 2k / Sk 8k within noise): there the stores ahead of the dV GEMM delay its issue by more
 # than the fence's wait they save.
 DS_EARLY_HEAD_DIMS = (64,)
+# The varlen padded grid walks (sequence, group of head_swizzle heads, key tile), and the key tiles
+# past a document's end exit at once but hold an SM slot each. Measured on the H200 (session 18,
+# bench/bwd_order.py --orders default,0:8,0:16,0:32 --shapes varlen-causal, four runs, ours/ref):
+# 4 heads a group 0.957 / 0.942 / 0.949 / 0.957, 8 heads 0.969 / 0.968 / 0.963 / 0.969 (+1.2-2.8%),
+# 16 heads 0.962 / 0.980 / 0.965 / 0.969, 32 heads 0.959 / 0.956 / 0.955 (three runs). Deterministic
+# (shortest first) 8 against 1: 1.044 / 1.038 of the reference's deterministic, one run: kept at 1.
+VARLEN_HEAD_SWIZZLE = 8
 
 
 @dataclass(frozen=True)
@@ -502,6 +509,8 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
     into the same dQ tiles in turn, 4 (hd64) or 8 (hd >= 96) heads per group (hd64 0.89 -> 0.99 of
     the non-deterministic kernel, hd128 0.947 -> 0.974), causal 1 (8 lost 10% at hd128).
 
+    Varlen, non-deterministic, masked, hd128: VARLEN_HEAD_SWIZZLE heads a group (below).
+
     Non-deterministic, unmasked: the order only moves L2 reuse; more heads per group lost 1.5-2.5%
     non-causal at S8k: (True, 1), as before (spt_order has no effect there).
     """
@@ -513,6 +522,8 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
         return True, 1
     if gqa_reduce == "loop" or problem.head_dim in SPLIT_HEAD_DIMS:
         return False, 1
+    if getattr(problem, "varlen", False) and problem.head_dim == 128:
+        return False, VARLEN_HEAD_SWIZZLE
     return False, (2 if problem.head_dim == 64 else 4)
 
 
