@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 18, after README command (1) (`bash bench/device_main.sh`). One phase a call (600 s cap):
-#  p: the preprocess change (below);
+#  p: the preprocess change (below); q: second samples of p's figures;
 #  a: issue 18's varlen causal and window backward against the reference, more samples (the bar
 #     0.95: varlen's median 0.955 over nine runs, window 0.925-0.974 not re-measured since session 16);
 #  b: issue 20's provider="auto" bar, the measuring half: each provider's default on the 10 problems
@@ -29,6 +29,12 @@ if [ "$phase" = p ]; then
   # toward the end of the launch. Prediction: 0:16 / 0:32 +1-2% over the default's 0:4.
   TAILN=12 step varlen_swz 150 python3 bench/bwd_order.py --orders default,0:8,0:16,0:32 --rounds 3 \
     --shapes varlen-causal --out "$work/varlen_swz.json"
+  exit 0
+fi
+if [ "$phase" = q ]; then
+  # Second samples: the preprocess split (dense), and varlen/window with the new varlen default.
+  TAILN=12 step pre_split2 70 python3 bench/kernel_split.py --shapes causal-8k,llama3-8b-8k --calls 10
+  TAILN=6 step feat_default 90 python3 bench/bwd_order.py --orders default --rounds 3 --shapes varlen-causal,window
   exit 0
 fi
 if [ "$phase" = a ]; then
