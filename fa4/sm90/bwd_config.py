@@ -79,7 +79,8 @@ SEQ_PAD = 128
 # than the fence's wait they save.
 DS_EARLY_HEAD_DIMS = (64,)
 # The varlen padded grid walks (sequence, group of head_swizzle heads, key tile), and the key tiles
-# past a document's end exit at once but hold an SM slot each. Measured on the H200 (session 18,
+# past a document's end exit at once but hold an SM slot each (why larger groups help: a reading,
+# not measured; the window grid, which has no such tiles, did not move). Measured on the H200 (session 18,
 # bench/bwd_order.py --orders default,0:8,0:16,0:32 --shapes varlen-causal, four runs, ours/ref):
 # 4 heads a group 0.957 / 0.942 / 0.949 / 0.957, 8 heads 0.969 / 0.968 / 0.963 / 0.969 (+1.2-2.8%),
 # 16 heads 0.962 / 0.980 / 0.965 / 0.969, 32 heads 0.959 / 0.956 / 0.955 (three runs). Deterministic
@@ -509,7 +510,8 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
     into the same dQ tiles in turn, 4 (hd64) or 8 (hd >= 96) heads per group (hd64 0.89 -> 0.99 of
     the non-deterministic kernel, hd128 0.947 -> 0.974), causal 1 (8 lost 10% at hd128).
 
-    Varlen, non-deterministic, masked, hd128: VARLEN_HEAD_SWIZZLE heads a group (below).
+    Varlen, non-deterministic, masked, hd128: VARLEN_HEAD_SWIZZLE heads a group (its comment has the
+    session 18 measurements).
 
     Non-deterministic, unmasked: the order only moves L2 reuse; more heads per group lost 1.5-2.5%
     non-causal at S8k: (True, 1), as before (spt_order has no effect there).
