@@ -17,7 +17,7 @@ import pytest
 
 from fa4.problem import Problem
 from fa4.sm90.bwd_compile import compile_bwd_main, compile_bwd_post, compile_bwd_post_dq, compile_bwd_pre, compile_key
-from fa4.sm90.bwd_config import REG_SPLIT, BwdConfigSm90, default_config, violations
+from fa4.sm90.bwd_config import REG_SPLIT, VARLEN_HEAD_SWIZZLE, BwdConfigSm90, default_config, violations
 from fa4.sm90.compile import ensure_target
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
@@ -105,10 +105,12 @@ def test_varlen_bwd_keys_and_defaults():
         compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128, seqused_q=True)
     plain = compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128)
     assert compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128, varlen=True) != plain
-    # The varlen problem's default is the dense one's (dK/dV by TMA without GQA).
+    # The varlen problem's default is the dense one's (dK/dV by TMA without GQA) but for its launch
+    # order: 8 heads a scheduling group at hd128 (bwd_config.VARLEN_HEAD_SWIZZLE, session 18).
     p = varlen_problem(128, True)
     dense = dataclasses.replace(p, varlen=False, varlen_mean_q=0, varlen_mean_k=0)
-    assert default_config(p) == default_config(dense) and default_config(p).dkv_store == "tma"
+    assert default_config(p) == dataclasses.replace(default_config(dense), head_swizzle=VARLEN_HEAD_SWIZZLE)
+    assert default_config(p).dkv_store == "tma" and default_config(dense).head_swizzle != VARLEN_HEAD_SWIZZLE
     # The varlen-only refusals (compiled spills): tile_m 128 with per-element dS^T stores, and exp_pin
     # (hd128 causal: 371 local loads a thread; 3.5x slower on the H200, session 16).
     hd64 = varlen_problem(64, False, det=True)
