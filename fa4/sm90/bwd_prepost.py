@@ -101,7 +101,7 @@ class BwdPreprocess:
     warp's loads cover whole rows (a thread per row put 32 rows, H*d*2 bytes apart,
     under every load instruction: 4x the reference's time on the H200 in Nsight Compute). The
     row's dot product is finished with shuffles within those d/8 lanes. Loads are clamped to
-    the last row instead of branched around, so the unrolled passes issue all their loads first.
+    the last row instead of branched around, so each group of passes issues all its loads first.
     """
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None, has_dlse: bool = False,
