@@ -18,10 +18,10 @@ Forward and backward are chosen separately where their saved state allows it:
 A provider without both numbers is not a candidate for that call; with none measured, fa4
 runs.
 
-Host cost counts where the launch is eager: a cold-L2 measurement (the default mode) flushes the
-L2 before each call, which hands the host a head start and hides a per-call host cost up to the
-flush's length, so a provider whose Python path costs more than its kernels looks faster in it
-than it runs in a loop. Where the DB also holds the provider's eager-warm rows (back-to-back
+Host cost counts where the launch is eager: a cold-L2 measurement (the default mode) times the
+GPU's work alone (the tuner's harness lets the GPU sleep through the call's host path after each
+flush), so a provider whose Python path costs more than its kernels looks faster in it than it
+runs in a loop. Where the DB also holds the provider's eager-warm rows (back-to-back
 calls, nothing in between: a host-bound call's time there is its host cost), each pass is
 charged the slower of its two numbers (``fa4-tune --l2 warm`` measures them; bench/auto_dispatch.py
 --measure takes both modes). ``fa4.explain_auto`` (and ``fa4.explain(..., provider="auto")``) names the choice and its

@@ -361,6 +361,25 @@ def l2_flush_buffer(device=None):
     return torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
 
 
+def clock_khz(device=None) -> int:
+    """The GPU's clock in kHz (CUDA's clockRate; the H200's 1,980 MHz where torch does not say)."""
+    import torch
+
+    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+    return int(getattr(props, "clock_rate", 0) or 1_980_000)
+
+
+def host_cover_cycles(host_s: Sequence[float], clock_khz: int) -> int:
+    """GPU clock cycles to sleep so a call's host path, as long as the slowest of ``host_s``
+    (seconds) but for outliers, ends before the GPU wakes: 1.5x its upper quartile plus 20 us.
+    ``torch.cuda._sleep`` counts clock cycles; a GPU clocked below ``clock_khz`` only sleeps longer."""
+    if not host_s:
+        return 0
+    s = sorted(host_s)
+    upper = s[min(len(s) - 1, (3 * len(s)) // 4)]
+    return int((1.5 * upper + 20e-6) * clock_khz * 1e3)
+
+
 class NotCapturable(RuntimeError):
     """The callable cannot be captured into a CUDA graph (graph timing modes): a runtime_error
     result with this reason, never an eager timing in its place."""
@@ -397,6 +416,14 @@ def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
     eager: each rep calls ``fn``. graph: ``fn`` is captured once (after the warm-up) and each rep
     replays the graph; a callable that cannot be captured raises NotCapturable. cold: the L2 is
     flushed before each rep, outside the timed events; warm: nothing runs between reps.
+
+    eager-cold times the GPU's work alone: after the flush the GPU sleeps for longer than ``fn``'s
+    host path took in the warm-up, so the rep's kernels are all queued when its start event fires.
+    Without it a rep's time held whatever host time the flush did not cover, so the same call
+    measured differently with flushes of different lengths (SDPA's cuDNN forward at hd64 B16 S1k:
+    0.109 ms here with a 2x-L2 flush, 0.085 ms under do_bench's 256 MB one). A host-bound call's
+    cost is eager-warm's to show: back-to-back reps, nothing in between (fa4.auto charges the
+    slower of the two).
     """
     import torch
 
@@ -406,8 +433,11 @@ def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     n_warm = 0
+    host_s = []
     while True:
+        h0 = time.perf_counter()
         fn()
+        host_s.append(time.perf_counter() - h0)
         n_warm += 1
         if n_warm % 4 == 0:
             torch.cuda.synchronize()
@@ -422,9 +452,12 @@ def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
         torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    cover = host_cover_cycles(host_s, clock_khz()) if flush is not None and not mode.graph else 0
     for i in range(reps):
         if flush is not None:
             flush.zero_()
+        if cover:
+            torch.cuda._sleep(cover)
         starts[i].record()
         run()
         ends[i].record()

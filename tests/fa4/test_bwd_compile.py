@@ -270,21 +270,27 @@ def test_pre_and_postprocess_codegen(hd, hdv):
             assert lanes_post * (hdv // 4 // lanes_post) == hdv // 4
 
 
-@pytest.mark.parametrize("hd", [64, 96, 128, 256])
-def test_postprocess_issues_its_loads_in_groups(hd):
-    """The GQA dK/dV postprocess issues the loads of POST_GROUP passes before their stores (a
-    branch around each load kept one load in flight per thread: ~2.1 TB/s on the H200)."""
+def global_access_order(compile_fn, hd):
+    """The bf16 kernel's global loads and stores in SASS order, one letter each (L, S)."""
     import glob
 
     ensure_target()
     from fa4.common import codegen_check as cc
-    from fa4.sm90.bwd_prepost import POST_GROUP, row_lanes
 
     with tempfile.TemporaryDirectory() as d:
-        compile_bwd_post("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}")
+        compile_fn("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}")
         cubin = open(glob.glob(d + "/*.cubin")[0], "rb").read()
     ops = cc.sass_opcodes(cc.disassemble(cubin))
-    seq = "".join("L" if o.startswith("LDG") else "S" if o.startswith("STG") else "" for o in ops)
+    return "".join("L" if o.startswith("LDG") else "S" if o.startswith("STG") else "" for o in ops)
+
+
+@pytest.mark.parametrize("hd", [64, 96, 128, 256])
+def test_postprocess_issues_its_loads_in_groups(hd):
+    """The GQA dK/dV postprocess issues the loads of POST_GROUP passes before their stores (a
+    branch around each load kept one load in flight per thread: ~2.1 TB/s on the H200)."""
+    from fa4.sm90.bwd_prepost import POST_GROUP, row_lanes
+
+    seq = global_access_order(compile_bwd_post, hd)
     lanes = row_lanes(hd // 4)
     group = min(POST_GROUP, lanes) * (hd // 4 // lanes)  # 16-byte loads of a group, per thread
     assert seq == ("L" * group + "S" * group) * (hd // 4 // group), seq
@@ -295,17 +301,9 @@ def test_preprocess_issues_its_loads_in_groups(hd):
     """The preprocess issues the O and dO loads of POST_GROUP passes (and the LSE row's) before
     any store: with each pass's D store between the passes' loads, one pass was in flight per
     thread (SASS LLS LLS ...; 74 us against the reference's 69 at hd128 S8k B2 H16, session 16)."""
-    import glob
-
-    ensure_target()
-    from fa4.common import codegen_check as cc
     from fa4.sm90.bwd_prepost import POST_GROUP, VEC16, VEC32, row_lanes
 
-    with tempfile.TemporaryDirectory() as d:
-        compile_bwd_pre("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --keep-cubin --dump-dir={d}")
-        cubin = open(glob.glob(d + "/*.cubin")[0], "rb").read()
-    ops = cc.sass_opcodes(cc.disassemble(cubin))
-    seq = "".join("L" if o.startswith("LDG") else "S" if o.startswith("STG") else "" for o in ops)
+    seq = global_access_order(compile_bwd_pre, hd)
     lanes = row_lanes(hd // VEC16)
     loads_per_pass = 2 * (hd // VEC16 // lanes)
     groups = [min(POST_GROUP, lanes - g) for g in range(0, lanes, POST_GROUP)]

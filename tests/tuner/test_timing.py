@@ -27,6 +27,7 @@ from tuner.worker import InProcessRunner
 
 PROBLEM = Problem.standard(8192, 128)
 EAGER_MS, REPLAY_MS, FLUSH_MS = 2.0, 1.0, 100.0
+CLOCK_KHZ = 1_000_000  # the fake GPU's clock: 1 GHz
 
 
 # -- the declaration ---------------------------------------------------------------------------
@@ -133,6 +134,16 @@ class FakeGPU:
                 gpu.log.append("flush")
 
         monkeypatch.setattr(harness, "l2_flush_buffer", lambda device=None: gpu.log.append("flush buffer") or Flush())
+
+        def sleep(cycles):
+            assert gpu.capturing is None and cycles > 0
+            gpu.clock += cycles / CLOCK_KHZ
+            gpu.slept.append(cycles)
+            gpu.log.append("sleep")
+
+        self.slept: list[int] = []
+        monkeypatch.setattr(cuda, "_sleep", sleep)
+        monkeypatch.setattr(harness, "clock_khz", lambda device=None: CLOCK_KHZ)
         return self
 
     def fn(self):
@@ -152,7 +163,10 @@ SETTINGS = dict(warmup_ms=0.0, min_reps=5, max_reps=5)
 
 def _timed_part(log: list[str]) -> list[str]:
     """The log from the first timed event on."""
-    return log[log.index("record") - (1 if log[log.index("record") - 1] == "flush" else 0):]
+    i = log.index("record")
+    while i and log[i - 1] in ("flush", "sleep"):
+        i -= 1
+    return log[i:]
 
 
 def test_graph_cold_times_replays_with_the_flush_outside_the_events(monkeypatch):
@@ -184,10 +198,37 @@ def test_eager_modes_launch_each_rep_and_never_capture(monkeypatch):
     gpu = FakeGPU().install(monkeypatch)
     assert harness.time_callable(gpu.fn, Settings(**SETTINGS)) == [EAGER_MS] * 5  # the default: eager-cold
     assert "capture_begin" not in gpu.log
-    assert _timed_part(gpu.log) == ["flush", "record", "fn on default", "record"] * 5
+    # eager-cold: the GPU sleeps after the flush, so the rep's launch is queued when its start
+    # event fires (the host path is not in the sample; eager-warm's back-to-back reps show it).
+    assert _timed_part(gpu.log) == ["flush", "sleep", "record", "fn on default", "record"] * 5
     gpu = FakeGPU().install(monkeypatch)
     assert harness.time_callable(gpu.fn, Settings(timing="eager-warm", **SETTINGS)) == [EAGER_MS] * 5
     assert "flush" not in gpu.log and _timed_part(gpu.log) == ["record", "fn on default", "record"] * 5
+
+
+def test_eager_cold_sleeps_the_gpu_for_longer_than_the_host_path_takes(monkeypatch):
+    import time
+
+    gpu = FakeGPU().install(monkeypatch)
+    host_s = 0.004
+
+    def slow_host():  # a call whose Python path takes 4 ms of wall time before its launch
+        time.sleep(host_s)
+        gpu.fn()
+
+    assert harness.time_callable(slow_host, Settings(**SETTINGS)) == [EAGER_MS] * 5
+    # Each rep's sleep outlasts the host path measured in the warm-up (1.5x it, plus 20 us).
+    assert len(gpu.slept) == 5 and len(set(gpu.slept)) == 1
+    assert gpu.slept[0] >= (1.5 * host_s + 20e-6) * CLOCK_KHZ * 1e3
+    assert gpu.slept[0] < 10 * host_s * CLOCK_KHZ * 1e3  # not unbounded: a few times the host path
+    # The rule itself: the upper quartile (the first call's compile is an outlier), 1.5x, + 20 us.
+    assert harness.host_cover_cycles([], CLOCK_KHZ) == 0
+    assert abs(harness.host_cover_cycles([1.0] + [1e-4] * 7, CLOCK_KHZ) - 170_000) <= 1
+    # Graph replays have no host path to cover, a warm L2 no flush to hide it behind.
+    for timing in ("graph-cold", "eager-warm", "graph-warm"):
+        gpu = FakeGPU().install(monkeypatch)
+        harness.time_callable(slow_host, Settings(timing=timing, **SETTINGS))
+        assert gpu.slept == [], timing
 
 
 def test_a_callable_that_cannot_be_captured_is_a_runtime_error_never_an_eager_timing(monkeypatch):
