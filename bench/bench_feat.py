@@ -54,6 +54,8 @@ def bench(fn):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--default-only", action="store_true",
+                    help="each case's default config only (no softcap knob sweep): the issue's bars")
     a = ap.parse_args()
     from flash_attn.cute import flash_attn_func as ref_fa4
 
@@ -80,7 +82,7 @@ def main():
             row["ref_error"] = f"{type(e).__name__}: {e}"[:300]
             ref_ms = None
         changes = [{}]
-        if cap:
+        if cap and not a.default_only:
             # The tanh split's every choice; then the exp2 split (8 FMA-pipe instructions per MUFU op
             # saved, against the tanh's 17) alone and beside it: with softcap both are MUFU work.
             changes = [{"tanh_fma_frac": f} for f in fracs] + [

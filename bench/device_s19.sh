@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Session 19, after README command (1) (`bash bench/device_main.sh`). One phase a call (600 s cap):
+#  a: issue 20's provider="auto" bar again, with the harness's eager-cold now timing the GPU's work
+#     alone (the GPU sleeps through the call's host path after each flush). Session 18's run chose
+#     fa4's forward at hd64 B16 S1k from a cuDNN cold row of 0.109 ms that held ~25 us of SDPA's
+#     host path the 2x-L2 flush did not cover; do_bench (a 256 MB flush) timed the same call at
+#     0.085 ms. Prediction: cuDNN's cold row ~0.085-0.09 ms, its warm row (~0.094) charged, auto
+#     picks cuDNN's forward there and is within 5% of the fastest on all ten rows; then the timing
+#     half twice (two runs before a claim).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/device_lib.sh
+phase=${1:-a}
+device_begin "s19$phase"
+device_env "$work/env.log"
+db=/tmp/s19_auto.db
+python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+if [ "$phase" = a ]; then
+  rm -f "$db"
+  TAILN=30 KEEP="rc=|^\\$|error|Error" step auto_measure 380 python3 bench/auto_dispatch.py --db "sqlite:///$db" --measure
+  cp "$db" "$work/"
+  for run in 1 2; do
+    TAILN=14 step "auto_time$run" 90 python3 bench/auto_dispatch.py --db "sqlite:///$db"
+  done
+  exit 0
+fi
+if [ "$phase" = f ]; then
+  # Issue 18's bars at its shapes, every feature forward and backward against the reference in one
+  # process, twice (each feature >= 0.95x, softcap forward >= 1.2x): the forward features (window,
+  # softcap, sink; defaults only), the backward on saved out/lse, packed varlen fwd and bwd.
+  for run in 1 2; do
+    TAILN=8 step "feat_fwd$run" 150 python3 bench/bench_feat.py --default-only --out "$work/feat_fwd$run.json"
+    TAILN=5 step "feat_bwd$run" 150 python3 bench/check_bwd_feat.py --out "$work/feat_bwd$run.json"
+    TAILN=8 step "varlen$run" 150 python3 bench/bench_varlen.py --out "$work/varlen$run.json"
+  done
+  exit 0
+fi
