@@ -27,12 +27,22 @@ if [ "$phase" = a ]; then
 fi
 if [ "$phase" = f ]; then
   # Issue 18's bars at its shapes, every feature forward and backward against the reference in one
-  # process, twice (each feature >= 0.95x, softcap forward >= 1.2x): the forward features (window,
-  # softcap, sink; defaults only), the backward on saved out/lse, packed varlen fwd and bwd.
-  for run in 1 2; do
-    TAILN=8 step "feat_fwd$run" 150 python3 bench/bench_feat.py --default-only --out "$work/feat_fwd$run.json"
-    TAILN=5 step "feat_bwd$run" 150 python3 bench/check_bwd_feat.py --out "$work/feat_bwd$run.json"
-    TAILN=8 step "varlen$run" 150 python3 bench/bench_varlen.py --out "$work/varlen$run.json"
-  done
+  # process (each feature >= 0.95x, softcap forward >= 1.2x): the forward features (window, softcap,
+  # sink; defaults only), the backward on saved out/lse, packed varlen fwd and bwd. Run N = $2.
+  run=${2:-1}
+  TAILN=8 step "feat_fwd$run" 150 python3 bench/bench_feat.py --default-only --out "$work/feat_fwd$run.json"
+  TAILN=5 step "feat_bwd$run" 150 python3 bench/check_bwd_feat.py --out "$work/feat_bwd$run.json"
+  TAILN=8 step "varlen$run" 150 python3 bench/bench_varlen.py --out "$work/varlen$run.json"
+  exit 0
+fi
+if [ "$phase" = t ]; then
+  # The hd64 causal forward's tile_m at short sequences. The default, tile_m 192 (three consumer
+  # warpgroups, +12-14% per FLOP at 8k), computes 6 row tiles for 1024 rows, the last one a third
+  # full and the longest in a causal walk: 32 tiles of 192x128 against 36 of 128x128, 786k against
+  # 590k score elements (1.33x). Prediction: tile_m 128 +10-18% at S1k (GPT-2's shape, where cuDNN
+  # runs 0.085 ms against our 0.108), about even at S2k (1.11x the elements against 1.13x speed).
+  TAILN=12 step fwd_tile 200 python3 bench/knob_effects.py --check --shapes 1024:64:1,2048:64:1,1024:64:0 \
+    --variants '[{}, {"tile_m": 128}, {"tile_m": 128, "pingpong": "mma"}, {"tile_m": 128, "tile_n": 176}]' \
+    --out "$work/fwd_tile.json"
   exit 0
 fi
