@@ -50,3 +50,12 @@ if [ "$phase" = t ]; then
     --out "$work/fwd_tile.json"
   exit 0
 fi
+if [ "$phase" = s ]; then
+  # The learnable sink's backward (issue 18's one bar below 0.95: 0.938 / 0.932 in session 19, the
+  # plain causal one 1.000 / 0.984 in the same runs): the same main kernel as plain causal, so the
+  # split says whether the gap is the sink's gradient (five PyTorch ops after the kernels, predicted
+  # ~15-25 us of 2.5 ms) or run-to-run spread between the two cases.
+  TAILN=40 step sink_split 150 python3 bench/kernel_split.py --shapes sink,causal-8k --calls 10 \
+    --out "$work/sink_split.json"
+  exit 0
+fi
