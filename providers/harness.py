@@ -370,14 +370,16 @@ def clock_khz(device=None) -> int:
 
 
 def host_cover_cycles(host_s: Sequence[float], clock_khz: int) -> int:
-    """GPU clock cycles to sleep so a call's host path, as long as the slowest of ``host_s``
-    (seconds) but for outliers, ends before the GPU wakes: 1.5x its upper quartile plus 20 us.
-    ``torch.cuda._sleep`` counts clock cycles; a GPU clocked below ``clock_khz`` only sleeps longer."""
-    if not host_s:
+    """GPU clock cycles to sleep so a call's host path ends before the GPU wakes: twice the median
+    of ``host_s`` (seconds; the first call, which may allocate or compile, left out) plus 20 us,
+    at most 20 ms. ``torch.cuda._sleep`` counts clock cycles; a GPU clocked below ``clock_khz``
+    only sleeps longer. A rep whose host path outlasts it anyway (a GC pause) is one slow sample,
+    which the median over the reps absorbs."""
+    s = sorted(host_s[1:] if len(host_s) > 1 else host_s)
+    if not s:
         return 0
-    s = sorted(host_s)
-    upper = s[min(len(s) - 1, (3 * len(s)) // 4)]
-    return int((1.5 * upper + 20e-6) * clock_khz * 1e3)
+    median = s[len(s) // 2]
+    return int(min(2.0 * median + 20e-6, 20e-3) * clock_khz * 1e3)
 
 
 class NotCapturable(RuntimeError):
