@@ -76,7 +76,7 @@ def main() -> int:
         choice = fa4.explain_auto(q, k, v, causal)
         name = f"B{b} Sq{sq} Sk{sk} H{hq}/{hkv} d{d}{' causal' if causal else ''}"
         for kind in ("fwd", "fwd+bwd"):
-            times, runs, failed = {}, {}, set()
+            runs, failed = {}, set()
             names = (*PROVIDERS, "auto")
             # Interleaved rounds, each in a rotated order, the best of them per provider: session 19
             # timed auto last (after the SDPA peers) and read it 11-21% above the same fa4 call timed
@@ -103,7 +103,7 @@ def main() -> int:
                     print(f"  {name} {kind} {p}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
                     continue
                 runs.setdefault(p, []).append(t)
-                times[p] = min(runs[p])
+            times = {p: min(ts) for p, ts in runs.items()}
             best = min((t for p, t in times.items() if p != "auto"), default=None)
             chosen = choice.fwd if kind == "fwd" else choice.train
             ratio = times.get("auto", float("nan")) / best if best else float("nan")

@@ -29,3 +29,8 @@ device_env() {  # LOG: the GPU, torch, where fa4 and the reference FA4 load from
 import fa4, flash_attn.cute as r; print('fa4 from', fa4.__file__, '| reference from', r.__file__)" 2>&1 | tee "$1"
   git log --oneline -3 2>/dev/null | tee -a "$1"
 }
+
+device_install() {  # the kit's platformdirs wheel and fa4 itself (editable: `fa4-tune` on PATH), quietly
+  python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+}

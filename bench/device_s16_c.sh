@@ -9,7 +9,6 @@ device_begin s16_c
 device_env "$work/env.log"
 TAILN=40 KEEP="us|TFLOP|config|rc=" step split 120 python3 bench/kernel_split.py --shapes varlen-causal,causal-8k \
   --out "$work/split.json"
-python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+device_install
 TAILN=14 step tune 220 fa4-tune --pass bwd --batch 8 --seqlen 4096 --hdim 128 --heads 16 --causal \
   --varlen-mean 2048 --trials 16 --budget-s 150 --verify-rounds 3 --db "sqlite:///$work/varlen.db"

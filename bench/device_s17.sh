@@ -30,8 +30,7 @@ fi
 TAILN=12 step det_ratio 240 python3 bench/det_ratio.py --rounds 3 --out "$work/det_ratio.json"
 # Issue 20's weakest shape (GPT-2 1k hd64: main kernel 0.922 of the reference's, session 16's split):
 # is it a knob setting? A backward study.
-python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+device_install
 TAILN=12 step gpt2_tune 200 fa4-tune --pass bwd --batch 16 --seqlen 1024 --heads 12 --hdim 64 --causal \
   --trials 16 --budget-s 150 --verify-rounds 3 --db "sqlite:///$work/gpt2.db"
 # Issue 20's host cost: the call split against PyTorch's own autograd floor (second run).

@@ -9,7 +9,6 @@ cd "$(dirname "$0")/.."
 . bench/device_lib.sh
 device_begin s17e
 device_env "$work/env.log"
-python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+device_install
 TAILN=30 KEEP="rc=|^\\$|error|Error" step auto_measure 330 python3 bench/auto_dispatch.py --db "sqlite:///$work/auto.db" --measure
 TAILN=40 step auto_time 180 python3 bench/auto_dispatch.py --db "sqlite:///$work/auto.db"

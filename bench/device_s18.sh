@@ -44,8 +44,7 @@ if [ "$phase" = a ]; then
   done
   exit 0
 fi
-python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+device_install
 if [ "$phase" = b ]; then
   rm -f "$db"
   TAILN=30 KEEP="rc=|^\\$|error|Error" step auto_measure 420 python3 bench/auto_dispatch.py --db "sqlite:///$db" --measure

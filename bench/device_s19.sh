@@ -14,8 +14,7 @@ phase=${1:-a}
 device_begin "s19$phase"
 device_env "$work/env.log"
 db=/tmp/s19_auto.db
-python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
+device_install
 if [ "$phase" = a ] || [ "$phase" = g ]; then
   # g: the GPT-2 rows alone (bench/shapes/gpt2_1k.csv), the two that missed in session 18.
   shapes=bench/shapes/issue16_table.csv

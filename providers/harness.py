@@ -352,21 +352,23 @@ def bwd_errors(problem: Problem, grads, q, k, v, do, settings: Settings) -> tupl
     return err, ref_err
 
 
+def _device_props(device=None):
+    import torch
+
+    return torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
+
+
 def l2_flush_buffer(device=None):
     """A buffer twice the device's L2, written between reps so no rep starts with a warm L2."""
     import torch
 
-    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
-    l2 = int(getattr(props, "L2_cache_size", 0) or 64 * 2**20)
+    l2 = int(getattr(_device_props(device), "L2_cache_size", 0) or 64 * 2**20)
     return torch.empty(2 * l2 // 4, dtype=torch.int32, device="cuda")
 
 
 def clock_khz(device=None) -> int:
     """The GPU's clock in kHz (CUDA's clockRate; the H200's 1,980 MHz where torch does not say)."""
-    import torch
-
-    props = torch.cuda.get_device_properties(device if device is not None else torch.cuda.current_device())
-    return int(getattr(props, "clock_rate", 0) or 1_980_000)
+    return int(getattr(_device_props(device), "clock_rate", 0) or 1_980_000)
 
 
 def host_cover_cycles(host_s: Sequence[float], clock_khz: int) -> int:
@@ -434,19 +436,17 @@ def time_callable(fn: Callable[[], object], settings: Settings) -> list[float]:
     # Warm-up: run until warmup_ms of wall time has passed so the GPU leaves its idle clocks.
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    n_warm = 0
-    host_s = []
+    host_s = []  # each warm-up call's host time (its length: the number of warm-up calls)
     while True:
         h0 = time.perf_counter()
         fn()
         host_s.append(time.perf_counter() - h0)
-        n_warm += 1
-        if n_warm % 4 == 0:
+        if len(host_s) % 4 == 0:
             torch.cuda.synchronize()
             if (time.perf_counter() - t0) * 1e3 >= settings.warmup_ms:
                 break
     torch.cuda.synchronize()
-    estimate = (time.perf_counter() - t0) * 1e3 / n_warm
+    estimate = (time.perf_counter() - t0) * 1e3 / len(host_s)
     reps = reps_for(estimate, settings)
     run = capture_graph(fn).replay if mode.graph else fn
     if mode.graph:
