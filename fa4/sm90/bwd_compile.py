@@ -142,9 +142,9 @@ def _varlen_fakes(varlen: bool, seqused_q: bool = False, seqused_k: bool = False
 
 
 def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None,
-                    has_dlse: bool = False, varlen: bool = False, seqused: bool = False):
+                    has_dlse: bool = False, varlen: bool = False, seqused: bool = False, has_sink: bool = False):
     """D from O and dO (head_dim_v wide; minus the LSE's gradient with has_dlse), the zeroed dQ
-    accumulator (head_dim wide)."""
+    accumulator (head_dim wide); with has_sink each row's term of the sink's gradient too."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -163,8 +163,10 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
     dlse = _fake(f32, (None, None, None), tma=False) if has_dlse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     cu, _, used, _ = _varlen_fakes(varlen, seqused)
-    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse, varlen), o, do, lse, lse2, dsum, dqacc, dlse, cu,
-                        used, cutlass.Int32(0), stream, options=_opts(options))
+    sink = _fake(f32, (None,), tma=False) if has_sink else None
+    sink_term = _fake(f32, (None, None, None), row_major_static=True) if has_sink else None
+    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse, varlen, has_sink), o, do, lse, lse2, dsum, dqacc,
+                        dlse, cu, used, sink, sink_term, cutlass.Int32(0), stream, options=_opts(options))
 
 
 def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", varlen: bool = False,

@@ -124,8 +124,10 @@ class _Plan:
                           has_softcap, has_sink)
         self.main = compiled(key, lambda: compile_bwd_main(key))
         # The keys of before dLSE (and head_dim_v) existed name the plain preprocess.
-        pre_key = ("bwd_pre", dtype, d) + ((dv,) if dv != d else ()) + (("dlse",) if has_dlse else ())
-        self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse))
+        pre_key = ("bwd_pre", dtype, d) + ((dv,) if dv != d else ()) + (("dlse",) if has_dlse else ()) + (
+            ("sink",) if has_sink else ())
+        self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse,
+                                                             has_sink=has_sink))
         self.post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
         self.post_v = self.post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
         # (cluster_exchange: the accumulator's tiles are two column halves; keys of before it unchanged.)
@@ -140,8 +142,10 @@ class _Plan:
         # One fp32 workspace for LSE * log2(e), D and the dQ accumulator (the preprocess writes all
         # three, the dQ accumulator's zeros included): (sizes, shapes) of its views. Each starts at
         # a multiple of SEQ_PAD elements, so every view keeps the 16-byte alignment TMA needs.
+        # With a sink, a fourth view: each row's term of the sink's gradient (the preprocess's).
         rows = b * hq * sq_pad
-        self.ws = (rows * (2 + d), _layout(((b, hq, sq_pad), (b, hq, sq_pad), (b, hq, sq_pad, d))))
+        views = ((b, hq, sq_pad), (b, hq, sq_pad), (b, hq, sq_pad, d)) + (((b, hq, sq_pad),) if has_sink else ())
+        self.ws = (rows * (2 + d + has_sink), _layout(views))
         # GQA 'atomic': dK and dV accumulate in fp32 over a group's query heads (zeroed), then are
         # converted; 'loop' CTAs own a (key tile, K/V head) and store the finished tiles.
         self.acc = (b * hkv * sk_pad * (d + dv), _layout(((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv)))) if atomic else None
@@ -218,7 +222,8 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         _plans[key] = plan
     dev = q.device
     f32 = plan.f32
-    lse2, dsum, dq_acc = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
+    lse2, dsum, dq_acc, *sink_term = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
+    sink_term = sink_term[0] if sink_term else None
     dq = torch.empty_like(q)
     if plan.gqa:
         dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
@@ -228,7 +233,7 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     sem_q, sem_kv = _semaphores(plan.sems, dev)
     lse, dlse = _row_stats(lse, dlse)
     with _on_device(q):
-        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, 0)
+        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, _sink_arg(sink), sink_term, 0)
         plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, None, None,
                   *plan.main_scalars)
         plan.post_dq(dq_acc, dq, softmax_scale, None, None, 0)
@@ -241,16 +246,22 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
             dk_out, dv_out = dk, dv_
         if sink is None:
             return dq, dk_out, dv_out
-        sq = q.shape[1]
-        return dq, dk_out, dv_out, sink_grad(sink, lse2[:, :, :sq], dsum[:, :, :sq])
+        return dq, dk_out, dv_out, sink_grad(sink, sink_term)
 
 
-def sink_grad(sink: torch.Tensor, lse2: torch.Tensor, dsum: torch.Tensor) -> torch.Tensor:
-    """dsink_h = -sum over batch and rows of exp(sink_h - LSE) * D, D = rowsum(dO * O) - dLSE from
-    the preprocess (the sink's share of each row's softmax times the row's D; LSE2 = LSE * log2 e,
-    +inf on rows that saw nothing, which then add 0). One fixed-order reduction: deterministic."""
-    share = torch.exp2(sink.float()[None, :, None] * LOG2_E - lse2)
-    return (-(share * dsum).sum(dim=(0, 2))).to(sink.dtype)
+def _sink_arg(sink):
+    """The sink logits as the preprocess reads them: fp32, contiguous, 16-byte aligned (or None)."""
+    if sink is None:
+        return None
+    s = sink.float().contiguous()
+    return s if s.data_ptr() % 16 == 0 else s.clone()
+
+
+def sink_grad(sink: torch.Tensor, sink_term: torch.Tensor) -> torch.Tensor:
+    """dsink_h = -sum over batch and rows of exp(sink_h - LSE) * D, D = rowsum(dO * O) - dLSE (the
+    sink's share of each row's softmax times the row's D). The preprocess wrote each row's term
+    (0 on padded rows and rows that saw nothing); one fixed-order sum: deterministic."""
+    return sink_term.sum(dim=(0, 2)).to(sink.dtype)
 
 
 class _VarlenPlan:
@@ -277,9 +288,9 @@ class _VarlenPlan:
         key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr,
                           has_softcap, has_sink, varlen=True, seqused_q=used_q, seqused_k=used_k)
         self.main = compiled(key, lambda: compile_bwd_main(key))
-        pre_key = ("bwd_pre_varlen", dtype, d, dv, has_dlse, used_q)
+        pre_key = ("bwd_pre_varlen", dtype, d, dv, has_dlse, used_q) + (("sink",) if has_sink else ())
         self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse, varlen=True,
-                                                             seqused=used_q))
+                                                             seqused=used_q, has_sink=has_sink))
         self.post = compiled(("bwd_post_varlen", dtype, d, used_k),
                              lambda: compile_bwd_post(dtype, d, varlen=True, seqused=used_k))
         self.post_v = self.post if dv == d else compiled(
@@ -291,7 +302,8 @@ class _VarlenPlan:
         self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, max_seqlen_k,
                              *runtime_args(config))
         tq_pad, tk_pad = padded_total(tq, b, SEQ_PAD), padded_total(tk, b, SEQ_PAD)
-        self.ws = (hq * tq_pad * (2 + d), _layout(((1, hq, tq_pad), (1, hq, tq_pad), (1, hq, tq_pad, d))))
+        views = ((1, hq, tq_pad), (1, hq, tq_pad), (1, hq, tq_pad, d)) + (((1, hq, tq_pad),) if has_sink else ())
+        self.ws = (hq * tq_pad * (2 + d + has_sink), _layout(views))
         self.acc = (hkv * tk_pad * (d + dv), _layout(((1, hkv, tk_pad, d), (1, hkv, tk_pad, dv)))) if gqa else None
         self.sems = None
         if deterministic:
@@ -337,12 +349,12 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
         _varlen_plans[key] = plan
     dev = q.device
     f32 = plan.f32
-    lse2, dsum, dq_acc = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
-    if sink is not None:
+    lse2, dsum, dq_acc, *sink_term = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
+    sink_term = sink_term[0] if sink_term else None
+    if sink_term is not None:
         # The sink's gradient sums over the whole buffer: rows outside every sequence's written
-        # tiles must add 0 there (2^(sink - inf) * 0).
-        lse2.fill_(math.inf)
-        dsum.zero_()
+        # tiles (no preprocess CTA reaches them) must add 0.
+        sink_term.zero_()
     # Rows past seqused are never written by the kernels: zeros, as the reference leaves them.
     dq = torch.zeros_like(q) if seqused_q is not None else torch.empty_like(q)
     new_k = torch.zeros_like if seqused_k is not None else torch.empty_like
@@ -356,7 +368,8 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
         dlse = dlse.unsqueeze(0)
     q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
     with _on_device(q):
-        plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, max_seqlen_q)
+        plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, _sink_arg(sink),
+                 sink_term, max_seqlen_q)
         plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_seqlens_q, cu_seqlens_k,
                   seqused_q, seqused_k, *plan.main_scalars)
         plan.post_dq(dq_acc, dq.unsqueeze(0), softmax_scale, cu_seqlens_q, seqused_q, max_seqlen_q)
@@ -369,4 +382,4 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
             dk, dv_ = dk_out[0], dv_out[0]
     if sink is None:
         return dq, dk, dv_
-    return dq, dk, dv_, sink_grad(sink, lse2, dsum)
+    return dq, dk, dv_, sink_grad(sink, sink_term)

@@ -105,12 +105,16 @@ class BwdPreprocess:
     """
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None, has_dlse: bool = False,
-                 varlen: bool = False):
+                 varlen: bool = False, has_sink: bool = False):
         self.dtype = dtype
         self.head_dim = head_dim  # the dQ accumulator's width
         self.head_dim_v = head_dim_v or head_dim  # O's and dO's
         self.has_dlse = has_dlse
         self.varlen = varlen
+        # A learnable sink's gradient, dsink_h = -sum over rows of 2^(sink_h log2 e - LSE2) D: each
+        # row's term is written beside its D (padded rows and rows with LSE -inf: 0), so the host
+        # finishes it with one fixed-order sum instead of five elementwise passes over LSE2 and D.
+        self.has_sink = has_sink
 
     @cute.jit
     def __call__(
@@ -124,19 +128,24 @@ class BwdPreprocess:
         mdLSE: cute.Tensor,  # (batch, heads, seqlen_q) fp32: the LSE's gradient (has_dlse), or None
         mCuSeqlens: cute.Tensor,  # varlen: (B+1,) int32 cu_seqlens_q, else None
         mSeqUsed: cute.Tensor,  # varlen: (B,) int32 seqused_q, or None
+        mSink: cute.Tensor,  # has_sink: (heads,) fp32 sink logits, else None
+        mSinkTerm: cute.Tensor,  # has_sink: (batch, heads, seqlen_pad) fp32 out, else None
         max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
         stream: cuda.CUstream,
     ):
         grid = (mLSE2.shape[2] // ROWS_PER_CTA, mLSE2.shape[1], mLSE2.shape[0])
         if cutlass.const_expr(self.varlen):
             grid = ((max_seqlen + ROWS_PER_CTA - 1) // ROWS_PER_CTA, mLSE2.shape[1], mCuSeqlens.shape[0] - 1)
-        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed).launch(
+        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm).launch(
             grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream
         )
 
     @cute.kernel
-    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed):
+    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm):
         bx, head, batch = cute.arch.block_idx()
+        sink = None
+        if cutlass.const_expr(self.has_sink):
+            sink = (mSink[head] * Float32(LOG2_E), mSinkTerm)
         if cutlass.const_expr(self.varlen):
             off, seqlen = vlen.seq_rows(mCuSeqlens, mSeqUsed, batch)
             if bx * ROWS_PER_CTA < seqlen:
@@ -144,17 +153,20 @@ class BwdPreprocess:
                 dlse = None
                 if cutlass.const_expr(self.has_dlse):
                     dlse = cute.domain_offset((0, 0, off), mdLSE)
+                seq_sink = None
+                if cutlass.const_expr(self.has_sink):
+                    seq_sink = (sink[0], cute.domain_offset((0, 0, pad), mSinkTerm))
                 self.rows(
                     cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
                     cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mLSE2),
                     cute.domain_offset((0, 0, pad), mDsum), cute.domain_offset((0, 0, pad, 0), mdQacc), dlse,
-                    bx, head, 0, seqlen,
+                    bx, head, 0, seqlen, seq_sink,
                 )
         else:
-            self.rows(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, mO.shape[1])
+            self.rows(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, mO.shape[1], sink)
 
     @cute.jit
-    def rows(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, seqlen):
+    def rows(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, seqlen, sink):
         tidx, _, _ = cute.arch.thread_idx()
         d = self.head_dim
         lanes = row_lanes(self.head_dim_v // VEC16)  # threads per row
@@ -169,9 +181,11 @@ class BwdPreprocess:
         # mDsum from mO), one pass in flight per thread: 32 bytes, too few to fill HBM.
         for g in cutlass.range_constexpr(0, lanes, POST_GROUP):
             prows = [bx * ROWS_PER_CTA + p * rows_per_pass + tidx // lanes for p in range(g, min(g + POST_GROUP, lanes))]
-            dsums = []
+            dsums, lses = [], []
             for prow in prows:
                 src = cutlass.min(prow, seqlen - 1)
+                if cutlass.const_expr(self.has_sink):
+                    lses.append(mLSE[batch, head, src])
                 part = Float32(0.0)
                 for j in cutlass.range_constexpr(per_thread):
                     o = cute.make_rmem_tensor((VEC16,), self.dtype)
@@ -190,6 +204,12 @@ class BwdPreprocess:
                     if prow < seqlen:
                         val = dsums[i]
                     mDsum[batch, head, prow] = val
+                    if cutlass.const_expr(self.has_sink):
+                        term = Float32(0.0)
+                        if prow < seqlen:
+                            if lses[i] != -Float32.inf:
+                                term = -cute.math.exp2(sink[0] - lses[i] * Float32(LOG2_E), fastmath=True) * val
+                        sink[1][batch, head, prow] = term
         lse2 = Float32.inf
         if row < seqlen:
             if lse != -Float32.inf:

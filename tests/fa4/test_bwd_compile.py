@@ -313,6 +313,31 @@ def test_preprocess_issues_its_loads_in_groups(hd):
     assert seq == want, seq
 
 
+@pytest.mark.parametrize("hd", [96, 128])
+def test_preprocess_writes_the_sink_terms_in_the_same_passes(hd):
+    """With a learnable sink the preprocess also loads each pass's LSE row (in the pass's load
+    phase) and writes the row's term of the sink's gradient beside D: one MUFU.EX2 a pass, the
+    loads of a group still ahead of its stores, nothing spilled; the kernel without a sink is
+    untouched (its access order is test_preprocess_issues_its_loads_in_groups')."""
+    import functools
+
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_prepost import POST_GROUP, VEC16, VEC32, row_lanes
+
+    seq = global_access_order(functools.partial(compile_bwd_pre, has_sink=True), hd)
+    lanes = row_lanes(hd // VEC16)
+    loads_per_pass = 2 * (hd // VEC16 // lanes) + 1  # O, dO and the LSE of the pass's row
+    groups = [min(POST_GROUP, lanes - g) for g in range(0, lanes, POST_GROUP)]
+    # The LSE row and the head's sink logit, then per group its loads and its D and term stores.
+    want = "LL" + "".join("L" * loads_per_pass * n + "S" * 2 * n for n in groups)
+    want += "S" * (1 + hd // VEC32)
+    assert seq == want, seq
+    with tempfile.TemporaryDirectory() as d:
+        ptx = compile_bwd_pre("bf16", hd, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={d}", has_sink=True).__ptx__
+    ops = cc.count_ops(cc.ptx_opcodes(ptx), ["ex2.approx", "ld.local", "st.local"])
+    assert ops["ld.local"] == 0 and ops["st.local"] == 0 and ops["ex2.approx"] == lanes, ops
+
+
 @pytest.mark.parametrize("hd", [64, 128])
 def test_preprocess_with_lse_gradient_codegen(hd):
     """has_dlse: one more fp32 load per row (the LSE's gradient, subtracted from D), the same

@@ -221,9 +221,10 @@ def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     dlse = torch.randn(1, 70, 4).transpose(1, 2)  # strided: made contiguous on the way
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
     (key, args), = seen["bwd_pre"]
-    # (out, dout, lse, lse2, dsum, dq_acc, dlse, then the varlen arguments: none dense)
+    # (out, dout, lse, lse2, dsum, dq_acc, dlse, the varlen arguments (none dense), the sink and its
+    # row terms (none without a sink), max_seqlen)
     assert key[-1] == "dlse" and args[6].stride(-1) == 1 and torch.equal(args[6], dlse)
-    assert args[6].dtype == torch.float32 and args[7:] == (None, None, 0)
+    assert args[6].dtype == torch.float32 and args[7:] == (None, None, None, None, 0)
     seen.clear()
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
     (key, args), = seen["bwd_pre"]
@@ -251,8 +252,9 @@ def test_window_flags():
 
 def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
     """launch_bwd with a window, softcap and a sink: the main kernel's key carries the flags, its
-    runtime arguments the bounds and softcap's pre-scaled values; dsink is -sum exp(sink - LSE) D
-    over the preprocess's buffers (here filled by a stand-in preprocess), in the sink's dtype."""
+    runtime arguments the bounds and softcap's pre-scaled values; the preprocess gets the sink in
+    fp32 and a row-term buffer (here filled by a stand-in with the kernel's rule), and dsink, -sum
+    exp(sink - LSE) D over the rows, is their sum, in the sink's dtype."""
     import contextlib
     import math
 
@@ -270,6 +272,9 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
             if name == "bwd_pre":
                 args[3].copy_(lse2_val)
                 args[4].copy_(dsum_val)
+                if args[10] is not None:
+                    assert args[9].dtype == torch.float32 and args[10].shape == args[4].shape
+                    args[10].copy_(sink_terms(args[9], lse2_val, dsum_val, seqlen=args[0].shape[1]))
         return launch
 
     monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
@@ -283,6 +288,7 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
                          softcap=20.0, sink=sink)
         key, args = seen["main"]
         assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True,) * 4
+        assert seen["bwd_pre"][0][-1] == "sink"
         # (q, k, v, dout, lse2, dsum, dq_acc, dk, dv, sem_q, sem_kv, 4 varlen tensors: none dense,
         # scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, max_seqlen_k, ...)
         assert args[11:15] == (None,) * 4 and args[21] == 0
@@ -294,7 +300,16 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
     launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
     key, args = seen["main"]
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
+    assert seen["bwd_pre"][1][9:11] == (None, None)
     assert args[17:21] == (0, 0, 0.0, 0.0)
+
+
+def sink_terms(sink, lse2, dsum, seqlen):
+    """The preprocess's row terms of the sink's gradient (fa4.sm90.bwd_prepost.BwdPreprocess):
+    -2^(sink_h log2 e - LSE2) D on rows below seqlen, 0 past it and where LSE2 is +inf."""
+    t = -torch.exp2(sink.float()[None, :, None] * math.log2(math.e) - lse2) * dsum
+    t[..., seqlen:] = 0.0
+    return t
 
 
 def test_feature_check_harness_on_cpu(monkeypatch):

@@ -108,8 +108,14 @@ def _tiles(n):
     return -(-n // 128) * 128
 
 
-def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, max_q):
+def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_term, max_q):
+    """The preprocess (fa4.sm90.bwd_prepost.BwdPreprocess) on the packed layout: per sequence, its
+    padded rows of D, LSE2, the zeroed dQ accumulator and, with a sink, each row's term of the
+    sink's gradient, -2^(sink_h log2 e - LSE2) D (0 on padded rows and where LSE2 is +inf)."""
     assert o4.shape[0] == lse3.shape[0] == 1 and max_q == max(n for _, n in _seqs(cu, used))
+    assert (sink is None) == (sink_term is None)
+    if sink is not None:
+        assert sink.dtype == torch.float32 and sink_term.shape == dsum.shape
     for b, (off, n) in enumerate(_seqs(cu, used)):
         if n == 0:
             continue
@@ -124,6 +130,9 @@ def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, max_q):
         lse2[0, :, pad:pad + rows] = math.inf
         lse2[0, :, pad:pad + n] = torch.where(torch.isneginf(lse), math.inf, lse)
         dq_acc[0, :, pad:pad + rows] = 0.0
+        if sink is not None:
+            sink_term[0, :, pad:pad + rows] = -torch.exp2(sink[:, None] * LOG2E - lse2[0, :, pad:pad + rows]) \
+                * dsum[0, :, pad:pad + rows]
 
 
 def main_model(key: BwdKernelKey, q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_q, cu_k,
