@@ -58,3 +58,14 @@ if [ "$phase" = s ]; then
     --out "$work/sink_split.json"
   exit 0
 fi
+if [ "$phase" = k ]; then
+  # Branch sink-pre: the sink's gradient from the preprocess's row terms (one sum on the host
+  # instead of five elementwise passes). Correctness first: every GPU test with a sink (dense,
+  # varlen, deterministic, the LSE's gradient, rows that see no key), then the issue 18 sink shape
+  # against the reference and the kernel split. Prediction: ~15-25 us less of ~2.5 ms (+0.6-1%).
+  TAILN=8 step sink_tests 240 python3 -m pytest -q -n 15 -p no:cacheprovider tests/fa4/test_bwd_feat_gpu.py \
+    tests/fa4/test_varlen_bwd_gpu.py tests/fa4/test_bwd_gpu.py -k "sink or issue_mix or see_no_key"
+  TAILN=5 step sink_bwd 150 python3 bench/check_bwd_feat.py --out "$work/sink_bwd.json"
+  TAILN=40 step sink_split 150 python3 bench/kernel_split.py --shapes sink --calls 10 --out "$work/sink_split.json"
+  exit 0
+fi
