@@ -7,16 +7,24 @@
 flash-attn-4, cudnn and fa2 (each one's default configuration, forward and backward rows,
 correctness-gated, in both L2 modes) into the DB. Without it, each shape of FILE is timed as a plain call of every provider and with
 provider="auto" (FA4_DB pointing at the DB): the forward without grad, and forward + backward
-with grad; do_bench medians on fresh inputs, the best of --rounds interleaved rounds (each round
-in a rotated order, so no provider is always timed first or last). A line per shape names auto's choice and auto / the
-fastest provider; "SLOWER" marks a ratio above 1 + --noise.
+with grad; do_bench medians on fresh inputs, in --rounds interleaved rounds (each round in a rotated
+order, so no provider is always timed first or last), the median of the rounds per provider: a
+host-bound call's time drifts over a process (session 20: every host-bound provider 15-40% slower in
+its second round than in its first, FA2's GPU-bound calls flat), so the best of two rounds favoured
+whoever came early. A line per shape names auto's choice and auto / the fastest provider; "SLOWER"
+marks a ratio above 1 + --noise. Each row also gives the Python garbage collector's time per call
+during its rounds (gc.callbacks), and --gc-freeze moves every object alive after the warm-up into
+the permanent generation (gc.freeze) to tell the collector's share of the drift from the host's.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import os
+import statistics
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +41,25 @@ def measure(db: str, shapes: str) -> None:
             print("$ " + " ".join(cmd), flush=True)
             rc = subprocess.call(cmd)
             print(f"rc={rc}", flush=True)
+
+
+class GcClock:
+    """Seconds the garbage collector ran and collections per generation, since the last reset."""
+
+    def __init__(self):
+        self.seconds, self.collections, self._t0 = 0.0, [0, 0, 0], None
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase, info):
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+            self.collections[info["generation"]] += 1
+            self._t0 = None
+
+    def reset(self):
+        self.seconds, self.collections = 0.0, [0, 0, 0]
 
 
 def rows(shapes: str) -> list[dict]:
@@ -52,7 +79,9 @@ def main() -> int:
     ap.add_argument("--shapes", default=str(Path(__file__).parent / "shapes" / "issue16_table.csv"))
     ap.add_argument("--measure", action="store_true")
     ap.add_argument("--noise", type=float, default=0.05)
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds, rotated order; best of them")
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds, rotated order; their median")
+    ap.add_argument("--rep", type=int, default=50, help="do_bench's rep (ms) per provider and round")
+    ap.add_argument("--gc-freeze", action="store_true", help="gc.freeze() after each shape's warm-up calls")
     a = ap.parse_args()
     if a.measure:
         measure(a.db, a.shapes)
@@ -64,6 +93,7 @@ def main() -> int:
     import fa4
 
     slower = 0
+    clock = GcClock()
     for r in rows(a.shapes):
         b, sq, sk = int(r["batch"]), int(r["seqlen"]), int(r["seqlen_k"])
         hq, hkv, d = int(r["heads"]), int(r["heads_kv"]), int(r["hdim"])
@@ -76,15 +106,12 @@ def main() -> int:
         choice = fa4.explain_auto(q, k, v, causal)
         name = f"B{b} Sq{sq} Sk{sk} H{hq}/{hkv} d{d}{' causal' if causal else ''}"
         for kind in ("fwd", "fwd+bwd"):
-            runs, failed = {}, set()
+            runs, gcs, failed = {}, {}, set()
             names = (*PROVIDERS, "auto")
-            # Interleaved rounds, each in a rotated order, the best of them per provider: session 19
-            # timed auto last (after the SDPA peers) and read it 11-21% above the same fa4 call timed
-            # first; rotation tells a position effect from the dispatch's own cost.
+            # Interleaved rounds, each in a rotated order: every provider is timed at every position.
             order = [names[(i + rnd) % len(names)] for rnd in range(a.rounds) for i in range(len(names))]
-            for p in order:
-                if p in failed:
-                    continue
+            fns = {}
+            for p in names:
                 if kind == "fwd":
                     def fn(p=p):
                         with torch.no_grad():
@@ -96,23 +123,48 @@ def main() -> int:
                         out = fa4.flash_attn_func(qg, kg, vg, causal=causal, provider=p)
                         torch.autograd.grad(out, (qg, kg, vg), do)
                 try:
-                    fn()
-                    t = do_bench(fn, warmup=25, rep=100)
+                    for _ in range(3):
+                        fn()
                 except Exception as e:
                     failed.add(p)
                     print(f"  {name} {kind} {p}: cannot run ({type(e).__name__}: {str(e).splitlines()[0][:120]})")
                     continue
+                fns[p] = fn
+            if a.gc_freeze:
+                gc.collect()
+                gc.freeze()
+            for p in order:
+                if p in failed:
+                    continue
+                calls = [0]
+
+                def counted(fn=fns[p]):
+                    calls[0] += 1
+                    return fn()
+
+                clock.reset()
+                t = do_bench(counted, warmup=25, rep=a.rep)
                 runs.setdefault(p, []).append(t)
-            times = {p: min(ts) for p, ts in runs.items()}
+                g = gcs.setdefault(p, [0.0, 0, [0, 0, 0]])
+                g[0] += clock.seconds
+                g[1] += calls[0]
+                g[2] = [x + y for x, y in zip(g[2], clock.collections)]
+            if a.gc_freeze:
+                gc.unfreeze()
+            times = {p: statistics.median(ts) for p, ts in runs.items()}
             best = min((t for p, t in times.items() if p != "auto"), default=None)
             chosen = choice.fwd if kind == "fwd" else choice.train
             ratio = times.get("auto", float("nan")) / best if best else float("nan")
             bad = ratio > 1 + a.noise
             slower += bad
-            print(f"{name} {kind} (rounds: " + "; ".join(f"{p} " + "/".join(f"{t:.3f}" for t in ts)
-                                                     for p, ts in runs.items()) + ")")
+            print(f"{name} {kind} (rounds, in order: " + "; ".join(f"{p} " + "/".join(f"{t:.3f}" for t in ts)
+                                                                for p, ts in runs.items()) + ")")
+            print(f"{name} {kind} gc per call: " + "; ".join(
+                f"{p} {1e6 * s / max(n, 1):.1f} us (collections g0/g1/g2 {'/'.join(map(str, c))})"
+                for p, (s, n, c) in gcs.items()) + (" [gc frozen]" if a.gc_freeze else ""))
             print(f"{name} {kind}: " + ", ".join(f"{p} {t:.3f} ms" for p, t in times.items())
-                  + f" | auto chose {chosen}: auto/fastest {ratio:.3f}" + ("  SLOWER" if bad else ""), flush=True)
+                  + f" (medians of {a.rounds}) | auto chose {chosen}: auto/fastest {ratio:.3f}"
+                  + ("  SLOWER" if bad else ""), flush=True)
     print(f"shapes where auto is slower than the fastest provider beyond {a.noise:.0%}: {slower}")
     return 1 if slower else 0
 

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Session 20, after README command (1) (`bash bench/device_main.sh`). One phase a call (600 s cap):
+#  a: issue 20's provider="auto" at GPT-2 1k (the shape that failed), timed from session 20's
+#     first start's DB (carried as .device/s20_auto.db: the providers' cold and warm rows). There,
+#     in do_bench rounds of rotated order, every host-bound provider read 15-40% slower in its
+#     second round than its first (fa4 fwd+bwd 0.400 -> 0.550, cuDNN 0.579 -> 0.681; FA2, GPU-bound,
+#     flat), so auto's 1.38-1.39 "slower" was its position. Now six rounds, medians, and the garbage
+#     collector's time per call; then the same with gc.freeze(). Prediction: auto/fa4 within 3%
+#     with grad in both; if the collector's time per call grows with the rounds and freezing
+#     removes the drift, the drift is the collector walking a heap the compiled kernels grew.
+#  t: the hd64 causal forward at short sequences, tile_m 128 against the default 192, a second run
+#     of session 20's (+4.5% / +5.0% with pingpong 'mma' at S1k, -6% at S2k, -5% non-causal S1k),
+#     with S512 and S1536 to place a threshold. Prediction: +4-5% at S1k, more at S512 (a 192-row
+#     tiling leaves 2.67 tiles), S1536 (8 full 192-row tiles) a loss like S2k's.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/device_lib.sh
+phase=${1:-a}
+device_begin "s20$phase"
+device_env "$work/env.log"
+device_install
+if [ "$phase" = a ]; then
+  db=/tmp/s20_auto.db
+  cp .device/s20_auto.db "$db"
+  TAILN=8 step auto_time1 150 python3 bench/auto_dispatch.py --db "sqlite:///$db" --shapes bench/shapes/gpt2_1k.csv
+  TAILN=8 step auto_freeze 150 python3 bench/auto_dispatch.py --db "sqlite:///$db" --shapes bench/shapes/gpt2_1k.csv \
+    --gc-freeze
+  TAILN=10 step host_floor 90 bash -c "cd bench && python3 host_floor.py"
+  exit 0
+fi
+if [ "$phase" = t ]; then
+  TAILN=12 step fwd_tile 200 python3 bench/knob_effects.py --check --shapes 1024:64:1,512:64:1,1536:64:1 \
+    --variants '[{}, {"tile_m": 128}, {"tile_m": 128, "pingpong": "mma"}]' --out "$work/fwd_tile.json"
+  exit 0
+fi
+echo "unknown phase $phase" >&2
+exit 2
