@@ -51,7 +51,7 @@ def bench_shape(S: int, D, causal: bool, device="cuda", tokens: int = 16384, wid
     g = torch.Generator(device=device).manual_seed(7)
     q, k = (torch.randn(B, S, H, d, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
     v, dout = (torch.randn(B, S, H, dv, device=device, dtype=torch.bfloat16, generator=g) for _ in range(2))
-    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    out, lse = fa4.flash_attn_func(q, k, v, provider="fa4", causal=causal, return_lse=True)
     prob = problem_of(q, k, v, causal, pass_="bwd")
     flops = Problem(B, S, S, H, H, d, dv, causal=causal, pass_="bwd").flops
     row = dict(S=S, D=check_bwd.label(D), causal=causal)

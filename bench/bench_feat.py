@@ -95,11 +95,11 @@ def main():
                 record(r)
                 continue
             try:
-                ms = bench(lambda: fa4.flash_attn_func(q, k, v, config=cfg, **kw))
+                ms = bench(lambda: fa4.flash_attn_func(q, k, v, provider="fa4", config=cfg, **kw))
                 r["ours_tflops"] = prob.flops / ms / 1e9
                 if ref_ms:
                     r["ours_over_ref"] = ref_ms / ms
-                    ours = fa4.flash_attn_func(q, k, v, config=cfg, **kw)
+                    ours = fa4.flash_attn_func(q, k, v, provider="fa4", config=cfg, **kw)
                     ref = ref_fa4(q, k, v, **kw)
                     ref = ref[0] if isinstance(ref, tuple) else ref
                     r["max_abs_diff_vs_ref"] = (ours.float() - ref.float()).abs().max().item()

@@ -76,7 +76,7 @@ def bench_shape(name, shape, causal, device="cuda"):
     k = torch.randn(B, Sk, Hkv, d, device=device, dtype=torch.bfloat16, generator=g)
     v = torch.randn(B, Sk, Hkv, d, device=device, dtype=torch.bfloat16, generator=g)
     dout = torch.randn(B, Sq, Hq, d, device=device, dtype=torch.bfloat16, generator=g)
-    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    out, lse = fa4.flash_attn_func(q, k, v, provider="fa4", causal=causal, return_lse=True)
     flops = Problem(B, Sq, Sk, Hq, Hkv, d, d, causal=causal, pass_="bwd").flops
     row = dict(name=name, B=B, Sq=Sq, Sk=Sk, Hq=Hq, Hkv=Hkv, d=d, causal=causal)
     grads = {}

@@ -83,7 +83,7 @@ def make_inputs(B, Sq, Sk, Hq, Hkv, D, causal, dtype, seed):
     k = torch.randn(B, Sk, Hkv, d, device="cuda", dtype=dtype, generator=g)
     v = torch.randn(B, Sk, Hkv, dv, device="cuda", dtype=dtype, generator=g)
     dout = torch.randn(B, Sq, Hq, dv, device="cuda", dtype=dtype, generator=g)
-    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    out, lse = fa4.flash_attn_func(q, k, v, provider="fa4", causal=causal, return_lse=True)
     return q, k, v, dout, out, lse
 
 

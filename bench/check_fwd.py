@@ -65,7 +65,7 @@ def check_case(B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, scale_mult=1.0, Dv=
     v = torch.randn(B, Sk, Hkv, Dv, device="cuda", dtype=dtype)
     scale = 1.0 / math.sqrt(D)
     out = torch.full((B, Sq, Hq, Dv), float("nan"), device="cuda", dtype=dtype)
-    o, lse = fa4.flash_attn_func(q, k, v, causal=causal, return_lse=True, config=config, out=out)
+    o, lse = fa4.flash_attn_func(q, k, v, provider="fa4", causal=causal, return_lse=True, config=config, out=out)
     torch.cuda.synchronize()
     ref, ref_lse = reference(q, k, v, causal, scale, torch.float32)
     low, _ = reference(q, k, v, causal, scale, dtype)
@@ -129,7 +129,7 @@ def bench(seqlens, dims, variants=()):
     import triton.testing as tt
 
     providers = {}
-    providers["fa4 (ours)"] = lambda q, k, v, c: fa4.flash_attn_func(q, k, v, causal=c)
+    providers["fa4 (ours)"] = lambda q, k, v, c: fa4.flash_attn_func(q, k, v, provider="fa4", causal=c)
 
     def ours_with(change):
         # The config is built once per shape, not inside the timed call.
@@ -139,7 +139,7 @@ def bench(seqlens, dims, variants=()):
                                        **change)
 
         def run(q, k, v, c):
-            return fa4.flash_attn_func(q, k, v, causal=c, config=config_for(q.shape[1], q.shape[3], v.shape[3], c))
+            return fa4.flash_attn_func(q, k, v, provider="fa4", causal=c, config=config_for(q.shape[1], q.shape[3], v.shape[3], c))
         return run
 
     for change in variants:

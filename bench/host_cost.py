@@ -69,12 +69,12 @@ def main() -> int:
         def fwd_loop():
             with torch.no_grad():
                 for _ in range(a.calls):
-                    fa4.flash_attn_func(q, k, v, causal=True)
+                    fa4.flash_attn_func(q, k, v, provider="fa4", causal=True)
             torch.cuda.synchronize()
 
         def fwd_bwd_loop():
             for _ in range(a.calls):
-                out = fa4.flash_attn_func(qg, kg, vg, causal=True)
+                out = fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True)
                 torch.autograd.grad(out, (qg, kg, vg), do)
             torch.cuda.synchronize()
 
@@ -84,8 +84,8 @@ def main() -> int:
             prof.runcall(loop)
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         # GPU time per call, to tell a host-bound loop from a GPU-bound one.
-        for name, fn in (("fwd", lambda: fa4.flash_attn_func(q, k, v, causal=True)),
-                         ("fwd+bwd", lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, causal=True),
+        for name, fn in (("fwd", lambda: fa4.flash_attn_func(q, k, v, provider="fa4", causal=True)),
+                         ("fwd+bwd", lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True),
                                                                  (qg, kg, vg), do))):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:

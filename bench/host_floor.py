@@ -55,23 +55,23 @@ def main() -> int:
     small = [torch.randn(1, device="cuda", requires_grad=True) for _ in range(3)]
     g1 = torch.ones(1, device="cuda")
 
-    out, lse = fa4.flash_attn_func(qg, kg, vg, causal=True, return_lse=True)
+    out, lse = fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True, return_lse=True)
     cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
     scale = 1.0 / d ** 0.5
     o_det, lse_det = out.detach(), lse.detach()
 
     def fwd():
         with torch.no_grad():
-            fa4.flash_attn_func(q, k, v, causal=True)
+            fa4.flash_attn_func(q, k, v, provider="fa4", causal=True)
 
     loops = {
         "floor (autograd.grad, no-op Function)": lambda: torch.autograd.grad(Nothing.apply(*small), small[0], g1),
         "floor+3 (3 kernels each way)": lambda: torch.autograd.grad(Three.apply(*small), small, (g1, g1, g1)),
         "ours fwd, no grad": fwd,
-        "ours fwd under autograd (no backward)": lambda: fa4.flash_attn_func(qg, kg, vg, causal=True),
+        "ours fwd under autograd (no backward)": lambda: fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True),
         "ours bwd host path alone (_backward)": lambda: launch._backward(do, q, k, v, o_det, lse_det, scale, True,
                                                                          False, cfg),
-        "ours fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, causal=True),
+        "ours fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True),
                                                                     (qg, kg, vg), do),
         "sdpa cudnn fwd+bwd": lambda: torch.autograd.grad(
             fa4.flash_attn_func(qg, kg, vg, causal=True, provider="cudnn"), (qg, kg, vg), do),

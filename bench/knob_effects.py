@@ -83,8 +83,8 @@ def main():
                     print("INCORRECT", spec, var, oks, flush=True)
                     continue
             try:
-                fa4.flash_attn_func(q, k, v, causal=bool(c), config=cfg)
-                ms = tt.do_bench(lambda: fa4.flash_attn_func(q, k, v, causal=bool(c), config=cfg),
+                fa4.flash_attn_func(q, k, v, provider="fa4", causal=bool(c), config=cfg)
+                ms = tt.do_bench(lambda: fa4.flash_attn_func(q, k, v, provider="fa4", causal=bool(c), config=cfg),
                                  warmup=50, rep=250, return_mode="median")
                 tf = prob.flops / ms / 1e9
             except Exception as e:  # noqa: BLE001

@@ -45,7 +45,7 @@ def backwards(a, device="cuda", tokens=16384, width=2048):
     window_size = (None if left < 0 else left, None if right < 0 else right)
     g = torch.Generator(device=device).manual_seed(7)
     q, k, v, dout = (torch.randn(B, S, H, D, device=device, dtype=torch.bfloat16, generator=g) for _ in range(4))
-    out, lse = fa4.flash_attn_func(q, k, v, causal=a.causal, return_lse=True, window_size=window_size)
+    out, lse = fa4.flash_attn_func(q, k, v, provider="fa4", causal=a.causal, return_lse=True, window_size=window_size)
     prob = problem_of(q, k, v, a.causal, pass_="bwd", deterministic=False, **win)
     cfg = dataclasses.replace(default_config(prob), **json.loads(a.config))
     # Only a bounded side is passed: the plain call stays the one without features.

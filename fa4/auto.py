@@ -15,8 +15,9 @@ Forward and backward are chosen separately where their saved state allows it:
     no LSE is returned by them), the provider with the least measured forward + backward time.
     A deterministic request counts only deterministic backward measurements (SDPA's backends
     have none).
-A provider without both numbers is not a candidate for that call; with none measured, fa4
-runs.
+A provider without both numbers is not a candidate for that call; a peer runs only where fa4
+was measured too (and was slower), else fa4 runs. ``provider="auto"`` is flash_attn_func's
+default, so a call dispatches away from our kernels only on this device's own measurements.
 
 Host cost counts where the launch is eager: a cold-L2 measurement (the default mode) times the
 GPU's work alone (the tuner's harness lets the GPU sleep through the call's host path after each
@@ -87,14 +88,21 @@ def decide(fwd_ms: dict, bwd_ms: dict, runnable_fwd, runnable_train, notes=(), t
     """The rule, a pure function of measured milliseconds per provider (fa4 when nothing counts)."""
     notes = list(notes)
     fwd_c = {p: t for p, t in fwd_ms.items() if p in runnable_fwd and math.isfinite(t)}
-    fwd = min(fwd_c, key=lambda p: (fwd_c[p], p != "fa4")) if fwd_c else "fa4"
-    if not fwd_c:
-        notes.append("no forward measurement of a runnable provider: fa4 runs")
     train_c = {p: fwd_ms[p] + bwd_ms[p] for p in runnable_train if p in fwd_ms and p in bwd_ms}
-    train = min(train_c, key=lambda p: (train_c[p], p != "fa4")) if train_c else "fa4"
-    if not train_c:
-        notes.append("no provider has both a forward and a backward measurement: fa4 runs with grad")
-    return Choice(fwd, train, dict(fwd_ms), dict(bwd_ms), tuple(notes), timing)
+    train_c = {p: t for p, t in train_c.items() if math.isfinite(t)}
+    return Choice(_fastest(fwd_c, "forward", notes), _fastest(train_c, "forward + backward", notes), dict(fwd_ms),
+                  dict(bwd_ms), tuple(notes), timing)
+
+
+def _fastest(ms: dict, what: str, notes: list) -> str:
+    """The least of ``ms``, a tie to fa4; fa4 without its own measurement: a peer replaces ours
+    only where both were measured (auto is the default provider: a DB holding one peer's rows
+    alone must not move every call of the shape off our kernels)."""
+    if "fa4" not in ms:
+        notes.append(f"no {what} measurement of fa4 to compare with: fa4 runs"
+                     + (f" (measured: {', '.join(sorted(ms))})" if ms else ""))
+        return "fa4"
+    return min(ms, key=lambda p: (ms[p], p != "fa4"))
 
 
 _cache: dict = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fa4 import features, launch
+from fa4.lookup import launch_timing
 from fa4.tensors import is_empty
 
 # Bound once: the two checks flash_attn_func makes on every call (~0.2 us together).
@@ -26,7 +27,7 @@ def flash_attn_func(
     out: torch.Tensor | None = None,
     deterministic: bool = False,
     bwd_config=None,
-    provider: str = "fa4",
+    provider: str = "auto",
 ):
     """Exact attention softmax(q k^T * scale) v; q (B, Sq, Hq, D), k/v (B, Sk, Hkv, D).
 
@@ -44,10 +45,12 @@ def flash_attn_func(
     An empty batch, no query rows or no keys launch no kernel: the output is zeros, the LSE
     -inf and the gradients zeros (as the reference FA4 returns).
 
-    ``provider="auto"`` runs, per shape, the fastest implementation measured on this device (ours,
-    the reference FA4, cuDNN or FlashAttention-2 through SDPA; see fa4.auto and
-    ``fa4.explain_auto``); with ``config=``, ``bwd_config=``, ``out=`` or any of the features below
-    it runs ours. A peer's name runs that peer's plain call.
+    ``provider="auto"`` (the default) runs, per shape, the fastest implementation measured on this
+    device (ours, the reference FA4, cuDNN or FlashAttention-2 through SDPA; see fa4.auto and
+    ``fa4.explain_auto``): ours unless the results DB holds our measurement of the shape and a
+    peer's faster one (``fa4-tune --provider NAME`` measures a peer). With ``config=``,
+    ``bwd_config=``, ``out=`` or any of the features below it runs ours. ``provider="fa4"``
+    always runs ours; a peer's name runs that peer's plain call.
 
     Issue 18's features, with the reference FA4's names and meanings (fa4.features): with
     o = Sk - Sq, query row i sees key j iff i + o - left <= j <= i + o + right, a side ``None``
@@ -92,9 +95,8 @@ _chosen: dict = {}
 
 
 def _provider_for(provider, q, k, v, causal, return_lse, deterministic, grad, ours_only) -> str:
-    """The implementation a call with ``provider`` runs: cached per shape like the launch fast path."""
-    from fa4.lookup import launch_timing
-
+    """The implementation a call with ``provider`` runs: cached per shape like the launch fast path
+    (a hit costs the key's tuple and launch_timing: ~5 us on the 2-core CPU build machine)."""
     # The timing mode is part of the key: a call under CUDA-graph capture asks graph-mode numbers.
     timing = launch_timing()
     key = (provider, q.shape, k.shape, v.shape, q.dtype, q.device, bool(causal), bool(return_lse),

@@ -100,6 +100,8 @@ class Fa4Provider(Provider):
     def default_config(self, problem: Problem, arch: Arch):
         return self._knobs(problem)[1].default_config(problem, arch)
 
+    # Every call names provider="fa4": flash_attn_func's default, "auto", may run a peer the DB
+    # measured faster, and this provider's rows must be our kernels' own.
     def make_fwd(self, problem: Problem, config, q, k, v):
         import fa4
 
@@ -115,7 +117,7 @@ class Fa4Provider(Provider):
             return run
 
         def run():
-            return fa4.flash_attn_func(q, k, v, causal=problem.causal, config=config, **feat)
+            return fa4.flash_attn_func(q, k, v, provider="fa4", causal=problem.causal, config=config, **feat)
 
         return run
 
@@ -134,7 +136,7 @@ class Fa4Provider(Provider):
         if problem.varlen:
             out = fa4.flash_attn_varlen_func(q, k, v, **varlen_args(problem, q.device), **kw)
         else:
-            out = fa4.flash_attn_func(q, k, v, **kw)
+            out = fa4.flash_attn_func(q, k, v, provider="fa4", **kw)
 
         def run():
             return torch.autograd.grad(out, (q, k, v), do, retain_graph=True)

@@ -269,6 +269,11 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     return out
 
 
+# hd64 causal: at most this many query rows take tile_m 128 (session 20, H200, knob_effects,
+# two runs: S512 +3.5%, S1k +4.4-5.0%, S1.5k -10%, S2k -6%).
+SHORT_CAUSAL_HD64 = 1024
+
+
 def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     """Heuristic default, from the knob effects measured on the H200 (bench/RESULTS.md).
 
@@ -277,7 +282,9 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     skipped; fp16-safe). hd64: three consumer warpgroups (tile_m 192, +12-14%: a third softmax
     in flight where exp is as costly as the MMAs), tile_n 128 (+2.9% non-causal, +2.0% causal
     over 96; it fits the 3-warpgroup register budget since the packed P conversion), tau 8 and
-    exp phases kept apart (+5% together). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
+    exp phases kept apart (+5% together); causal up to 1,024 query rows two warpgroups (tile_m
+    128: +4.4-5.0% at 1k, +3.5% at 512; 192 rows leave a part-full last row tile, the longest of
+    a causal walk; at 1,536 rows, eight full 192-row tiles, 128 loses 10%). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
     every fraction tried (issue-slot bound).
 
     The wider head dims (H200, bf16, S 8192, B 2, H*d 2048; beside the reference FA4 in one
@@ -291,7 +298,9 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     reference (within 1% either way here).
     """
     d, dv = problem.head_dim, problem.head_dim_v
-    if d == 64:
+    if d == 64 and problem.causal and problem.seqlen_q <= SHORT_CAUSAL_HD64:
+        base = FwdConfigSm90(tile_m=128, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
+    elif d == 64:
         base = FwdConfigSm90(tile_m=192, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
     elif d == 96:
         base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)

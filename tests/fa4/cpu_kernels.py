@@ -158,7 +158,7 @@ class Calls:
 
 def install(monkeypatch) -> Calls:
     """Replace the two launches, pretend the tensors' device is an sm90 GPU, fresh lookup state."""
-    from fa4 import launch, lookup
+    from fa4 import interface, launch, lookup, tensors
     from fa4.arch import SM90
     from fa4.sm90 import bwd_launch
     from fa4.tensors import empty_out
@@ -198,6 +198,11 @@ def install(monkeypatch) -> Calls:
     monkeypatch.setattr(bwd_launch, "launch_bwd", fake_bwd)
     monkeypatch.setattr(launch, "arch_of", lambda device: SM90)
     monkeypatch.setattr(launch, "validate", functools.partial(real_validate, require_cuda=False))
+    # provider="auto" (the default) validates and reads the arch through fa4.tensors, once per shape;
+    # its cache of choices starts empty so no earlier test's choice leaks in.
+    monkeypatch.setattr(tensors, "arch_of", lambda device: SM90)
+    monkeypatch.setattr(tensors, "validate", functools.partial(real_validate, require_cuda=False))
+    monkeypatch.setattr(interface, "_chosen", {})
     monkeypatch.setattr(launch, "_bwd_configs", {})
     monkeypatch.setenv("FA4_LOOKUP_LOCAL_DB", "0")
     monkeypatch.delenv("FA4_TUNING_URL", raising=False)

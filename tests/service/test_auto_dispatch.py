@@ -83,6 +83,13 @@ def test_rule_is_the_least_measured_time_per_call_kind():
     assert c.train == "fa4"
     nothing = auto.decide({}, {}, auto.PROVIDERS, auto.PROVIDERS)
     assert (nothing.fwd, nothing.train) == ("fa4", "fa4") and any("fa4 runs" in n for n in nothing.notes)
+    # Peers measured, fa4 not: nothing to compare with, so the default provider keeps our kernels.
+    peers = auto.decide({"cudnn": 0.5, "fa2": 0.6}, {"cudnn": 0.5, "fa2": 0.6}, auto.PROVIDERS, auto.PROVIDERS)
+    assert (peers.fwd, peers.train) == ("fa4", "fa4")
+    assert any("no forward measurement of fa4" in n and "cudnn, fa2" in n for n in peers.notes)
+    # fa4's forward measured, its backward not: the forward may still go to the faster peer.
+    half = auto.decide({"fa4": 1.0, "cudnn": 0.5}, {"cudnn": 0.5}, auto.PROVIDERS, auto.PROVIDERS)
+    assert (half.fwd, half.train) == ("cudnn", "fa4")
 
 
 def test_sdpa_peers_are_no_candidates_where_they_compute_something_else():
@@ -150,8 +157,10 @@ def test_choice_from_the_db_and_the_call_runs_it(db, fp, monkeypatch):
     assert ran == ["cudnn"] * 3 and len(calls) == 1  # chosen once per shape, then a dict hit
     fa4.flash_attn_func(q, q, q, causal=True, provider="auto", out=torch.empty_like(q))
     assert ran[-1] == "fa4"  # out= is ours only
+    fa4.flash_attn_func(q, q, q, causal=True, provider="fa4")
+    assert ran[-1] == "fa4"  # fa4 named: ours, whatever was measured
     fa4.flash_attn_func(q, q, q, causal=True)
-    assert ran[-1] == "fa4"  # the default provider is fa4 itself
+    assert ran[-1] == "cudnn" and len(calls) == 1  # the default provider is auto (and its choice cached)
 
 
 def test_named_peers_are_checked_and_unknown_names_refused(db, monkeypatch):

@@ -215,3 +215,28 @@ def test_varlen_problems_are_measured_packed_not_timed_dense():
                      varlen_mean_k=2048)
     assert Fa4Provider().varlen and Fa4Provider().problem_errors(packed) == []
     assert any("varlen" in e for e in get_provider("fa2").problem_errors(packed))
+
+
+def test_the_fa4_provider_times_our_kernels_never_the_auto_dispatch(monkeypatch):
+    """flash_attn_func's default provider is "auto"; the tuner's fa4 rows must be ours even where
+    the DB holds a faster peer, so every call it builds names provider="fa4" (CPU tensors, the
+    call faked: the arguments are what is checked)."""
+    import torch
+
+    import fa4
+
+    seen = []
+
+    def fake(q, k, v, **kw):
+        seen.append(kw.get("provider"))
+        return q.detach().clone().requires_grad_(q.requires_grad)
+
+    monkeypatch.setattr(fa4, "flash_attn_func", fake)
+    p = Fa4Provider()
+    prob = Problem(batch=1, seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=64, head_dim_v=64,
+                   causal=True)
+    q, k, v, do = (torch.randn(1, 128, 2, 64) for _ in range(4))
+    p.make_fwd(prob, p.default_config(prob, SM90), q, k, v)()
+    bwd = dataclasses.replace(prob, pass_="bwd")
+    p.make_fwd_bwd(bwd, p.default_config(bwd, SM90), q, k, v, do)
+    assert seen == ["fa4", "fa4"]
