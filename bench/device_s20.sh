@@ -12,6 +12,8 @@
 #     of session 20's (+4.5% / +5.0% with pingpong 'mma' at S1k, -6% at S2k, -5% non-causal S1k),
 #     with S512 and S1536 to place a threshold. Prediction: +4-5% at S1k, more at S512 (a 192-row
 #     tiling leaves 2.67 tiles), S1536 (8 full 192-row tiles) a loss like S2k's.
+#  d: flash_attn_func's default provider, "auto", on the GPU (bench/check_default.py): what a plain
+#     call runs with an empty DB and with start 1's, its errors, and the dispatch's host cost.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -31,6 +33,17 @@ fi
 if [ "$phase" = t ]; then
   TAILN=12 step fwd_tile 200 python3 bench/knob_effects.py --check --shapes 1024:64:1,512:64:1,1536:64:1 \
     --variants '[{}, {"tile_m": 128}, {"tile_m": 128, "pingpong": "mma"}]' --out "$work/fwd_tile.json"
+  exit 0
+fi
+if [ "$phase" = d ]; then
+  # provider="auto" as flash_attn_func's default, on the GPU: with an empty DB every plain call must
+  # be ours (errors against fp32 within 3x PyTorch's bf16 error), and the dispatch's host price per
+  # call against provider="fa4" (prediction: +2-5 us on the forward, inside the fwd+bwd's spread);
+  # then with start 1's measured DB at GPT-2 (the choice the DB makes, run by a plain call).
+  TAILN=8 step default_empty 120 bash -c "cd bench && python3 check_default.py"
+  db=/tmp/s20_auto.db
+  cp .device/s20_auto.db "$db"
+  TAILN=8 step default_db 100 bash -c "cd bench && python3 check_default.py --db sqlite:///$db --calls 1000"
   exit 0
 fi
 echo "unknown phase $phase" >&2
