@@ -87,6 +87,7 @@ def main() -> int:
         measure(a.db, a.shapes)
         return 0
     os.environ["FA4_DB"] = a.db
+    os.environ["FA4_LOOKUP_LOCAL_DB"] = "1"  # the device scripts turn the local lookup off; auto reads the DB
     import torch
     from triton.testing import do_bench
 

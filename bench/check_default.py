@@ -42,6 +42,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000)
     a = ap.parse_args()
     os.environ["FA4_DB"] = a.db or f"sqlite:///{tempfile.mkdtemp()}/empty.db"
+    os.environ["FA4_LOOKUP_LOCAL_DB"] = "1"  # the device scripts turn the local lookup off
     import torch
 
     import fa4

@@ -175,6 +175,9 @@ def _measured_ms(problem: Problem, device: str, timing: str, notes: list) -> dic
     """provider -> median ms of its plain call on ``problem``, from the first source that knows."""
     from fa4 import lookup
 
+    if not lookup.local_sources_enabled():
+        notes.append(f"{problem.pass_}: the local results DB is not asked ({lookup.LOCAL_DB_ENV}=0)")
+        return {}
     fp = lookup._fingerprint()
     for src in lookup._sources():
         speeds = getattr(src, "speeds", None)

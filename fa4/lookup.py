@@ -394,8 +394,14 @@ def register_source(source) -> None:
     _registered.append(source)
 
 
+def local_sources_enabled() -> bool:
+    """Whether launches may ask the local config sources ($FA4_LOOKUP_LOCAL_DB=0 turns them off,
+    for configs and for provider="auto"'s choice alike)."""
+    return os.environ.get(LOCAL_DB_ENV, "1").strip() != "0"
+
+
 def _from_sources(problem, arch, entry, device, fp, timing, steps) -> tuple | None:
-    if os.environ.get(LOCAL_DB_ENV, "1").strip() == "0":
+    if not local_sources_enabled():
         steps.append(Step("local-db", "skipped", f"disabled by {LOCAL_DB_ENV}=0"))
         return None
     sources = _sources()

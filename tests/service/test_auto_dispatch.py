@@ -214,3 +214,16 @@ def test_back_to_back_mode_per_timing():
     assert auto._back_to_back("eager-cold") == "eager-warm"
     assert auto._back_to_back("eager-warm") is None  # its numbers already carry the host cost
     assert auto._back_to_back("graph-cold") is None and auto._back_to_back("graph-warm") is None
+
+
+def test_the_local_lookup_switch_turns_the_dispatch_off_too(db, fp, monkeypatch):
+    """FA4_LOOKUP_LOCAL_DB=0 keeps launches from the local DB's configs; with provider="auto" the
+    default it must keep them from the DB's provider choice as well (every call ours)."""
+    add(db, "fa4", P, 0.9, fp=fp)
+    add(db, "cudnn", P, 0.7)
+    assert fa4.explain_auto(problem=P).fwd == "cudnn"
+    monkeypatch.setenv("FA4_LOOKUP_LOCAL_DB", "0")
+    auto.reset()
+    off = fa4.explain_auto(problem=P)
+    assert (off.fwd, off.train, off.fwd_ms) == ("fa4", "fa4", {})
+    assert any("FA4_LOOKUP_LOCAL_DB=0" in n for n in off.notes)
