@@ -12,6 +12,7 @@
 #     of session 20's (+4.5% / +5.0% with pingpong 'mma' at S1k, -6% at S2k, -5% non-causal S1k),
 #     with S512 and S1536 to place a threshold. Prediction: +4-5% at S1k, more at S512 (a 192-row
 #     tiling leaves 2.67 tiles), S1536 (8 full 192-row tiles) a loss like S2k's.
+#  m, n: issue 20's auto bar on all ten rows with the six-round medians (m measures, n times twice).
 #  d: flash_attn_func's default provider, "auto", on the GPU (bench/check_default.py): what a plain
 #     call runs with an empty DB and with start 1's, its errors, and the dispatch's host cost.
 set -uo pipefail
@@ -44,6 +45,24 @@ if [ "$phase" = d ]; then
   db=/tmp/s20_auto.db
   cp .device/s20_auto.db "$db"
   TAILN=8 step default_db 100 bash -c "cd bench && python3 check_default.py --db sqlite:///$db --calls 1000"
+  exit 0
+fi
+if [ "$phase" = m ] || [ "$phase" = n ]; then
+  # Issue 20's auto bar on all ten rows (bench/shapes/issue16_table.csv) with the six-round medians:
+  # m measures the four providers' default rows (both L2 modes) into /tmp/s20_all.db (kept for the
+  # next call on a warm machine, and in the tar); n times auto against each provider, twice.
+  db=/tmp/s20_all.db
+  if [ "$phase" = m ]; then
+    rm -f "$db"
+    TAILN=20 KEEP="rc=|^\\$|error|Error" step auto_measure 560 python3 bench/auto_dispatch.py --db "sqlite:///$db" \
+      --measure --shapes bench/shapes/issue16_table.csv
+    cp "$db" "$work/"
+    exit 0
+  fi
+  for run in 1 2; do
+    TAILN=12 KEEP="auto chose|slower than" step "auto_all$run" 280 python3 bench/auto_dispatch.py --db "sqlite:///$db" \
+      --shapes bench/shapes/issue16_table.csv
+  done
   exit 0
 fi
 echo "unknown phase $phase" >&2
