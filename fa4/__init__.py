@@ -48,7 +48,9 @@ def explain(q=None, k=None, v=None, causal: bool = False, *, problem=None, arch=
     results up for. ``timing`` names the timing mode to explain (fa4.timing, e.g. "graph-cold");
     default: the one a launch made here now asks for ($FA4_TUNING_TIMING, graph under capture).
     ``window_size``, ``learnable_sink`` and ``softcap`` as flash_attn_func takes them.
-    ``provider="auto"`` explains the per-shape dispatch instead (see :func:`explain_auto`).
+    This is the config of our kernels; which implementation a plain call runs (flash_attn_func's
+    default provider, "auto", may run a measured faster peer) is what ``provider="auto"`` explains
+    instead (see :func:`explain_auto`).
     """
     from fa4 import lookup
 

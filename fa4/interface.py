@@ -41,7 +41,8 @@ def flash_attn_func(
     BwdConfigSm90 or a dict of its knobs) overrides the tuned backward config, which
     otherwise comes from the same lookup chain as the forward's (``fa4.explain(...,
     pass_="bwd")``). Both are checked at the forward call and unused without grad.
-    Under ``torch.compile`` the call goes through the custom ops ``fa4::fwd``/``fa4::bwd``.
+    Under ``torch.compile`` the call goes through the custom ops ``fa4::fwd``/``fa4::bwd`` (ours: no
+    provider dispatch inside a compiled graph).
     An empty batch, no query rows or no keys launch no kernel: the output is zeros, the LSE
     -inf and the gradients zeros (as the reference FA4 returns).
 
