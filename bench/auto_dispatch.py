@@ -24,9 +24,9 @@ import csv
 import gc
 import os
 import statistics
-import time
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 PROVIDERS = ("fa4", "flash-attn-4", "cudnn", "fa2")

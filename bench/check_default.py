@@ -5,7 +5,7 @@
 With FA4_DB pointing at --db (default: a fresh empty DB, where every call must be ours), for
 GPT-2 1k (B16 H12 hd64) and a GQA hd128 causal 2k shape: the provider a plain call dispatched to
 (fa4.interface's cache of choices), and its output and gradients against an fp32 reference, as a
-multiple of PyTorch's own bf16 error on the same inputs. Then the host cost per call of a plain
+multiple of PyTorch's own bf16 error on the same inputs (check_bwd.attention in each dtype). Then the host cost per call of a plain
 call against provider="fa4" on the tiny problem (B1 S128 H4 hd128 causal; host_cost.py's loop, A and B
 interleaved 5 times, medians): the dispatch's price per call.
 """
@@ -21,21 +21,6 @@ import tempfile
 from host_cost import per_call_us  # run from bench/
 
 
-def reference(q, k, v, causal, dtype):
-    """softmax(q k^T / sqrt(d)) v in ``dtype`` (fp32: the reference; bf16: PyTorch's own error)."""
-    import torch
-
-    qt, kt, vt = (t.to(dtype).transpose(1, 2) for t in (q, k, v))
-    g = qt.shape[1] // kt.shape[1]
-    kt, vt = kt.repeat_interleave(g, 1), vt.repeat_interleave(g, 1)
-    s = (qt @ kt.transpose(-1, -2)) / q.shape[-1] ** 0.5
-    if causal:
-        sq, sk = s.shape[-2:]
-        mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
-        s = s.masked_fill(~mask, float("-inf"))
-    return (s.softmax(-1) @ vt).transpose(1, 2)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default=None)
@@ -44,6 +29,7 @@ def main() -> int:
     os.environ["FA4_DB"] = a.db or f"sqlite:///{tempfile.mkdtemp()}/empty.db"
     os.environ["FA4_LOOKUP_LOCAL_DB"] = "1"  # the device scripts turn the local lookup off
     import torch
+    from check_bwd import attention  # the bench's autograd reference (after FA4_DB is set: it imports fa4)
 
     import fa4
     from fa4 import interface
@@ -63,8 +49,8 @@ def main() -> int:
         chosen = sorted(set(interface._chosen.values()))
         errs = []
         for dt in (torch.float32, torch.bfloat16):
-            qr, kr, vr = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
-            o = reference(qr, kr, vr, True, dt)
+            qr, kr, vr = (t.detach().to(dt).requires_grad_(True) for t in (q, k, v))
+            o = attention(qr, kr, vr, True, d ** -0.5)
             errs.append((o, torch.autograd.grad(o, (qr, kr, vr), do.to(dt))))
         (ref_o, ref_g), (bf_o, bf_g) = errs
         rows = [("out", out, ref_o, bf_o), ("out (no grad)", fwd_only, ref_o, bf_o)]

@@ -88,8 +88,8 @@ def decide(fwd_ms: dict, bwd_ms: dict, runnable_fwd, runnable_train, notes=(), t
     """The rule, a pure function of measured milliseconds per provider (fa4 when nothing counts)."""
     notes = list(notes)
     fwd_c = {p: t for p, t in fwd_ms.items() if p in runnable_fwd and math.isfinite(t)}
-    train_c = {p: fwd_ms[p] + bwd_ms[p] for p in runnable_train if p in fwd_ms and p in bwd_ms}
-    train_c = {p: t for p, t in train_c.items() if math.isfinite(t)}
+    train_c = {p: fwd_ms[p] + bwd_ms[p] for p in runnable_train
+               if p in fwd_ms and p in bwd_ms and math.isfinite(fwd_ms[p] + bwd_ms[p])}
     return Choice(_fastest(fwd_c, "forward", notes), _fastest(train_c, "forward + backward", notes), dict(fwd_ms),
                   dict(bwd_ms), tuple(notes), timing)
 

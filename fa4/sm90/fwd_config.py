@@ -298,10 +298,10 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     reference (within 1% either way here).
     """
     d, dv = problem.head_dim, problem.head_dim_v
-    if d == 64 and problem.causal and problem.seqlen_q <= SHORT_CAUSAL_HD64:
-        base = FwdConfigSm90(tile_m=128, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
-    elif d == 64:
-        base = FwdConfigSm90(tile_m=192, tile_n=128, kv_stages=2, tau=8.0, pingpong="mma_exp")
+    if d == 64:
+        short_causal = problem.causal and problem.seqlen_q <= SHORT_CAUSAL_HD64
+        base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
+                             pingpong="mma_exp")
     elif d == 96:
         base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
     elif d == 192:
