@@ -46,7 +46,8 @@ def main() -> int:
         grads = torch.autograd.grad(out, (q, k, v), do)
         with torch.no_grad():
             fwd_only = fa4.flash_attn_func(q, k, v, causal=True)
-        chosen = sorted(set(interface._chosen.values()))
+        # An entry is the provider, or a mode -> provider map where the modes choose differently.
+        chosen = sorted({c for e in interface._chosen.values() for c in ([e] if isinstance(e, str) else e.values())})
         errs = []
         for dt in (torch.float32, torch.bfloat16):
             qr, kr, vr = (t.detach().to(dt).requires_grad_(True) for t in (q, k, v))

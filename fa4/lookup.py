@@ -204,6 +204,13 @@ def launch_timing() -> str:
     return mode.name
 
 
+def launch_timings() -> tuple[str, ...]:
+    """Every timing mode a launch in this process can ask for now: the configured one and, when it is
+    eager, its graph twin (what a launch under CUDA-graph capture asks)."""
+    mode, _ = _configured_timing()
+    return (mode.name,) if mode.graph else (mode.name, Timing("graph", mode.l2).name)
+
+
 def _cached_or_resolved(problem: Problem, arch: Arch):
     timing = launch_timing()
     hit = _state.cache.get((problem, arch, timing))

@@ -154,13 +154,55 @@ def test_choice_from_the_db_and_the_call_runs_it(db, fp, monkeypatch):
     monkeypatch.setattr(auto, "choose", lambda *a, **kw: calls.append(1) or real_choose(*a, **kw))
     for _ in range(3):
         fa4.flash_attn_func(q, q, q, causal=True, provider="auto")
-    assert ran == ["cudnn"] * 3 and len(calls) == 1  # chosen once per shape, then a dict hit
+    # Chosen once per shape in each mode a launch can ask for (eager-cold and its graph twin), then a
+    # dict hit.
+    assert ran == ["cudnn"] * 3 and len(calls) == 2
     fa4.flash_attn_func(q, q, q, causal=True, provider="auto", out=torch.empty_like(q))
     assert ran[-1] == "fa4"  # out= is ours only
     fa4.flash_attn_func(q, q, q, causal=True, provider="fa4")
     assert ran[-1] == "fa4"  # fa4 named: ours, whatever was measured
     fa4.flash_attn_func(q, q, q, causal=True)
-    assert ran[-1] == "cudnn" and len(calls) == 1  # the default provider is auto (and its choice cached)
+    assert ran[-1] == "cudnn" and len(calls) == 2  # the default provider is auto (and its choice cached)
+
+
+def test_a_cached_choice_costs_no_capture_check_unless_the_modes_differ(db, fp, monkeypatch):
+    """The dispatch's hit: where every timing mode of the process chooses the same provider (the
+    common case: no peer faster), the entry is that provider and a call neither asks CUDA whether the
+    stream is capturing nor reads the timing environment; where the modes differ (a peer faster in
+    eager mode only), a call under graph capture runs the graph-mode choice."""
+    import fa4.tensors as tensors
+
+    ran = []
+    monkeypatch.setattr(auto, "run_peer", lambda prov, q, k, v, *a: ran.append(prov) or q.new_zeros(q.shape))
+    monkeypatch.setattr(interface.launch, "_forward", lambda q, *a: ran.append("fa4") or q.new_zeros(q.shape))
+    monkeypatch.setattr(tensors, "validate", lambda *a, **kw: None)
+    monkeypatch.setattr(tensors, "arch_of", lambda device: SM90)
+    asked = []
+    capturing = [False]
+    monkeypatch.setattr(lookup, "_capturing", lambda: asked.append(1) or capturing[0])
+    q = torch.zeros(16, 1024, 12, 64, dtype=torch.bfloat16)
+    fa4.flash_attn_func(q, q, q, causal=True)  # empty DB: ours in every mode
+    (entry,) = interface._chosen.values()
+    assert entry == "fa4" and ran == ["fa4"]
+    asked.clear()
+    for _ in range(5):
+        fa4.flash_attn_func(q, q, q, causal=True)
+    assert ran == ["fa4"] * 6 and asked == []
+
+    # cuDNN faster in eager-cold, nothing measured under graphs: the modes choose differently.
+    add(db, "fa4", P, 0.9, fp=fp)
+    add(db, "cudnn", P, 0.7)
+    interface._chosen.clear()
+    auto.reset()
+    ran.clear()
+    fa4.flash_attn_func(q, q, q, causal=True)
+    (entry,) = interface._chosen.values()
+    assert entry == {"eager-cold": "cudnn", "graph-cold": "fa4"} and ran == ["cudnn"]
+    capturing[0] = True
+    fa4.flash_attn_func(q, q, q, causal=True)
+    capturing[0] = False
+    fa4.flash_attn_func(q, q, q, causal=True)
+    assert ran == ["cudnn", "fa4", "cudnn"]
 
 
 def test_named_peers_are_checked_and_unknown_names_refused(db, monkeypatch):
