@@ -112,17 +112,14 @@ def _provider_for(provider, q, k, v, causal, return_lse, deterministic, grad, ou
     timing = launch_timing()
     if hit is not None and timing in hit:
         return hit[timing]
-    chosen = _dispatch(provider, q, k, v, causal, return_lse, deterministic, grad, ours_only, timing)
-    if provider == "auto" and hit is None:
-        # The choice in the other modes of this process: one provider for all stores a plain entry.
-        per_mode = {t: chosen if t == timing else
-                    _dispatch(provider, q, k, v, causal, return_lse, deterministic, grad, ours_only, t)
-                    for t in (timing, *launch_timings())}
-        entry = chosen if len(set(per_mode.values())) == 1 else per_mode
-    elif provider == "auto":
-        entry = {**hit, timing: chosen}
-    else:  # 'fa4' never comes here; a peer's name runs that peer in every mode
-        entry = chosen
+    # A first dispatch of the shape decides every mode of this process at once; one provider for all
+    # stores a plain entry. A mode the entry lacks ($FA4_TUNING_TIMING changed since) joins its map.
+    modes = dict.fromkeys((timing, *launch_timings())) if hit is None else (timing,)
+    per_mode = {**(hit or {}),
+                **{t: _dispatch(provider, q, k, v, causal, return_lse, deterministic, grad, ours_only, t)
+                   for t in modes}}
+    chosen = per_mode[timing]
+    entry = chosen if len(set(per_mode.values())) == 1 else per_mode
     if len(_chosen) > 4096:
         _chosen.clear()
     _chosen[key] = entry
