@@ -21,6 +21,18 @@ from .storage import SURPLUS
 CLAIM = "fa4_claimed_config"  # trial system attribute: the config a running trial will measure
 
 
+def trial_config(t, n_knobs: int) -> dict | None:
+    """The config trial ``t`` holds, in whatever state: its parameters once all are set, before
+    that its claim (a running trial's pick) or its fixed parameters (an enqueued one); None for
+    a surplus trial, which holds nothing. The sampler's "tried" and the tuner's "left to start"
+    both read it, so what one proposes the other counts."""
+    if t.user_attrs.get(SURPLUS):
+        return None
+    if len(t.params) == n_knobs:
+        return t.params
+    return t.system_attrs.get(CLAIM) or t.system_attrs.get("fixed_params") or None
+
+
 class FeasibleSampler(BaseSampler):
     """Proposes only configs in ``feasible`` (knob-name -> value dicts) not yet in the study.
 
@@ -59,10 +71,11 @@ class FeasibleSampler(BaseSampler):
         trial, or enqueued."""
         mask = np.zeros(len(self._feasible), dtype=bool)
         for t in study.get_trials(deepcopy=False):
-            if trial is not None and t._trial_id == trial._trial_id or t.user_attrs.get(SURPLUS):
+            if trial is not None and t._trial_id == trial._trial_id:
                 continue
-            params = t.params if len(t.params) == len(self._names) else (
-                t.system_attrs.get(CLAIM) or t.system_attrs.get("fixed_params", {}))
+            params = trial_config(t, len(self._names))
+            if params is None:
+                continue
             code = self._encode(params)
             if code is not None and code in self._row:
                 mask[self._row[code]] = True
@@ -79,15 +92,16 @@ class FeasibleSampler(BaseSampler):
         return dict(self._space)
 
     def sample_relative(self, study, trial, search_space):
-        if not search_space:
-            return {}
+        if not search_space or len(trial.system_attrs.get("fixed_params", {})) == len(self._names):
+            return {}  # an enqueued config: nothing to pick, and no other config to hold by a claim
         for _ in range(8):  # a lost claim (another worker took the config) picks again
             row = self._pick(study, trial)
             if row is None or self._claim(study, trial, row):
                 break
         if row is None:
-            # Every feasible config is taken (the study asks for more than the space holds):
-            # propose one again, which the tuner answers from its first trial.
+            # Every feasible config is taken: another worker took the last one between this
+            # worker's count and its trial. Any config will do; the tuner finds it taken and
+            # makes the trial surplus (measured nothing, counted nowhere).
             return dict(self._feasible[self._rng.randint(len(self._feasible))])
         return dict(self._feasible[row])
 
@@ -132,4 +146,4 @@ class FeasibleSampler(BaseSampler):
             self._base.reseed_rng()
 
 
-__all__ = ["FeasibleSampler"]
+__all__ = ["FeasibleSampler", "trial_config"]

@@ -367,6 +367,10 @@ class Tuner:
                 self._surplus_numbers.add(trial.number)
                 raise SurplusTrial(f"trial {trial.number}: the study was full when it started")
             config = suggest_config(trial, self.knob_cls) if self.knob_cls else None
+            if config is not None and self._held_elsewhere(study, trial):
+                trial.set_user_attr(SURPLUS, True)
+                self._surplus_numbers.add(trial.number)
+                raise SurplusTrial(f"trial {trial.number}: its config is another trial's")
             cdict = self.provider.config_to_dict(config)
             if self.worker:
                 trial.set_user_attr("worker", self.worker)
@@ -457,13 +461,15 @@ class Tuner:
         """(trials still worth starting, answered trials, running trials).
 
         Answered = completed or pruned. FAIL trials (their worker died) do not count: their
-        retries do. Running trials count as taken, whoever runs them, and so do the feasible
-        configs already answered or running: no more trials than untried feasible configs.
+        retries do. Running trials count as taken, whoever runs them. Worth starting are the
+        enqueued trials (the default, warm starts, retries) and the feasible configs no trial
+        holds, exactly what the sampler can still propose: a worker that counted more would
+        start trials the sampler can only answer with a taken config.
         """
         import optuna
 
         S = optuna.trial.TrialState
-        trials = study.get_trials(deepcopy=False)
+        trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(SURPLUS)]
         answered = [t for t in trials if t.state in (S.COMPLETE, S.PRUNED)]
         running = [t for t in trials if t.state == S.RUNNING]
         left = (1 if self.knob_cls is None else self.trials) - len(answered) - len(running)
@@ -471,18 +477,31 @@ class Tuner:
             self.out_of_time = left > 0
             left = 0
         if self.knob_cls is not None:
-            # Configs answered or running elsewhere are taken: several workers may be handed
-            # the same config at once, and a trial count alone would then end the study with
-            # a feasible config never measured.
+            from .sampling import trial_config
+
             if not hasattr(self, "_feasible_keys"):
                 self._feasible_keys = {_key(c) for c in self.feasible()}
-            from .sampling import CLAIM
-
-            # A running trial's config is known from its claim before its params are set.
-            seen = {_key(t.params or t.system_attrs.get(CLAIM) or {}) for t in answered + running}
-            seen &= self._feasible_keys
-            left = min(left, len(self._feasible_keys) - len(seen))
+            n = len(knob_specs(self.knob_cls))
+            held = {_key(c) for c in (trial_config(t, n) for t in trials) if c is not None}
+            waiting = sum(1 for t in trials if t.state == S.WAITING)
+            left = min(left, waiting + len(self._feasible_keys - held))
         return left, len(answered), len(running)
+
+    @staticmethod
+    def _held_elsewhere(study, trial) -> bool:
+        """Whether another answered or running trial holds ``trial``'s config (its parameters set).
+
+        Two workers that both counted one config left start two trials, and the sampler can
+        give the second only a taken config; two enqueued copies of one config run twice. Such
+        a trial measures nothing. Where two running trials hold one config, each may see the
+        other and both step back; the config is then free again and proposed anew, never lost.
+        A FAIL trial's retry holds what the failed trial held: FAIL trials are not counted.
+        """
+        import optuna
+
+        S = optuna.trial.TrialState
+        return any(t.number != trial.number and t.params == trial.params and not t.user_attrs.get(SURPLUS)
+                   for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING)))
 
     def run(self, on_trial: Callable | None = None, on_start: Callable | None = None,
             wait: bool = True) -> TuneResult:

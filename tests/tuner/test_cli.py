@@ -123,8 +123,8 @@ def test_a_time_budget_stops_the_trials_and_skips_the_shapes_after_it(tmp_path):
     shapes = tmp_path / "shapes.csv"
     shapes.write_text("seqlen,hdim,batch,heads\n8192,128,2,16\n8192,64,2,32\n")
     r = fa4_tune("--shapes", str(shapes), "--provider", "plugin:tests.tuner.fake_providers:SlowReplay", "--trials", "30",
-                 "--budget-s", "2", "--verify-rounds", "0", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--json",
-                 env_extra={"FA4_TEST_SLOW_S": "0.4"})
+                 "--budget-s", "8", "--verify-rounds", "0", "--db", f"sqlite:///{tmp_path / 'r.db'}", "--json",
+                 env_extra={"FA4_TEST_SLOW_S": "0.5"})
     assert r.returncode == 0, r.stderr
     (res,) = json.loads(r.stdout)["results"]
     assert res["out_of_time"] and 1 <= res["trials"] < 30

@@ -305,6 +305,29 @@ def test_the_default_is_enqueued_once_while_it_waits(env):
     assert len(waiting) == 1 and waiting[0].system_attrs["fixed_params"] == config_to_dict(fwd_default(PROBLEM))
 
 
+def test_a_config_another_trial_holds_is_measured_once(env, caplog):
+    """Two workers' enqueues can put one config in the queue twice, and a worker that counted the
+    last free config after another took it is handed a taken one: the second trial of a config
+    measures nothing, and the study still holds its budget of distinct configs."""
+    t = _tuner(env, trials=4)
+    cfg = next(c for c in iter_configs(RefFa4FwdKnobs) if not fwd_violations(c, PROBLEM, SM90)
+               and c != fwd_default(PROBLEM))
+    study = t.open_study()
+    for _ in range(2):
+        study.enqueue_trial(config_to_dict(cfg))
+    with caplog.at_level("WARNING", logger="optuna"):
+        res = t.run()
+    assert res.trials == 4 and res.failed == 0
+    trials = _study(t).trials
+    twins = [tr for tr in trials if tr.params == config_to_dict(cfg)]
+    assert [tr.state for tr in twins] == [optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL]
+    assert twins[1].user_attrs["surplus"] is True and "measurement_id" not in twins[1].user_attrs
+    rows = env["store"].measurements(study_name=t.name)
+    assert sorted(r["trial_number"] for r in rows) == sorted(tr.number for tr in trials if tr is not twins[1])
+    assert len({json.dumps(r["config"], sort_keys=True) for r in rows}) == 4  # four distinct configs
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]
+
+
 def test_a_trial_started_after_the_budget_is_taken_is_surplus(env, caplog):
     """Two fleet workers may both count one trial left and both start one (the fleet test on two
     fake GPUs once ended with 6 of 5). The later-started trial measures nothing, and the study's
