@@ -20,7 +20,18 @@ ints. Every division has a non-negative dividend, so floor and truncation agree.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+# Bitmask masking (the knobs' mask_bits). A WGMMA accumulator gives each thread its columns in
+# pairs 8 apart: offsets 0, 1, 8, 9, 16, 17, ... from its first one, the same for every thread.
+# Along that order the elements a bound keeps are a prefix (j < limit) or a suffix (j >= limit)
+# whose length is arithmetic on the bound (pair_count), so a row's verdicts fit in one 32-bit
+# word per 32 elements, built with two shifts. Testing a constant bit of that word is what
+# ptxas turns into R2P (seven predicates from one register) instead of one ISETP per element.
+BITS_PER_WORD = 32
+_ONES = 0xFFFFFFFF
 
 
 def _min(a, b):
@@ -115,6 +126,119 @@ def kv_mask_split(m_block, tile_m, tile_n, seqlen_q, seqlen_k, causal, has_windo
     return n_min, n_max, masked_right, unmasked
 
 
+def pair_layout(offsets) -> bool:
+    """Whether static offsets (python ints, element order) are the accumulator's column pairs
+    0, 1, 8, 9, ...: then pair_count counts the elements below a bound. Checked at trace time;
+    a layout that fails keeps the per-element compares."""
+    return all(isinstance(o, int) and o == 8 * (i // 2) + i % 2 for i, o in enumerate(offsets))
+
+
+def pair_count(limit):
+    """How many of offsets 0, 1, 8, 9, 16, 17, ... are below ``limit`` (any number of pairs):
+    2 per whole block of 8 below it, plus the part block's first one or two. Int32 or int."""
+    if isinstance(limit, int):
+        lim = max(limit, 0)
+        return (lim // 8) * 2 + min(lim % 8, 2)
+    lim = cutlass.max(limit, 0)
+    return (lim >> 3) * 2 + cutlass.min(lim & 7, 2)
+
+
+def query_row_run(row, seq_limit, shift, causal, has_window_left, has_window_right, window_left, window_right):
+    """(lo, hi): a forward row keeps its elements [lo, hi) in element order (lo None: from the
+    first). ``row`` is the row's query, ``seq_limit`` and ``shift`` seqlen_k and seqlen_k -
+    seqlen_q less the thread's first key column: the bounds apply_mask compares with."""
+    limit = seq_limit
+    right = _right_offset(causal, has_window_right, window_right)
+    if right is not None:
+        limit = _min(seq_limit, row + 1 + shift + right)
+    lo = pair_count(row + shift - window_left) if has_window_left else None
+    return lo, pair_count(limit)
+
+
+def key_row_run(key, key_limit, diag_hi, diag_lo, q_base, has_diag, has_window_left, ncol: int):
+    """(lo, hi): a backward S^T row (key offset ``key`` from the thread's first key) keeps its query
+    elements [lo, hi) (lo None: from the first): queries q >= key - diag_hi on the diagonal side
+    (``has_diag``: causal or a right window), q <= key - diag_lo with a left window, none where
+    key >= key_limit (past seqlen_k). ``q_base`` is the thread's first query."""
+    whole = (ncol + BITS_PER_WORD - 1) // BITS_PER_WORD * BITS_PER_WORD
+    # 0 or every element, without a branch: (key < key_limit) as 0/1, times a whole word count.
+    hi = _min(_max(key_limit - key, 0), 1) * whole
+    if has_window_left:
+        hi = _min(hi, pair_count(key - diag_lo - q_base + 1))
+    lo = pair_count(key - diag_hi - q_base) if has_diag else None
+    return lo, hi
+
+
+def _shift_b32(op: str, x, n, loc, ip) -> Uint32:
+    # PTX shifts clamp the count at the register width (0xFFFFFFFF >> 32 is 0); an LLVM shift
+    # by 32 would be poison, so the word for an empty or full chunk takes inline PTX.
+    return Uint32(
+        llvm.inline_asm(
+            T.i32(), [Uint32(x).ir_value(loc=loc, ip=ip), Uint32(n).ir_value(loc=loc, ip=ip)],
+            f"{op}.b32 $0, $1, $2;", "=r,r,r",
+            has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def shr_b32(x, n, *, loc=None, ip=None) -> Uint32:
+    return _shift_b32("shr", x, n, loc, ip)
+
+
+@dsl_user_op
+def shl_b32(x, n, *, loc=None, ip=None) -> Uint32:
+    return _shift_b32("shl", x, n, loc, ip)
+
+
+def keep_word(lo_count, hi_count, word: int):
+    """Bits of word ``word`` (elements 32 word .. 32 word + 31) of a row that keeps elements
+    [lo_count, hi_count): None for an unbounded side. Int32 in a kernel, int on the host (the
+    CPU tests check it against the per-element compares)."""
+    base = word * BITS_PER_WORD
+    host = all(isinstance(x, int) for x in (lo_count, hi_count) if x is not None)
+    if host:
+        bits = _ONES
+        if hi_count is not None:
+            bits >>= min(max(base + BITS_PER_WORD - hi_count, 0), BITS_PER_WORD)
+        if lo_count is not None:
+            bits &= (_ONES << min(max(lo_count - base, 0), BITS_PER_WORD)) & _ONES
+        return bits
+    bits = Uint32(_ONES)
+    if hi_count is not None:
+        bits = shr_b32(bits, cutlass.max(base + BITS_PER_WORD - hi_count, 0))
+    if lo_count is not None:
+        bits = bits & shl_b32(Uint32(_ONES), cutlass.max(lo_count - base, 0))
+    return bits
+
+
+def rows_in_pairs(c0_mn, nrow: int, ncol: int) -> bool:
+    """Whether every row of a thread's (nrow, ncol) element view has its columns in pairs."""
+    return all(pair_layout([c0_mn[r, c][1] for c in range(ncol)]) for r in range(nrow))
+
+
+def cols_in_pairs(c0_mn, nrow: int, ncol: int) -> bool:
+    """The transpose: whether every column has its rows in pairs (S^T's keys: r counts down M)."""
+    return all(pair_layout([c0_mn[r, c][0] for r in range(nrow)]) for c in range(ncol))
+
+
+@cute.jit
+def mask_row_bits(
+    s_mn: cute.Tensor,  # ((2, MMA_M), (2, V, MMA_N)) row/col view
+    r: cutlass.Constexpr,  # the row to mask
+    has_lo: cutlass.Constexpr,  # whether lo_count bounds the row (else it is ignored)
+    lo_count: Int32,  # keep elements [lo_count, hi_count) of the row, in element order
+    hi_count: Int32,
+):
+    ncol = cute.size(s_mn, mode=[1])
+    for w in cutlass.range_constexpr((ncol + BITS_PER_WORD - 1) // BITS_PER_WORD):
+        bits = keep_word(lo_count if has_lo else None, hi_count, w)
+        # Unrolled with constant bit positions, or ptxas cannot form R2P.
+        for i in cutlass.range_constexpr(min(BITS_PER_WORD, ncol - w * BITS_PER_WORD)):
+            if (bits & Uint32(1 << i)) == Uint32(0):
+                s_mn[r, w * BITS_PER_WORD + i] = -Float32.inf
+
+
 @cute.jit
 def apply_mask(
     s_mn: cute.Tensor,  # ((2, MMA_M), (2, V, MMA_N)) fp32 scores of one 64 x tile_n tile, row/col view
@@ -128,18 +252,31 @@ def apply_mask(
     has_window_right: cutlass.Constexpr = False,
     window_left: Int32 = 0,
     window_right: Int32 = 0,
+    bits: cutlass.Constexpr = False,
 ):
+    """-inf at key >= seqlen_k and outside the causal / window band of each row.
+
+    ``bits`` (the knob mask_bits): where a bound moves from row to row (causal, a window), each
+    row's verdicts as bit words (pair_count, keep_word) instead of a compare per element. The
+    seqlen_k residue alone is one bound for all rows, whose compares ptxas shares between them.
+    """
     nrow = cute.size(s_mn, mode=[0])
     ncol = cute.size(s_mn, mode=[1])
     seq_limit = seqlen_k - col_base
     shift = seqlen_k - seqlen_q - col_base
+    use_bits = cutlass.const_expr(bits and (causal or has_window_right or has_window_left)
+                                  and rows_in_pairs(c0_mn, nrow, ncol))
     for r in cutlass.range_constexpr(nrow):
         limit = seq_limit
         row = row_base + c0_mn[r, 0][0]
         if cutlass.const_expr(causal or has_window_right):
             right = _right_offset(causal, has_window_right, window_right)
             limit = cutlass.min(seq_limit, row + 1 + shift + right)
-        if cutlass.const_expr(has_window_left):
+        if cutlass.const_expr(use_bits):
+            lo, hi = query_row_run(row, seq_limit, shift, causal, has_window_left, has_window_right, window_left,
+                                   window_right)
+            mask_row_bits(s_mn, r, has_window_left, lo if has_window_left else hi, hi)
+        elif cutlass.const_expr(has_window_left):
             lo = row + shift - window_left
             for c in cutlass.range_constexpr(ncol):
                 col = c0_mn[r, c][1]

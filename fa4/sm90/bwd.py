@@ -67,7 +67,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_pair, bwd_schedule, mma, scheduling, semaphore, softcap_bwd, varlen
+from fa4.common import bwd_pair, bwd_schedule, masking, mma, scheduling, semaphore, softcap_bwd, varlen
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, transpose_view
@@ -934,18 +934,27 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         key_limit, diag_hi, diag_lo = limits
         nrow = cute.size(s_mn, mode=[0])
         ncol = cute.size(s_mn, mode=[1])
-        for c in cutlass.range_constexpr(ncol):
-            limit = key_limit
-            q = q_base + c0_mn[0, c][1]
-            if cutlass.const_expr(self.causal or self.has_window_right):
-                limit = cutlass.min(limit, q + 1 + diag_hi)
-            low = q + diag_lo  # first visible key row (has_window_left)
+        if cutlass.const_expr(self.config.mask_bits and (self.causal or self.has_window_right or self.has_window_left)
+                              and masking.rows_in_pairs(c0_mn, nrow, ncol)):
+            # mask_bits: a key row keeps a run of its query columns (fa4.common.masking.key_row_run).
+            has_diag = self.causal or self.has_window_right
             for r in cutlass.range_constexpr(nrow):
-                if c0_mn[r, 0][0] >= limit:
-                    s_mn[r, c] = -Float32.inf
-                if cutlass.const_expr(self.has_window_left):
-                    if c0_mn[r, 0][0] < low:
+                lo, hi = masking.key_row_run(c0_mn[r, 0][0], key_limit, diag_hi, diag_lo, q_base, has_diag,
+                                             self.has_window_left, ncol)
+                masking.mask_row_bits(s_mn, r, has_diag, lo if has_diag else hi, hi)
+        else:
+            for c in cutlass.range_constexpr(ncol):
+                limit = key_limit
+                q = q_base + c0_mn[0, c][1]
+                if cutlass.const_expr(self.causal or self.has_window_right):
+                    limit = cutlass.min(limit, q + 1 + diag_hi)
+                low = q + diag_lo  # first visible key row (has_window_left)
+                for r in cutlass.range_constexpr(nrow):
+                    if c0_mn[r, 0][0] >= limit:
                         s_mn[r, c] = -Float32.inf
+                    if cutlass.const_expr(self.has_window_left):
+                        if c0_mn[r, 0][0] < low:
+                            s_mn[r, c] = -Float32.inf
 
     # ---------------------------------------------------------------- epilogue
     @cute.jit

@@ -8,6 +8,8 @@ on dtype, head_dim and head_dim_v, causal, whether K/V heads are shared (GQA: wi
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 from fa4.knobs import compile_time_config
@@ -47,6 +49,8 @@ def compile_key(dtype: str, head_dim: int, causal: bool, gqa: bool, deterministi
                 has_window_right: bool = False, has_softcap: bool = False, has_sink: bool = False,
                 varlen: bool = False, seqused_q: bool = False, seqused_k: bool = False) -> BwdKernelKey:
     base = compile_time_config(config)
+    if not (causal or has_window_left or has_window_right):
+        base = dataclasses.replace(base, mask_bits=False)  # no bound moves per row: the same kernel
     # One key per kernel: head_dim_v == head_dim is stored as 0 (the keys of before it existed).
     hdv = 0 if head_dim_v in (None, head_dim) else head_dim_v
     if (seqused_q or seqused_k) and not varlen:

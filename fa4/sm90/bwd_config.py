@@ -208,6 +208,15 @@ class BwdConfigSm90:
         "(default_launch_order). Without a mask every key tile does the same work.",
         runtime=int,  # the kernel's spt flag
     )
+    mask_bits: bool = knob(
+        (False, True), False,
+        "Causal and windowed problems: each key row's verdicts over its query columns in a masked step as "
+        "32-bit words (the visible queries of a key are a run in the accumulator's column order, its length "
+        "arithmetic on the diagonal) tested bit by bit, which ptxas turns into R2P, seven predicates an "
+        "instruction, instead of one compare per element. Off until measured on the GPU "
+        "(fa4.common.masking).",
+        applies=lambda problem: problem.causal or problem.has_window,
+    )
     head_swizzle: int = knob(
         (1, 2, 4, 8, 16, 32), 1,
         "Heads per scheduling group: consecutive CTAs walk the key tiles of this many heads together so "
@@ -359,6 +368,9 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # A 'loop' CTA walks a group's heads over one (key tile, K/V head, batch); the varlen
         # kernel's CTA is (key tile, head, sequence) with per-sequence offsets: not built together.
         out.append(Violation("knob combination", "gqa_reduce 'loop' with varlen: not built (varlen takes 'atomic')"))
+    if config.mask_bits and not (problem.causal or problem.has_window):
+        out.append(Violation("knob combination",
+            "mask_bits applies to causal and windowed problems only (elsewhere no bound moves per row)"))
     if config.varlen_grid != "padded" and not getattr(problem, "varlen", False):
         out.append(Violation("knob combination", "varlen_grid 'compact' is for varlen problems"))
     if getattr(problem, "varlen", False) and config.exp_pin:

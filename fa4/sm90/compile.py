@@ -59,6 +59,8 @@ def compile_key(dtype: str, head_dim: int, causal: bool, has_lse: bool, config: 
     if not has_softcap:
         # No tanh to split (violations() rejects the knob there; a key must not tell them apart).
         base = dataclasses.replace(base, tanh_fma_frac=0.0)
+    if not (causal or has_window_left or has_window_right):
+        base = dataclasses.replace(base, mask_bits=False)  # no bound moves per row: the same kernel
     if (seqused_q or seqused_k) and not varlen:
         raise ValueError("seqused_q/seqused_k belong to varlen kernels")
     return FwdKernelKey(dtype, head_dim, causal, has_lse, base, head_dim_v or head_dim, bool(has_window_left),

@@ -699,7 +699,7 @@ class FlashFwdSm90:
     def mask(self, s_mn, tScS, row_off, n, seqlen_q, seqlen_k, feat):
         masking.apply_mask(
             s_mn, tScS[0], row_off + tScS[1], n * self.tile_n + tScS[2], seqlen_q, seqlen_k, self.causal,
-            self.has_window_left, self.has_window_right, feat[0], feat[1],
+            self.has_window_left, self.has_window_right, feat[0], feat[1], self.config.mask_bits,
         )
 
     @cute.jit

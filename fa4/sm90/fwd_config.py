@@ -140,6 +140,15 @@ class FwdConfigSm90:
         "One CTA per tile (False), or one CTA per SM walking the tiles in the scheduler's order "
         "(True): the next tile's K/V loads overlap the current epilogue and no launch sits between tiles.",
     )
+    mask_bits: bool = knob(
+        (False, True), False,
+        "Causal and windowed problems: a masked tile's verdicts per row as 32-bit words (the kept elements "
+        "of a row are a run in the accumulator's column order, so its length is arithmetic on the bound) "
+        "tested bit by bit, which ptxas turns into R2P, seven predicates an instruction, instead of one "
+        "compare per element (hd128 causal: 148 ISETP in the kernel, 28 with it). Off until measured on "
+        "the GPU (fa4.common.masking).",
+        applies=lambda problem: problem.causal or problem.has_window,
+    )
 
     # Knobs that only change runtime arguments, not the compiled kernel (marked runtime above).
     RUNTIME_KNOBS = RuntimeKnobNames()
@@ -224,6 +233,9 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # consumer warpgroups (the Newton reciprocal's temporaries); 0.125 compiled clean.
         out.append(Violation("registers",
             f"tanh_fma_frac {config.tanh_fma_frac} with 3 consumer warpgroups spills (at most 0.125)"))
+    if config.mask_bits and not (problem.causal or problem.has_window):
+        out.append(Violation("knob combination",
+            "mask_bits applies to causal and windowed problems only (elsewhere no bound moves per row)"))
     if config.persistent and problem.varlen:
         # The persistent walk would have to skip the tiles past each sequence's end in step
         # between producer and consumers (pipeline and Q-stage phases); not built.

@@ -33,6 +33,46 @@ def test_window(feat, hd, causal, window, shape):
     ok, info = feat.check_case(*shape, hd, causal=causal, window_left=window[0], window_right=window[1])
     assert ok, info
 
+def _mask_bits_config(feat, shape, hd, causal, window_left=-1, window_right=-1, deterministic=False):
+    """The problem's default backward config with mask_bits on (the window in the problem: the knob
+    applies to causal and windowed problems only)."""
+    import dataclasses
+
+    from fa4.problem import Problem
+    from fa4.sm90.bwd_config import default_config, violations
+
+    b, sq, sk, hq, hkv = shape
+    problem = Problem(b, sq, sk, hq, hkv, hd, hd, causal=causal, pass_="bwd", deterministic=deterministic,
+                      window_left=window_left, window_right=window_right)
+    config = dataclasses.replace(default_config(problem), mask_bits=True)
+    assert not violations(config, problem), violations(config, problem)
+    return config
+
+
+# Where a bound moves per row: causal alone, and every window causal or not.
+MASK_BITS_CASES = [(True, (-1, -1))] + [(c, w) for c in (False, True) for w in WINDOWS]
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("causal,window", MASK_BITS_CASES, ids=lambda x: str(x))
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2]])
+def test_mask_bits(feat, hd, causal, window, shape):
+    """mask_bits (each key row's verdicts over its queries as 32-bit words) against autograd: causal,
+    every window, GQA and MQA with Sq != Sk both ways, rows that see no key."""
+    config = _mask_bits_config(feat, shape, hd, causal, *window)
+    ok, info = feat.check_case(*shape, hd, causal=causal, config=config, window_left=window[0],
+                               window_right=window[1])
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_mask_bits_deterministic_bitwise(feat, hd):
+    shape = SHAPES[1]
+    config = _mask_bits_config(feat, shape, hd, True, deterministic=True)
+    ok, info = feat.check_deterministic(*shape, hd, causal=True, config=config)
+    assert ok, info
+
+
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("softcap", [5.0, 30.0])

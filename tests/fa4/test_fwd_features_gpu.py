@@ -151,6 +151,26 @@ def test_exp_pin_with_features(hd, name):
     check(SHAPES[1], hd, change={"exp_pin": True}, **FEATURES[name])
 
 
+# The features whose masked tiles take the bit words under mask_bits (a bound that moves per row).
+MASKED = [n for n, f in FEATURES.items() if f["causal"] or f.get("window")]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("hd,name", [(128, "causal"), (64, "causal")] + [(128, n) for n in MASKED]
+                         + [(64, n) for n in HD64 if n in MASKED])
+def test_mask_bits_matches_reference(hd, name, shape):
+    """mask_bits (fa4.common.masking: each row's verdicts as 32-bit words) against the fp32 reference:
+    causal with Sq != Sk both ways, windows narrower than a tile, rows that see no key."""
+    check(shape, hd, change={"mask_bits": True}, **FEATURES.get(name, {"causal": True}))
+
+
+@pytest.mark.parametrize("hd,hdv", [(96, 96), (192, 192), (192, 128), (256, 256)])
+def test_mask_bits_wide_head_dims(hd, hdv):
+    for shape in SHAPES[1:]:
+        check(shape, hd, True, hdv=hdv, change={"mask_bits": True})
+        check(shape, hd, False, window=(100, 37), hdv=hdv, change={"mask_bits": True})
+
+
 @pytest.mark.parametrize("hd,hdv", [(96, 96), (192, 192), (192, 128), (256, 256)])
 def test_wide_head_dims_all_features(hd, hdv):
     check((1, 333, 777, 4, 2), hd, True, window=(64, None), softcap=30.0, sink=True, hdv=hdv)

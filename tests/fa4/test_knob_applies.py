@@ -28,9 +28,12 @@ BWD_GQA = Problem(batch=1, seqlen_q=4096, seqlen_k=4096, heads_q=32, heads_kv=8,
                   causal=True, pass_="bwd")
 BWD_VARLEN = Problem(batch=8, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv=16, head_dim=128, head_dim_v=128,
                      causal=True, pass_="bwd", varlen=True, varlen_mean_q=2048, varlen_mean_k=2048)
+# Not causal, no window: no bound moves per row (mask_bits does not apply).
+FWD_FULL = Problem.standard(4096, 128)
+BWD_FULL = Problem.standard(4096, 128, pass_="bwd")
 # Per kernel: problems to find, for each narrowed knob, one where it does not apply and one where it does.
-KERNELS = [(fwd_config.FwdConfigSm90, fwd_config.violations, [FWD_PLAIN, FWD_SOFTCAP]),
-           (bwd_config.BwdConfigSm90, bwd_config.violations, [BWD_MHA, BWD_GQA, BWD_VARLEN])]
+KERNELS = [(fwd_config.FwdConfigSm90, fwd_config.violations, [FWD_PLAIN, FWD_SOFTCAP, FWD_FULL]),
+           (bwd_config.BwdConfigSm90, bwd_config.violations, [BWD_MHA, BWD_GQA, BWD_VARLEN, BWD_FULL])]
 
 
 def _random_configs(cls, n: int, seed: int = 0) -> list:
