@@ -302,3 +302,45 @@ def apply_key_limits(
         for c in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
             if c0_mn[r, c][1] >= limit:
                 s_mn[r, c] = -Float32.inf
+
+
+@cute.jit
+def apply_mask_t(
+    s_mn: cute.Tensor,  # ((2, MMA_M), (2, V, MMA_N)) fp32 S^T of the backward: rows keys, columns queries
+    c0_mn: cute.Tensor,  # same view of thread 0's (key, query) coordinates: static offsets
+    key_limit: Int32,  # seqlen_k less the thread's first key
+    diag_hi: Int32,  # key row r of query q is visible iff diag_lo + q <= r <= diag_hi + q
+    diag_lo: Int32,
+    q_base: Int32,  # the thread's first query
+    causal: cutlass.Constexpr,
+    has_window_left: cutlass.Constexpr,
+    has_window_right: cutlass.Constexpr,
+    bits: cutlass.Constexpr = False,
+):
+    """-inf where key >= seqlen_k, (causal / window right) key > query + seqlen_k - seqlen_q
+    + right, or (window left) key < query + seqlen_k - seqlen_q - left.
+
+    The transpose of apply_mask (a column is one query, its bounds one register each, and a row
+    offset is an immediate): one compare per element and bound; with ``bits`` (mask_bits) a key
+    row keeps a run of its query columns (key_row_run) as bit words."""
+    nrow = cute.size(s_mn, mode=[0])
+    ncol = cute.size(s_mn, mode=[1])
+    if cutlass.const_expr(bits and (causal or has_window_right or has_window_left)
+                          and rows_in_pairs(c0_mn, nrow, ncol)):
+        has_diag = causal or has_window_right
+        for r in cutlass.range_constexpr(nrow):
+            lo, hi = key_row_run(c0_mn[r, 0][0], key_limit, diag_hi, diag_lo, q_base, has_diag, has_window_left, ncol)
+            mask_row_bits(s_mn, r, has_diag, lo if has_diag else hi, hi)
+    else:
+        for c in cutlass.range_constexpr(ncol):
+            limit = key_limit
+            q = q_base + c0_mn[0, c][1]
+            if cutlass.const_expr(causal or has_window_right):
+                limit = cutlass.min(limit, q + 1 + diag_hi)
+            low = q + diag_lo  # first visible key row (has_window_left)
+            for r in cutlass.range_constexpr(nrow):
+                if c0_mn[r, 0][0] >= limit:
+                    s_mn[r, c] = -Float32.inf
+                if cutlass.const_expr(has_window_left):
+                    if c0_mn[r, 0][0] < low:
+                        s_mn[r, c] = -Float32.inf

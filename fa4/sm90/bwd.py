@@ -925,36 +925,10 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
 
     @cute.jit
     def apply_mask_t(self, s_mn, c0_mn, limits, q_base):
-        """-inf where key >= seqlen_k, (causal / window right) key > query + seqlen_k - seqlen_q
-        + right, or (window left) key < query + seqlen_k - seqlen_q - left; rows are keys.
-
-        The transpose of fa4.common.masking.apply_mask (S^T here: a column is one query, its
-        bounds one register each, and a row offset is an immediate): one compare per element
-        and bound."""
+        """The S^T tile's mask (rows are keys, columns queries): fa4.common.masking.apply_mask_t."""
         key_limit, diag_hi, diag_lo = limits
-        nrow = cute.size(s_mn, mode=[0])
-        ncol = cute.size(s_mn, mode=[1])
-        if cutlass.const_expr(self.config.mask_bits and (self.causal or self.has_window_right or self.has_window_left)
-                              and masking.rows_in_pairs(c0_mn, nrow, ncol)):
-            # mask_bits: a key row keeps a run of its query columns (fa4.common.masking.key_row_run).
-            has_diag = self.causal or self.has_window_right
-            for r in cutlass.range_constexpr(nrow):
-                lo, hi = masking.key_row_run(c0_mn[r, 0][0], key_limit, diag_hi, diag_lo, q_base, has_diag,
-                                             self.has_window_left, ncol)
-                masking.mask_row_bits(s_mn, r, has_diag, lo if has_diag else hi, hi)
-        else:
-            for c in cutlass.range_constexpr(ncol):
-                limit = key_limit
-                q = q_base + c0_mn[0, c][1]
-                if cutlass.const_expr(self.causal or self.has_window_right):
-                    limit = cutlass.min(limit, q + 1 + diag_hi)
-                low = q + diag_lo  # first visible key row (has_window_left)
-                for r in cutlass.range_constexpr(nrow):
-                    if c0_mn[r, 0][0] >= limit:
-                        s_mn[r, c] = -Float32.inf
-                    if cutlass.const_expr(self.has_window_left):
-                        if c0_mn[r, 0][0] < low:
-                            s_mn[r, c] = -Float32.inf
+        masking.apply_mask_t(s_mn, c0_mn, key_limit, diag_hi, diag_lo, q_base, self.causal, self.has_window_left,
+                             self.has_window_right, self.config.mask_bits)
 
     # ---------------------------------------------------------------- epilogue
     @cute.jit
