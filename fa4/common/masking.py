@@ -217,11 +217,6 @@ def rows_in_pairs(c0_mn, nrow: int, ncol: int) -> bool:
     return all(pair_layout([c0_mn[r, c][1] for c in range(ncol)]) for r in range(nrow))
 
 
-def cols_in_pairs(c0_mn, nrow: int, ncol: int) -> bool:
-    """The transpose: whether every column has its rows in pairs (S^T's keys: r counts down M)."""
-    return all(pair_layout([c0_mn[r, c][0] for r in range(nrow)]) for c in range(ncol))
-
-
 @cute.jit
 def mask_row_bits(
     s_mn: cute.Tensor,  # ((2, MMA_M), (2, V, MMA_N)) row/col view
