@@ -145,8 +145,9 @@ class FwdConfigSm90:
         "Causal and windowed problems: a masked tile's verdicts per row as 32-bit words (the kept elements "
         "of a row are a run in the accumulator's column order, so its length is arithmetic on the bound) "
         "tested bit by bit, which ptxas turns into R2P, seven predicates an instruction, instead of one "
-        "compare per element (hd128 causal: 148 ISETP in the kernel, 28 with it). Off until measured on "
-        "the GPU (fa4.common.masking).",
+        "compare per element (hd128 causal: 148 ISETP in the kernel, 28 with it). Measured on the H200 "
+        "(session 23): +1.3-1.9% at hd64 causal 1k, where the default takes it; within noise at hd128 "
+        "causal 4k/8k (fa4.common.masking).",
         applies=lambda problem: problem.causal or problem.has_window,
     )
 
@@ -296,7 +297,10 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     over 96; it fits the 3-warpgroup register budget since the packed P conversion), tau 8 and
     exp phases kept apart (+5% together); causal up to 1,024 query rows two warpgroups (tile_m
     128: +4.4-5.0% at 1k, +3.5% at 512; 192 rows leave a part-full last row tile, the longest of
-    a causal walk; at 1,536 rows, eight full 192-row tiles, 128 loses 10%). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
+    a causal walk; at 1,536 rows, eight full 192-row tiles, 128 loses 10%), and there the masked
+    tiles' verdicts as bit words (mask_bits: +1.3-1.9% at 1k in four alternations over two runs,
+    session 23; a masked tile is ~1 in 4.5 of a CTA's there; within noise at 4k/8k hd128, so off
+    elsewhere). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
     every fraction tried (issue-slot bound).
 
     The wider head dims (H200, bf16, S 8192, B 2, H*d 2048; beside the reference FA4 in one
@@ -313,7 +317,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     if d == 64:
         short_causal = problem.causal and problem.seqlen_q <= SHORT_CAUSAL_HD64
         base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
-                             pingpong="mma_exp")
+                             pingpong="mma_exp", mask_bits=short_causal)
     elif d == 96:
         base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
     elif d == 192:
