@@ -404,15 +404,17 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"head_dim 128, {masked}, deterministic, stages 1 with P^T from registers spills "
                        "(use dv_operand 'smem' or stages 2)"))
     if (problem.head_dim == 128 and gqa and config.gqa_reduce == "loop" and config.tile_m == 64
-            and config.stages == 1 and config.ds_stages == 1 and config.ds_store == "sts"
-            and config.dv_operand == "rmem"):
-        # Compiled (session 23, ptxas 13.0): hd128 non-causal GQA, deterministic or not, spills
-        # 1 register (LDL/STL 1) with all of the one-deep Q/dO and dS rings, the per-element dS^T
-        # stores and the looped dK/dV over the group; changing one of them compiles clean (ds_stages
-        # 2: the compile suite's case, CI green in session 22).
-        # A mask's limits only add to the live state, so masked problems are refused alike.
+            and config.stages == 1 and (config.ds_stages == 1 or problem.deterministic)
+            and config.ds_store == "sts" and config.dv_operand == "rmem"):
+        # Compiled (sessions 22-23, ptxas 13.0): hd128 non-causal GQA spills 1 register (LDL/STL 1)
+        # with the one-deep Q/dO ring, the per-element dS^T stores and the looped dK/dV over the
+        # group: deterministic with either dS ring, not deterministic with the one-deep dS ring
+        # (its two-deep one is the compile suite's case, clean). ds_store 'stmatrix', stages 2 or
+        # gqa_reduce 'atomic' compile clean. A mask's limits only add to the live state, so masked
+        # problems are refused alike.
+        ring = "" if problem.deterministic else ", ds_stages 1"
         out.append(Violation("registers",
-                             "head_dim 128, GQA with gqa_reduce 'loop', stages 1, ds_stages 1 and the per-element "
+                             f"head_dim 128, GQA with gqa_reduce 'loop', stages 1{ring} and the per-element "
                              "dS^T stores spill with P^T from registers (use ds_store 'stmatrix' or stages 2)"))
     if getattr(problem, "softcap", 0.0) and config.tile_m == 128:
         # Softcap keeps t = tanh(S^T) in the S^T registers and fuses P and dS^T into one loop

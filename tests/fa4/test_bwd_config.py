@@ -78,16 +78,19 @@ def test_dkv_tma_store_is_for_one_kv_head_per_query_head():
 
 @pytest.mark.parametrize("det", [False, True])
 def test_the_looped_gqa_reduce_with_a_one_deep_ring_and_sts_stores_is_refused_at_hd128(det):
-    """Session 23 compiled hd128 non-causal GQA with gqa_reduce 'loop', stages 1, ds_stages 1,
-    ds_store 'sts' and P^T from registers: 1 register spilled, deterministic or not; the neighbours
-    that change one of them compile clean (the compile suites) and stay feasible."""
+    """Sessions 22-23 compiled hd128 non-causal GQA with gqa_reduce 'loop', stages 1, ds_store 'sts'
+    and P^T from registers: 1 register spilled with ds_stages 1, deterministic or not, and
+    deterministic with ds_stages 2; the neighbours that compile clean stay feasible."""
     gqa = Problem.standard(4096, 128, pass_="bwd", heads_kv=4, deterministic=det)
     base = dict(tile_m=64, ds_stages=1, dkv_store="direct", gqa_reduce="loop", dkv_split="keys", dv_operand="rmem")
     spill = BwdConfigSm90(**base, stages=1, ds_store="sts")
     assert any(v.kind == "registers" and "gqa_reduce 'loop'" in v for v in violations(spill, gqa))
-    for change in ({"stages": 2}, {"ds_stages": 2}, {"ds_store": "stmatrix"}, {"gqa_reduce": "atomic"}):
+    clean = [{"stages": 2}, {"ds_store": "stmatrix"}, {"gqa_reduce": "atomic"}] + ([] if det else [{"ds_stages": 2}])
+    for change in clean:
         near = dataclasses.replace(spill, **change)
         assert not [v for v in violations(near, gqa) if "gqa_reduce 'loop'" in v], change
+    # Deterministic, the two-deep dS ring spills too (session 22, each knob moved back alone).
+    assert any("gqa_reduce 'loop'" in v for v in violations(dataclasses.replace(spill, ds_stages=2), gqa)) == det
     # The defaults never take it.
     assert not violations(default_config(gqa), gqa)
 
