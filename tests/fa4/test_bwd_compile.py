@@ -114,9 +114,9 @@ def cases():
         if os.environ.get("FA4_COMPILE_ALL") != "1":
             # mask_bits is compiled by tests/fa4/test_mask_bits.py; the cover of the other knobs
             # stays the one CI compiled before it. (A cover with mask_bits in it picked a kernel
-            # that spills one register with mask_bits off: hd128 non-causal GQA deterministic,
-            # tile_m 64, stages 1, ds_stages 1, 'sts', dkv_store 'direct', gqa_reduce 'loop',
-            # dkv_split 'keys', dv_operand 'rmem'; session 22, not yet refused by violations().)
+            # that spilled one register with mask_bits off, hd128 GQA gqa_reduce 'loop' with
+            # stages 1 and 'sts': violations() refuses it since session 23. That cover has 45
+            # cases this one lacks, to be compiled clean before it replaces this one.)
             ks = pairwise_subset([k for k in ks if not k[5].mask_bits], skip=("mask_bits",))
             keys = {key_of(k) for k in ks}
             ks += [k for k in default_kernels(pairs) if key_of(k) not in keys]
