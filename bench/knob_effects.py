@@ -5,6 +5,11 @@ triton.testing.do_bench (median) in the same process; prints TFLOP/s and the rat
 to the default. Shapes follow the benchmark convention (16k tokens, heads*hd = 2048).
 
     python bench/knob_effects.py --shapes 8192:64:0,8192:128:0 [--out effects.json]
+
+A shape is SEQLEN:HDIM:CAUSAL, or SEQLEN:HDIM:CAUSAL:BATCH:HEADS for a model's exact shape
+(GPT-2: 1024:64:1:16:12). ``--peers cudnn,flash-attn-4`` times those providers' plain calls in the
+same loop (a row each, its ratio to our default), and ``--rounds N`` repeats the whole list N times
+in a rotated order, so no variant is always timed first.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 
 import torch
 
@@ -52,6 +58,8 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default=None, help="JSON list of knob changes (default: the built-in list)")
     ap.add_argument("--check", action="store_true", help="correctness gate per variant (odd shapes, causal both) before timing")
+    ap.add_argument("--peers", default="", help="comma-separated providers timed beside the variants (cudnn, flash-attn-4, fa2)")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the variant list, rotated, this many times")
     a = ap.parse_args()
     variants = json.loads(a.variants) if a.variants else VARIANTS
     checker = None
@@ -62,13 +70,15 @@ def main():
         spec = importlib.util.spec_from_file_location("check_fwd", Path(__file__).with_name("check_fwd.py"))
         checker = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(checker)
+    peers = [p for p in a.peers.split(",") if p]
     rows = []
     for spec in a.shapes.split(","):
-        S, D, c = (int(x) for x in spec.split(":"))
-        prob = Problem.standard(S, D, causal=bool(c))
+        S, D, c, *bh = (int(x) for x in spec.split(":"))
+        shape = dict(batch=bh[0], heads_q=bh[1]) if bh else {}
+        prob = Problem.standard(S, D, causal=bool(c), **shape)
         base = default_config(prob)
         q, k, v = (torch.randn(prob.batch, S, prob.heads_q, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        base_t = None
+        entries = []  # (label, callable): the default first, then the variants that pass, then the peers
         for var in variants:
             cfg = dataclasses.replace(base, **var)
             if var and cfg == base:
@@ -82,18 +92,29 @@ def main():
                 if not all(oks):
                     print("INCORRECT", spec, var, oks, flush=True)
                     continue
+            entries.append((json.dumps(var) if var else "default",
+                            lambda cfg=cfg: fa4.flash_attn_func(q, k, v, provider="fa4", causal=bool(c), config=cfg)))
+        for p in peers:
+            entries.append((p, lambda p=p: fa4.flash_attn_func(q, k, v, provider=p, causal=bool(c))))
+        live = []
+        for label, fn in entries:
             try:
-                fa4.flash_attn_func(q, k, v, provider="fa4", causal=bool(c), config=cfg)
-                ms = tt.do_bench(lambda: fa4.flash_attn_func(q, k, v, provider="fa4", causal=bool(c), config=cfg),
-                                 warmup=50, rep=250, return_mode="median")
-                tf = prob.flops / ms / 1e9
+                fn()
+                live.append((label, fn))
             except Exception as e:  # noqa: BLE001
-                print("FAILED", spec, var, str(e)[:200], flush=True)
-                continue
-            if not var:
-                base_t = tf
-            row = dict(S=S, D=D, causal=bool(c), change=var or "default", tflops=round(tf, 1),
-                       vs_default=round(tf / base_t, 3) if base_t else None)
+                print("FAILED", spec, label, str(e)[:200], flush=True)
+        times: dict[str, list[float]] = {label: [] for label, _ in live}
+        for r in range(a.rounds):
+            order = live[r % len(live):] + live[:r % len(live)] if live else []
+            for label, fn in order:
+                times[label].append(tt.do_bench(fn, warmup=50, rep=250, return_mode="median"))
+        base_ms = statistics.median(times["default"]) if "default" in times else None
+        for label, ts in times.items():
+            ms = statistics.median(ts)
+            row = dict(S=S, D=D, causal=bool(c), batch=prob.batch, heads=prob.heads_q, change=label,
+                       ms=round(ms, 4), tflops=round(prob.flops / ms / 1e9, 1),
+                       vs_default=round(base_ms / ms, 3) if base_ms else None,
+                       rounds=[round(t, 4) for t in ts])
             rows.append(row)
             print("EFFECT " + json.dumps(row), flush=True)
     if a.out:
