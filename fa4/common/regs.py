@@ -16,16 +16,17 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 REGISTER_FILE = 65536  # 32-bit registers per SM on sm_90 (and what one CTA may own)
 
 
-def launch_registers(threads: int) -> int:
-    """Registers per thread a kernel of `threads` threads gets at launch with one CTA per SM.
+def launch_registers(threads: int, ctas_per_sm: int = 1) -> int:
+    """Registers per thread a kernel of `threads` threads gets at launch with `ctas_per_sm` CTAs
+    resident on an SM.
 
-    ptxas allocates in units of 8 per thread; with __launch_bounds__(threads, 1) it may use at
-    most the whole register file divided by the threads.
+    ptxas allocates in units of 8 per thread; with __launch_bounds__(threads, ctas_per_sm) it may
+    use at most the register file divided by all the resident threads.
     """
-    return REGISTER_FILE // threads // 8 * 8
+    return REGISTER_FILE // (threads * ctas_per_sm) // 8 * 8
 
 
-def reg_split_violation(consumer_wgs: int, consumer: int, producer: int) -> str | None:
+def reg_split_violation(consumer_wgs: int, consumer: int, producer: int, ctas_per_sm: int = 1) -> str | None:
     """Why a setmaxnreg split (registers per consumer / producer thread) cannot be granted.
 
     The registers released by setmaxnreg.dec go into a pool owned by the CTA, which holds what
@@ -35,7 +36,7 @@ def reg_split_violation(consumer_wgs: int, consumer: int, producer: int) -> str 
     a split: 65,536 > 64,512.
     """
     threads = 128 * (consumer_wgs + 1)
-    pool = launch_registers(threads) * threads
+    pool = launch_registers(threads, ctas_per_sm) * threads
     need = 128 * (consumer_wgs * consumer + producer)
     for r in (consumer, producer):
         if r % 8 or not 24 <= r <= 256:
@@ -43,7 +44,7 @@ def reg_split_violation(consumer_wgs: int, consumer: int, producer: int) -> str 
     if need > pool:
         return (
             f"register split {consumer}/{producer} over {consumer_wgs}+1 warpgroups needs {need} registers, "
-            f"the CTA owns {pool} ({launch_registers(threads)} x {threads} threads at launch): setmaxnreg.inc "
+            f"the CTA owns {pool} ({launch_registers(threads, ctas_per_sm)} x {threads} threads at launch): setmaxnreg.inc "
             "would wait forever"
         )
     return None

@@ -52,10 +52,10 @@ from fa4.common.layout import acc_as_rows_cols
 from fa4.common.regs import pin_before
 from fa4.common.tma import seq_tiles
 from fa4.sm90.fwd_config import (
-    REG_SPLIT,
     ROWS_PER_WG,
     THREADS_PER_WG,
     FwdConfigSm90,
+    reg_split,
 )
 
 # Named barrier ids (0 is __syncthreads). Two per purpose: one per consumer warpgroup.
@@ -92,7 +92,8 @@ class FlashFwdSm90:
         self.num_wg = config.tile_m // ROWS_PER_WG
         self.q_stages = self.num_wg
         self.num_threads = THREADS_PER_WG * (1 + self.num_wg)
-        self.regs_consumer, self.regs_producer = REG_SPLIT[self.num_wg]
+        self.ctas_per_sm = config.ctas_per_sm
+        self.regs_consumer, self.regs_producer = reg_split(config)
         self.pingpong_mma = config.pingpong in ("mma", "mma_exp")
         self.pingpong_exp = config.pingpong == "mma_exp"
         self.overlap = config.intra_wg_overlap
@@ -236,7 +237,10 @@ class FlashFwdSm90:
             qk_mma, pv_mma, tma_q, mQ_tma, tma_k, mK_tma, tma_v, mV_tma, tma_o, mO_tma, mLSE,
             sQ_layout, sK_layout, sV_layout, sP_layout, sO_layout, scale_log2, tau, head_swizzle, lpt,
             mSink, (window_left, window_right, softcap_scale), vl,
-        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=1)
+        ).launch(grid=grid, block=[self.num_threads, 1, 1], stream=stream, min_blocks_per_mp=self.ctas_per_sm,
+            # All of the SM's shared memory for the CTAs (and, given here, no device query at
+            # compile time: a CPU compiles this kernel too).
+            preferred_smem_carveout=100)
 
     @cute.kernel
     def kernel(

@@ -7,6 +7,7 @@ schema, the dashboard filters, the compile-only tests) derives it from
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -34,6 +35,9 @@ CONSUMER_WGS = (2, 3)
 # setmaxnreg split (consumer, producer) per number of consumer warpgroups: the per-SM file of
 # 65536 registers over 128-thread warpgroups.
 REG_SPLIT = {2: (240, 24), 3: (160, 32)}
+# ctas_per_sm 2 (two consumer warpgroups only): __launch_bounds__(384, 2) gives 80 registers a
+# thread at launch, a pool of 3 x 80 per lane slot for the split: 2 x 104 + 32 = 240.
+REG_SPLIT_TWO_CTAS = (104, 32)
 # Register budget. ptxas allocates the consumer branch against its setmaxnreg count (240 or
 # 160), the rest of the kernel against the launch bound (168 or 128). When the live WGMMA
 # fragments plus the consumer's other values do not fit, ptxas serializes every wgmma
@@ -49,6 +53,10 @@ REG_SPLIT = {2: (240, 24), 3: (160, 32)}
 # budgets: 2 warpgroups 188 (hd256 tile_n 80), 180 (hd192 tile_n 112), 3 warpgroups 120 (hd96
 # tile_n 96) compiled clean; 216 (hd96 tile_n 224, P live in the serial step) serializes.
 FRAGMENT_REG_BUDGET = {2: 208, 3: 128}
+# ctas_per_sm 2 (consumers at 104): hd64 tile_n 64 and 80 with P through shared memory (O + S =
+# 64, 72) compiled clean; tile_n 96 with P in shared memory (80) and tile_n 64 with P in
+# registers (O 32 + S 32 + P 16 = 80) serialize, the first also spills (ptxas 13.0).
+FRAGMENT_REG_BUDGET_TWO_CTAS = 72
 # Shared memory the kernel keeps besides Q/K/V tiles: mbarriers and alignment padding.
 SMEM_RESERVED = 2048
 
@@ -140,6 +148,17 @@ class FwdConfigSm90:
         "One CTA per tile (False), or one CTA per SM walking the tiles in the scheduler's order "
         "(True): the next tile's K/V loads overlap the current epilogue and no launch sits between tiles.",
     )
+    ctas_per_sm: int = knob(
+        (1, 2), 1,
+        "CTAs resident on an SM: 1 gives each consumer thread 240 registers; 2 (two consumer warpgroups, "
+        "at most half the shared memory each) launches with __launch_bounds__(384, 2) and splits 104 / 32, "
+        "so one CTA's prologue, last softmax and epilogue run beside the other's GEMMs: short causal "
+        "walks, where a CTA sees few key tiles, spend a large share of their time there. Fits head_dim 64 "
+        "only (tile_n 64 or 80, P through shared memory); not with varlen (not run on a GPU there). On the "
+        "H200 (session 24, hd64 causal): +13% at 512 keys, +25% at 256, the default there; within 2% at "
+        "768-1k, -10 to -16% at 2k and -7% non-causal at 1k (the 64-wide GEMMs are shared-memory bound).",
+        applies=lambda problem: problem.head_dim == 64 and not problem.varlen,
+    )
     mask_bits: bool = knob(
         (False, True), False,
         "Causal and windowed problems: a masked tile's verdicts per row as 32-bit words (the kept elements "
@@ -153,6 +172,11 @@ class FwdConfigSm90:
 
     # Knobs that only change runtime arguments, not the compiled kernel (marked runtime above).
     RUNTIME_KNOBS = RuntimeKnobNames()
+
+
+def reg_split(config: FwdConfigSm90) -> tuple[int, int]:
+    """setmaxnreg counts (consumer, producer thread) of the kernel a config compiles to."""
+    return REG_SPLIT_TWO_CTAS if config.ctas_per_sm == 2 else REG_SPLIT[config.tile_m // ROWS_PER_WG]
 
 
 def smem_bytes(config: FwdConfigSm90, problem: Problem) -> int:
@@ -214,7 +238,21 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"{config.tile_n}x{problem.head_dim}) exceeds {arch.smem_per_cta} B per CTA")
         )
     regs = consumer_registers(config, problem)
-    if regs > FRAGMENT_REG_BUDGET[n_wg]:
+    if config.ctas_per_sm == 2:
+        if problem.varlen:
+            out.append(Violation("knob combination",
+                "ctas_per_sm 2 with varlen: its tile walk has not run on a GPU with two CTAs an SM"))
+        if n_wg != 2 or config.persistent:
+            out.append(Violation("knob combination",
+                "ctas_per_sm 2 needs tile_m 128 (two consumer warpgroups) and persistent off (one CTA an SM)"))
+        if 2 * (need + 1024) > arch.smem_per_cta + 1024:
+            out.append(Violation("shared memory",
+                f"ctas_per_sm 2: two CTAs of {need} B (and 1 KiB reserved each) exceed an SM's shared memory"))
+        if regs > FRAGMENT_REG_BUDGET_TWO_CTAS:
+            out.append(Violation("registers",
+                f"ctas_per_sm 2: consumer fragments need {regs} registers per thread > {FRAGMENT_REG_BUDGET_TWO_CTAS} "
+                f"(104 a consumer thread): ptxas would serialize the WGMMAs"))
+    elif regs > FRAGMENT_REG_BUDGET[n_wg]:
         out.append(Violation(
             "registers",
             f"consumer fragments need {regs} registers per thread (O {problem.head_dim_v // 2}, "
@@ -285,6 +323,8 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 # hd64 causal: at most this many query rows take tile_m 128 (session 20, H200, knob_effects,
 # two runs: S512 +3.5%, S1k +4.4-5.0%, S1.5k -10%, S2k -6%).
 SHORT_CAUSAL_HD64 = 1024
+SHORT_WALK_HD64 = 2048
+TWO_CTAS_HD64 = 512
 
 
 def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
@@ -300,8 +340,11 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     a causal walk; at 1,536 rows, eight full 192-row tiles, 128 loses 10%), and there the masked
     tiles' verdicts as bit words (mask_bits: +1.3-1.9% at 1k in four alternations over two runs,
     session 23; a masked tile is ~1 in 4.5 of a CTA's there; within noise at 4k/8k hd128, so off
-    elsewhere). MUFU-only exp2: the FMA-pipe polynomial lost 1-8% at
-    every fraction tried (issue-slot bound).
+    elsewhere). Causal walks up to 2k keys take 8 heads a scheduling group (K/V of the heads in
+    flight stay in L2: +1.2-4.2% at 512-1k, +1.3-5.7% at 2k, session 24) and on the 128-row tile
+    exp_pin (+0.5-1.7% more); up to 512 keys two CTAs an SM (ctas_per_sm 2 with tile_n 64 and P
+    through shared memory: +13% at 512, +25% at 256). MUFU-only exp2: the FMA-pipe polynomial
+    lost 1-8% at every fraction tried (issue-slot bound).
 
     The wider head dims (H200, bf16, S 8192, B 2, H*d 2048; beside the reference FA4 in one
     process): hd96 three warpgroups, tile_n 96 with P in registers (O 48 + S 48 + P 24): 1.00-1.01 /
@@ -318,6 +361,18 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
         short_causal = problem.causal and problem.seqlen_q <= SHORT_CAUSAL_HD64
         base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
                              pingpong="mma_exp", mask_bits=short_causal)
+        # Session 24 (GPT-2's B16 H12 and the 16k-token shapes, three rotated rounds, two runs):
+        # causal walks up to 2k keys take 8 heads a scheduling group (+1.2-4.2% at 512-1k,
+        # +1.3-5.7% at 2k) and, on the 128-row tile, exp_pin (+0.5-1.7% more; it spills with varlen).
+        if problem.causal and problem.seqlen_q <= SHORT_WALK_HD64 and problem.seqlen_k <= SHORT_WALK_HD64:
+            base = dataclasses.replace(base, head_swizzle=8,
+                                       exp_pin=short_causal and not problem.varlen)
+        # Up to 512 (a CTA walks at most eight 64-key tiles): two CTAs an SM, so one CTA's
+        # prologue, last softmax and epilogue run beside the other's GEMMs (+13.3-13.6% at 512,
+        # +25% at 256; 768-1k within 2%, 2k -10 to -16%: the narrow tile's smem-bound GEMMs).
+        if (problem.causal and not problem.varlen and problem.seqlen_q <= TWO_CTAS_HD64
+                and problem.seqlen_k <= TWO_CTAS_HD64):
+            base = dataclasses.replace(base, ctas_per_sm=2, tile_n=64, p_operand="smem", head_swizzle=1)
     elif d == 96:
         base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
     elif d == 192:

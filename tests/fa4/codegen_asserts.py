@@ -19,14 +19,16 @@ def compile_and_read(build, key, sass_ops):
     return ptx, cubin, ops
 
 
-def assert_clean(ptx: str, cubin: bytes, ops: dict, consumer_wgs: int, reg_split: tuple[int, int]) -> None:
-    """WGMMA present; no local memory (spills, stack); no WGMMA serialized by ptxas (C7512); and a
-    setmaxnreg split the CTA can be granted from what it got at launch (a split over it hangs)."""
+def assert_clean(ptx: str, cubin: bytes, ops: dict, consumer_wgs: int, reg_split: tuple[int, int],
+                 ctas_per_sm: int = 1) -> None:
+    """WGMMA present; no local memory (spills, stack); no WGMMA serialized by ptxas (C7512); the
+    registers of the launch bound (``ctas_per_sm`` CTAs an SM); and a setmaxnreg split the CTA can
+    be granted from what it got at launch (a split over it hangs)."""
     from fa4.common.regs import launch_registers, reg_split_violation
 
     res = assert_no_spills(ptx, cubin, ops)
-    assert max(k.registers for k in res.values() if k.registers) == launch_registers(128 * (consumer_wgs + 1))
-    assert reg_split_violation(consumer_wgs, *reg_split) is None
+    assert max(k.registers for k in res.values() if k.registers) == launch_registers(128 * (consumer_wgs + 1), ctas_per_sm)
+    assert reg_split_violation(consumer_wgs, *reg_split, ctas_per_sm) is None
 
 
 def assert_no_spills(ptx: str, cubin: bytes, ops: dict) -> dict:

@@ -22,7 +22,7 @@ import pytest
 from fa4.knobs import iter_configs, knob_specs
 from fa4.problem import Problem
 from fa4.sm90.compile import compile_fwd, compile_key, ensure_target
-from fa4.sm90.fwd_config import HEAD_DIMS, REG_SPLIT, FwdConfigSm90, head_dims_v, violations
+from fa4.sm90.fwd_config import HEAD_DIMS, FwdConfigSm90, head_dims_v, reg_split, violations
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(FwdConfigSm90) if s.name not in FwdConfigSm90.RUNTIME_KNOBS]
@@ -41,9 +41,13 @@ def distinct_kernels(head_dim: int, causal: bool, head_dim_v: int | None = None)
 
 
 def pairwise_subset(configs: list[FwdConfigSm90]) -> list[FwdConfigSm90]:
-    """Greedy cover of every feasible (knob_a=x, knob_b=y) pair among compile-time knobs."""
+    """Greedy cover of every feasible (knob_a=x, knob_b=y) pair among compile-time knobs.
+    ctas_per_sm, where it has one value (past head_dim 64), is left out of the pairs: its pairs
+    would move the greedy choice and replace the covers compiled clean before the knob."""
+    varied = [n for n in COMPILE_KNOBS if n != "ctas_per_sm" or len({c.ctas_per_sm for c in configs}) > 1]
+
     def pairs(c):
-        vals = [(n, getattr(c, n)) for n in COMPILE_KNOBS]
+        vals = [(n, getattr(c, n)) for n in varied]
         return set(itertools.combinations(vals, 2))
 
     uncovered = set().union(*(pairs(c) for c in configs))
@@ -91,26 +95,71 @@ def test_every_head_dim_has_a_feasible_default():
                 assert cfg.tau == 8.0, (hd, hdv, cfg)
 
 
-def test_hd64_causal_default_takes_two_warpgroups_up_to_1k_rows():
-    """Session 20's rule: tile_m 128 where a 192-row tiling leaves a part-full last tile that
-    the causal walk makes the longest (measured +3.5-5% at 512-1k rows, -6 to -10% at 1.5-2k)."""
+def test_hd64_causal_defaults_by_walk_length():
+    """The hd64 causal defaults by the length of the walk (each measured in two H200 runs):
+    tile_m 128 where a 192-row tiling leaves a part-full last tile that the causal walk makes the
+    longest (session 20: +3.5-5% at 512-1k rows, -6 to -10% at 1.5-2k), with the bit-word masks
+    (session 23); 8 heads a scheduling group up to 2k keys and exp_pin on the 128-row tile (session
+    24); two CTAs an SM up to 512 (session 24: +13% at 512, +25% at 256, within 2% at 768-1k, -10 to
+    -16% at 2k). Keys count too: a short query range over a long key range walks far."""
     import dataclasses
 
-    from fa4.sm90.fwd_config import SHORT_CAUSAL_HD64, default_config
+    from fa4.sm90.fwd_config import SHORT_CAUSAL_HD64, SHORT_WALK_HD64, TWO_CTAS_HD64, default_config
 
-    for s, causal, want in ((512, True, 128), (SHORT_CAUSAL_HD64, True, 128), (SHORT_CAUSAL_HD64 + 1, True, 192),
-                            (1536, True, 192), (1024, False, 192)):
+    cases = ((256, 256, True, 128, 2), (TWO_CTAS_HD64, TWO_CTAS_HD64, True, 128, 2), (512, 2048, True, 128, 1),
+             (768, 768, True, 128, 1), (SHORT_CAUSAL_HD64, SHORT_CAUSAL_HD64, True, 128, 1),
+             (SHORT_CAUSAL_HD64 + 1, SHORT_CAUSAL_HD64 + 1, True, 192, 1), (SHORT_WALK_HD64, SHORT_WALK_HD64, True, 192, 1),
+             (4096, 4096, True, 192, 1), (128, 8192, True, 128, 1), (1024, 1024, False, 192, 1), (512, 512, False, 192, 1))
+    for sq, sk, causal, want, ctas in cases:
         for dtype in ("bf16", "fp16"):
-            prob = Problem.standard(s, 64, causal=causal, dtype=dtype)
+            prob = Problem.standard(sq, 64, causal=causal, dtype=dtype, seqlen_k=sk)
             for feat in ({}, {"window_left": 255, "window_right": 0}, {"softcap": 30.0}, {"sink": True}):
                 if feat and not causal:
                     continue
                 p = dataclasses.replace(prob, **feat)
                 cfg = default_config(p)
-                assert cfg.tile_m == want and cfg.tile_n == 128 and cfg.pingpong == "mma_exp", (s, causal, feat, cfg)
-                # Session 23: the short causal walk also takes the bit-word masks (+1.3-1.9% at 1k).
-                assert cfg.mask_bits == (want == 128), (s, causal, feat, cfg)
+                case = (sq, sk, causal, feat, cfg)
+                assert cfg.tile_m == want and cfg.pingpong == "mma_exp" and cfg.ctas_per_sm == ctas, case
+                assert (cfg.tile_n, cfg.p_operand) == ((64, "smem") if ctas == 2 else (128, "rmem")), case
+                assert cfg.mask_bits == (want == 128 and causal), case
+                short_walk = causal and max(sq, sk) <= SHORT_WALK_HD64
+                assert cfg.exp_pin == (short_walk and want == 128), case
+                assert cfg.head_swizzle == (8 if short_walk and ctas == 1 else 1), case
                 assert not violations(cfg, p), (p, cfg, violations(cfg, p))
+    # Varlen keeps one CTA an SM and no exp_pin (it spills there).
+    p = Problem.standard(512, 64, causal=True, varlen_mean_q=256)
+    cfg = default_config(p)
+    assert cfg.ctas_per_sm == 1 and not cfg.exp_pin and not violations(cfg, p), cfg
+
+
+@pytest.mark.parametrize("change", [{}, {"tile_n": 80}, {"kv_stages": 3}, {"exp_pin": False, "mask_bits": False},
+                                    {"pingpong": "off"}])
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_ctas_per_sm_kernels_fit_their_registers(change, causal):
+    """ctas_per_sm 2 launches with __launch_bounds__(384, 2): 80 registers a thread at launch and
+    a 104 / 32 setmaxnreg split that the launch allocation can grant (2 x 104 + 32 = 3 x 80); the
+    consumers' fragments (O 32 + S 32-40, P through shared memory) fit it without spills or
+    serialized WGMMAs. The wider tile and P in registers do not, and violations() says so."""
+    from fa4.common.regs import reg_split_violation
+    from fa4.sm90.fwd_config import REG_SPLIT_TWO_CTAS, default_config
+
+    assert reg_split_violation(2, *REG_SPLIT_TWO_CTAS, 2) is None
+    assert "wait forever" in reg_split_violation(2, 112, 32, 2)
+    prob = Problem.standard(512, 64, causal=True)
+    base = default_config(prob)
+    assert base.ctas_per_sm == 2
+    if not causal:
+        prob = dataclasses.replace(prob, causal=False)
+        base = dataclasses.replace(base, mask_bits=False)
+    config = dataclasses.replace(base, **change)
+    assert not violations(config, prob), violations(config, prob)
+    ptx, cubin, ops = compile_and_read(compile_fwd, compile_key("bf16", 64, causal, True, config), [])
+    assert_clean(ptx, cubin, ops, 2, reg_split(config), 2)
+    for refused in ({"tile_n": 96}, {"p_operand": "rmem"}, {"tile_m": 192}, {"persistent": True}):
+        bad = violations(dataclasses.replace(config, **refused), prob)
+        assert any("ctas_per_sm 2" in str(v) for v in bad), (refused, bad)
+    wide = Problem.standard(512, 128, causal=causal)
+    assert violations(dataclasses.replace(config, exp_pin=False), wide)
 
 
 @pytest.mark.parametrize("hd,causal", [(128, False), (128, True), (64, True)])
@@ -128,7 +177,7 @@ def test_exp_pin_keeps_the_exponentials_under_the_pv_gemm(hd, causal):
     for pin in (False, True):
         config = dataclasses.replace(default_config(prob), exp_pin=pin)
         ptx, cubin, ops = compile_and_read(compile_fwd, compile_key("bf16", hd, causal, True, config, hd), [])
-        assert_clean(ptx, cubin, ops, config.tile_m // 64, REG_SPLIT[config.tile_m // 64])
+        assert_clean(ptx, cubin, ops, config.tile_m // 64, reg_split(config), config.ctas_per_sm)
         counts[pin] = cc.ops_between_waits(cc.disassemble(cubin), "MUFU.EX2")
     per_step = default_config(prob).tile_n // 2 + 2
     assert counts[True] and all(n == per_step for n in counts[True]), counts
@@ -145,7 +194,7 @@ def test_kernel_codegen(hd, hdv, causal, config):
     ptx, cubin, ops = compile_and_read(
         compile_fwd, compile_key("bf16", hd, causal, True, config, hdv), ["MUFU.EX2", "WARPGROUP.ARRIVE"]
     )
-    assert_clean(ptx, cubin, ops, wgs, REG_SPLIT[wgs])
+    assert_clean(ptx, cubin, ops, wgs, reg_split(config), config.ctas_per_sm)
     # Each GEMM's chain of WGMMAs issues under the one wgmma.fence the kernel emits for it.
     # A fragment register written between the fence and a WGMMA (P packed from 16-bit halves
     # at issue) makes ptxas fence every WGMMA again: one WARPGROUP.ARRIVE per HGMMA.

@@ -222,3 +222,33 @@ def test_large_scores_with_sink_and_tau():
     # Row maxima jumping across tiles (tau's conditional rescale) with the sink folded at the end.
     check((1, 2048, 2048, 4, 4), 128, True, sink=True, scale_mult=4.0)
     check((1, 2048, 2048, 4, 4), 64, False, window=(500, 500), sink=True, scale_mult=4.0)
+
+
+# ctas_per_sm 2 (hd64 only: two CTAs of 104-register consumers an SM, tile_n 64 or 80, P through
+# shared memory); the default of hd64 causal up to 512 keys.
+TWO_CTAS = {"ctas_per_sm": 2, "tile_m": 128, "tile_n": 64, "p_operand": "smem"}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("name", ["causal", "full"] + list(HD64))
+def test_two_ctas_per_sm_matches_reference(name, shape):
+    check(shape, 64, change=TWO_CTAS, **FEATURES.get(name, {"causal": name == "causal"}))
+
+
+@pytest.mark.parametrize("extra", [{"tile_n": 80}, {"exp_pin": True}, {"kv_stages": 3}, {"mask_bits": False},
+                                   {"pingpong": "off"},
+                                   {"intra_wg_overlap": False, "pingpong": "mma", "exp_pin": False}])
+def test_two_ctas_per_sm_variants(extra):
+    check((2, 1000, 1000, 4, 2), 64, True, change={**TWO_CTAS, **extra})
+    check((1, 333, 777, 4, 1), 64, True, window=(64, None), softcap=30.0, sink=True, change={**TWO_CTAS, **extra})
+
+
+def test_two_ctas_per_sm_fp16_and_the_short_default():
+    check((2, 1000, 1000, 4, 2), 64, True, window=(64, None), softcap=30.0, sink=True, dtype=torch.float16,
+          change=TWO_CTAS)
+    # The default at 512 keys (causal hd64) is a two-CTA kernel: every feature, GQA, Sq != Sk.
+    for shape in ((4, 512, 512, 8, 2), (2, 300, 512, 4, 4), (2, 512, 200, 4, 1)):
+        problem = Problem(shape[0], shape[1], shape[2], shape[3], shape[4], 64, 64, causal=True)
+        assert default_config(problem).ctas_per_sm == 2
+        check(shape, 64, True)
+        check(shape, 64, True, window=(64, None), softcap=30.0, sink=True)

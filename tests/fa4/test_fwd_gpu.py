@@ -57,6 +57,19 @@ def _fwd_problem(shape, hd, causal, hdv=None):
                    causal=causal)
 
 
+def _short_causal_hd64(change: dict) -> dict:
+    """At these shapes (up to 1k rows) the hd64 causal default is the short walk's: tile_m 128,
+    exp_pin, mask_bits, 8 heads a scheduling group (fa4.sm90.fwd_config.default_config). The
+    changes written against the 192-row default that are that default here move off it instead."""
+    if change == {"tile_m": 128}:
+        return {"tile_m": 192, "mask_bits": False, "exp_pin": False}
+    if change == {"exp_pin": True}:
+        return {"exp_pin": False}
+    if change.get("intra_wg_overlap") is False:
+        return {**change, "exp_pin": False}  # exp_pin needs the overlapped step
+    return change
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1)])
 @pytest.mark.parametrize("hd,hdv,change", FWD_CHANGES)
@@ -66,6 +79,8 @@ def test_forward_matches_reference(check_fwd, hd, hdv, causal, shape, change):
     from fa4.sm90.fwd_config import default_config, violations
 
     problem = _fwd_problem(shape, hd, causal, hdv)
+    if hd == 64 and causal:
+        change = _short_causal_hd64(change)
     cfg = dataclasses.replace(default_config(problem), **change)
     assert not violations(cfg, problem)
     assert (cfg == default_config(problem)) == (change == {}), f"{change} is the default at hd{hd}/{hdv}"

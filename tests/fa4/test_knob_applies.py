@@ -30,9 +30,11 @@ BWD_VARLEN = Problem(batch=8, seqlen_q=4096, seqlen_k=4096, heads_q=16, heads_kv
                      causal=True, pass_="bwd", varlen=True, varlen_mean_q=2048, varlen_mean_k=2048)
 # Not causal, no window: no bound moves per row (mask_bits does not apply).
 FWD_FULL = Problem.standard(4096, 128)
+# ctas_per_sm applies at head_dim 64 only (the fragments fit 104 registers there).
+FWD_HD64 = Problem.standard(512, 64, causal=True)
 BWD_FULL = Problem.standard(4096, 128, pass_="bwd")
 # Per kernel: problems to find, for each narrowed knob, one where it does not apply and one where it does.
-KERNELS = [(fwd_config.FwdConfigSm90, fwd_config.violations, [FWD_PLAIN, FWD_SOFTCAP, FWD_FULL]),
+KERNELS = [(fwd_config.FwdConfigSm90, fwd_config.violations, [FWD_PLAIN, FWD_SOFTCAP, FWD_FULL, FWD_HD64]),
            (bwd_config.BwdConfigSm90, bwd_config.violations, [BWD_MHA, BWD_GQA, BWD_VARLEN, BWD_FULL])]
 
 
@@ -75,12 +77,14 @@ def test_the_narrowed_enumeration_keeps_every_feasible_config_in_order():
 
 def test_the_forward_space_without_softcap_is_under_a_fifth():
     specs = {s.name: s for s in knob_specs(fwd_config.FwdConfigSm90)}
-    tanh, frac = specs["tanh_fma_frac"], specs["exp2_emu_frac"]
+    tanh, frac, ctas = specs["tanh_fma_frac"], specs["exp2_emu_frac"], specs["ctas_per_sm"]
     # Of the (fraction, pattern) pairs, the pattern is inert at fraction 0: one pair of two goes.
     kept = (2 * len(frac.choices) - 1) / (2 * len(frac.choices))
+    # head_dim 128: one CTA an SM only.
+    space = space_size(fwd_config.FwdConfigSm90) // len(ctas.choices)
     n = sum(1 for _ in iter_configs(fwd_config.FwdConfigSm90, FWD_PLAIN))
-    assert n == space_size(fwd_config.FwdConfigSm90) // len(tanh.choices) * kept
-    assert sum(1 for _ in iter_configs(fwd_config.FwdConfigSm90, FWD_SOFTCAP)) == space_size(fwd_config.FwdConfigSm90) * kept
+    assert n == space // len(tanh.choices) * kept
+    assert sum(1 for _ in iter_configs(fwd_config.FwdConfigSm90, FWD_SOFTCAP)) == space * kept
 
 
 def _enumerated(config, problem) -> bool:
