@@ -147,12 +147,17 @@ def query_row_run(row, seq_limit, shift, causal, has_window_left, has_window_rig
     """(lo, hi): a forward row keeps its elements [lo, hi) in element order (lo None: from the
     first). ``row`` is the row's query, ``seq_limit`` and ``shift`` seqlen_k and seqlen_k -
     seqlen_q less the thread's first key column: the bounds apply_mask compares with."""
-    limit = seq_limit
-    right = _right_offset(causal, has_window_right, window_right)
-    if right is not None:
-        limit = _min(seq_limit, row + 1 + shift + right)
     lo = pair_count(row + shift - window_left) if has_window_left else None
-    return lo, pair_count(limit)
+    return lo, pair_count(row_limit(row, seq_limit, shift, causal, has_window_right, window_right))
+
+
+def row_limit(row, seq_limit, shift, causal, has_window_right, window_right):
+    """The first key column (less the thread's first) a forward row no longer sees: seqlen_k, or
+    with causal / a right window the diagonal's column + 1 + right, whichever comes first."""
+    right = _right_offset(causal, has_window_right, window_right)
+    if right is None:
+        return seq_limit
+    return _min(seq_limit, row + 1 + shift + right)
 
 
 def key_row_run(key, key_limit, diag_hi, diag_lo, q_base, has_diag, has_window_left, ncol: int):
@@ -262,25 +267,24 @@ def apply_mask(
     use_bits = cutlass.const_expr(bits and (causal or has_window_right or has_window_left)
                                   and rows_in_pairs(c0_mn, nrow, ncol))
     for r in cutlass.range_constexpr(nrow):
-        limit = seq_limit
         row = row_base + c0_mn[r, 0][0]
-        if cutlass.const_expr(causal or has_window_right):
-            right = _right_offset(causal, has_window_right, window_right)
-            limit = cutlass.min(seq_limit, row + 1 + shift + right)
         if cutlass.const_expr(use_bits):
+            # The row's run of kept elements from the same bounds (row_limit), as bit words.
             lo, hi = query_row_run(row, seq_limit, shift, causal, has_window_left, has_window_right, window_left,
                                    window_right)
             mask_row_bits(s_mn, r, has_window_left, lo if has_window_left else hi, hi)
-        elif cutlass.const_expr(has_window_left):
-            lo = row + shift - window_left
-            for c in cutlass.range_constexpr(ncol):
-                col = c0_mn[r, c][1]
-                if (col >= limit) | (col < lo):
-                    s_mn[r, c] = -Float32.inf
         else:
-            for c in cutlass.range_constexpr(ncol):
-                if c0_mn[r, c][1] >= limit:
-                    s_mn[r, c] = -Float32.inf
+            limit = row_limit(row, seq_limit, shift, causal, has_window_right, window_right)
+            if cutlass.const_expr(has_window_left):
+                lo = row + shift - window_left
+                for c in cutlass.range_constexpr(ncol):
+                    col = c0_mn[r, c][1]
+                    if (col >= limit) | (col < lo):
+                        s_mn[r, c] = -Float32.inf
+            else:
+                for c in cutlass.range_constexpr(ncol):
+                    if c0_mn[r, c][1] >= limit:
+                        s_mn[r, c] = -Float32.inf
 
 
 @cute.jit
