@@ -341,7 +341,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     tiles' verdicts as bit words (mask_bits: +1.3-1.9% at 1k in four alternations over two runs,
     session 23; a masked tile is ~1 in 4.5 of a CTA's there; within noise at 4k/8k hd128, so off
     elsewhere). Causal walks up to 2k keys take 8 heads a scheduling group (K/V of the heads in
-    flight stay in L2: +1.2-4.2% at 512-1k, +1.3-5.7% at 2k, session 24) and on the 128-row tile
+    flight stay in L2: +0.9-4.2% at 512-1k, +1.3-5.7% at 2k, session 24) and on the 128-row tile
     exp_pin (+0.5-1.7% more); up to 512 keys two CTAs an SM (ctas_per_sm 2 with tile_n 64 and P
     through shared memory: +13% at 512, +25% at 256). MUFU-only exp2: the FMA-pipe polynomial
     lost 1-8% at every fraction tried (issue-slot bound).
@@ -362,7 +362,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
         base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
                              pingpong="mma_exp", mask_bits=short_causal)
         # Session 24 (GPT-2's B16 H12 and the 16k-token shapes, three rotated rounds, two runs):
-        # causal walks up to 2k keys take 8 heads a scheduling group (+1.2-4.2% at 512-1k,
+        # causal walks up to 2k keys take 8 heads a scheduling group (+0.9-4.2% at 512-1k,
         # +1.3-5.7% at 2k) and, on the 128-row tile, exp_pin (+0.5-1.7% more; it spills with varlen).
         if problem.causal and problem.seqlen_q <= SHORT_WALK_HD64 and problem.seqlen_k <= SHORT_WALK_HD64:
             base = dataclasses.replace(base, head_swizzle=8,
