@@ -163,7 +163,24 @@ def variant_config(config, o):
     return dataclasses.replace(config, spt_order=o[0], head_swizzle=o[1])
 
 
-def bench_shape(name, orders, rounds=2, det=False):
+def served_overrides(db, problem, config):
+    """The knobs in which the config the results DB ``db`` serves for ``problem`` on this GPU (the
+    tuner's verdict) differs from ``config``: {} where the default is served, None without a verdict."""
+    from fa4.knobs import config_to_dict
+    from providers import get_provider
+    from store import ResultsStore
+    from tuner.device import cuda_device_info
+
+    device = cuda_device_info(get_provider("fa4").versions())["name"]
+    with ResultsStore.open(db) as store:
+        verdict = store.verdict(device, "fa4", problem)
+    if verdict is None:
+        return None
+    default = config_to_dict(config)
+    return {k: v for k, v in verdict["measurement"]["config"].items() if default.get(k) != v}
+
+
+def bench_shape(name, orders, rounds=2, det=False, served_db=None):
     import triton.testing as tt
 
     def timed(fn):
@@ -174,6 +191,9 @@ def bench_shape(name, orders, rounds=2, det=False):
     from fa4.sm90.bwd_config import violations
 
     ours, ref, config, flops = setup(name, det)
+    served = served_overrides(served_db, ours.problem, config) if served_db else None
+    if served:
+        orders = [*orders, served]
     b = ref()
     a = ours(config)
     diff = max_rel_diff(a, b)
@@ -203,6 +223,8 @@ def bench_shape(name, orders, rounds=2, det=False):
                config=str(config), max_rel_diff_vs_ref=diff, ref_ms=ref_t, ref_tflops=flops / t_ref / 1e9,
                orders={lab: dict(ms=t, tflops=flops / min(t) / 1e9, ratio=t_ref / min(t))
                        for lab, t in times.items()}, skipped=skipped)
+    if served_db:
+        row["served"] = "no verdict" if served is None else (label(served) if served else "the default")
     return row
 
 
@@ -216,6 +238,8 @@ def main():
     ap.add_argument("--variants", default="[]",
                     help='JSON list of knob overrides of the default config, each timed beside the orders, '
                          'e.g. \'[{"ds_early": true}]\'')
+    ap.add_argument("--served", default=None, metavar="DB",
+                    help="also time the config this results DB serves for each shape (fa4-tune's verdict)")
     a = ap.parse_args()
     orders = ORDERS
     if a.orders:
@@ -226,7 +250,7 @@ def main():
     rows = []
     for name in a.shapes.split(","):
         try:
-            row = bench_shape(name, orders, a.rounds, a.det)
+            row = bench_shape(name, orders, a.rounds, a.det, a.served)
         except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
             row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
         rows.append(row)
@@ -245,6 +269,9 @@ def main():
         cells = " | ".join(f"{x['orders'][label(o)]['ratio']:.3f}" if label(o) in x["orders"] else "skipped"
                            for o in orders)
         print(f"| {x['name']} | spt{int(d['spt_order'])} s{d['head_swizzle']} | {x['ref_tflops']:.0f} | {cells} |")
+        if "served" in x:
+            s = x["orders"].get(x["served"])
+            print(f"  served ({x['served']}): " + (f"{s['ratio']:.3f} of the reference" if s else "timed as the default"))
 
 
 if __name__ == "__main__":

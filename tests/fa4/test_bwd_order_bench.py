@@ -75,3 +75,45 @@ def test_variant_with_wrong_gradients_is_not_timed(monkeypatch):
     mod, row = _run(monkeypatch, problem, [{"ds_early": True}], skew=0.5)
     assert "ds_early=True" not in row["orders"]
     assert "gradients off the reference" in row["skipped"]["ds_early=True"]
+
+
+def test_served_config_is_read_from_the_verdict_and_timed(monkeypatch, tmp_path):
+    """--served DB: the knobs in which the DB's served backward config differs from the shape's
+    default are timed as one more variant, and the row names them."""
+    import dataclasses
+
+    from fa4.knobs import config_to_dict
+    from fa4.sm90.bwd_config import BwdConfigSm90
+    from store import ResultsStore
+
+    problem = Problem(2, 8192, 8192, 16, 16, 128, 128, causal=True, pass_="bwd")
+    device = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "l2_bytes": 50 << 20,
+              "memory_bytes": 141 << 30}
+    db = f"sqlite:///{tmp_path / 'served.db'}"
+    served_cfg = dataclasses.replace(default_config(problem), ds_early=True, head_swizzle=8)
+    with ResultsStore.open(db) as store:
+        dev, pid = store.upsert_device(device), store.upsert_problem(problem)
+        cid = store.upsert_config("fa4", config_to_dict(served_cfg), BwdConfigSm90)
+        mid = store.add_measurement(dev, pid, cid, status="ok", median_ms=2.0, tflops=500.0)
+        store.add_verdict(dev, pid, "fa4", measurement_id=mid, significant=True, gain=0.05, spread=0.01,
+                          rounds={})
+    mod = cpu_kernels.bench_module(monkeypatch, "bwd_order")
+    import tuner.device
+
+    monkeypatch.setattr(tuner.device, "cuda_device_info", lambda versions=None: dict(device))
+    assert mod.served_overrides(db, problem, default_config(problem)) == {"ds_early": True, "head_swizzle": 8}
+    assert mod.served_overrides(db, problem, served_cfg) == {}
+    other = Problem(2, 4096, 4096, 16, 16, 128, 128, causal=True, pass_="bwd")
+    assert mod.served_overrides(db, other, default_config(other)) is None
+
+    # Through bench_shape: the served variant is timed (ds_early's 2.0 ms against the default's 2.5).
+    times = {"ref": 2.0, False: 2.5, True: 2.0}
+    setup, ran = _fake_setup(problem, 0.0)
+    monkeypatch.setattr(mod, "setup", setup)
+    mod_triton = __import__("triton.testing", fromlist=["do_bench"])
+    monkeypatch.setattr(mod_triton, "do_bench",
+                        lambda fn, **kw: (fn(), times["ref"] if ran[-1] == "ref" else times[ran[-1].ds_early])[1])
+    row = mod.bench_shape("causal-8k", [mod.DEFAULT], rounds=2, served_db=db)
+    assert row["served"] == "ds_early=True,head_swizzle=8"
+    assert abs(row["orders"][row["served"]]["ratio"] - 1.0) < 1e-9
+    assert abs(row["orders"]["default"]["ratio"] - 0.8) < 1e-9
