@@ -12,6 +12,9 @@ class Arch:
     minor: int
     # Largest dynamic shared memory one CTA may opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
     smem_per_cta: int
+    # Shared memory of one SM (cudaDevAttrMaxSharedMemoryPerMultiprocessor): what the CTAs resident
+    # on it share, each also holding 1 KiB the driver reserves (so smem_per_cta + 1 KiB here).
+    smem_per_sm: int
     regs_per_sm: int
     max_regs_per_thread: int
     # Instruction suffix CuTe DSL compiles for ("sm_90a": wgmma and setmaxnreg need the "a" target).
@@ -22,8 +25,8 @@ class Arch:
         return (self.major, self.minor)
 
 
-SM90 = Arch("sm90", 9, 0, 232448, 65536, 255, "sm_90a")
-SM100 = Arch("sm100", 10, 0, 232448, 65536, 255, "sm_100a")
+SM90 = Arch("sm90", 9, 0, 232448, 233472, 65536, 255, "sm_90a")
+SM100 = Arch("sm100", 10, 0, 232448, 233472, 65536, 255, "sm_100a")
 
 ARCHES = {a.name: a for a in (SM90, SM100)}
 

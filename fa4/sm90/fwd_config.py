@@ -245,13 +245,13 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         if n_wg != 2 or config.persistent:
             out.append(Violation("knob combination",
                 "ctas_per_sm 2 needs tile_m 128 (two consumer warpgroups) and persistent off (one CTA an SM)"))
-        if 2 * (need + 1024) > arch.smem_per_cta + 1024:
+        if 2 * (need + 1024) > arch.smem_per_sm:
             out.append(Violation("shared memory",
                 f"ctas_per_sm 2: two CTAs of {need} B (and 1 KiB reserved each) exceed an SM's shared memory"))
         if regs > FRAGMENT_REG_BUDGET_TWO_CTAS:
             out.append(Violation("registers",
                 f"ctas_per_sm 2: consumer fragments need {regs} registers per thread > {FRAGMENT_REG_BUDGET_TWO_CTAS} "
-                f"(104 a consumer thread): ptxas would serialize the WGMMAs"))
+                f"({REG_SPLIT_TWO_CTAS[0]} a consumer thread): ptxas would serialize the WGMMAs"))
     elif regs > FRAGMENT_REG_BUDGET[n_wg]:
         out.append(Violation(
             "registers",
@@ -359,20 +359,22 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     d, dv = problem.head_dim, problem.head_dim_v
     if d == 64:
         short_causal = problem.causal and problem.seqlen_q <= SHORT_CAUSAL_HD64
-        base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
-                             pingpong="mma_exp", mask_bits=short_causal)
-        # Session 24 (GPT-2's B16 H12 and the 16k-token shapes, three rotated rounds, two runs):
-        # causal walks up to 2k keys take 8 heads a scheduling group (+0.9-4.2% at 512-1k,
-        # +1.3-5.7% at 2k) and, on the 128-row tile, exp_pin (+0.5-1.7% more; it spills with varlen).
-        if problem.causal and problem.seqlen_q <= SHORT_WALK_HD64 and problem.seqlen_k <= SHORT_WALK_HD64:
-            base = dataclasses.replace(base, head_swizzle=8,
-                                       exp_pin=short_causal and not problem.varlen)
+        short_walk = problem.causal and problem.seqlen_q <= SHORT_WALK_HD64 and problem.seqlen_k <= SHORT_WALK_HD64
         # Up to 512 (a CTA walks at most eight 64-key tiles): two CTAs an SM, so one CTA's
         # prologue, last softmax and epilogue run beside the other's GEMMs (+13.3-13.6% at 512,
         # +25% at 256; 768-1k within 2%, 2k -10 to -16%: the narrow tile's smem-bound GEMMs).
-        if (problem.causal and not problem.varlen and problem.seqlen_q <= TWO_CTAS_HD64
-                and problem.seqlen_k <= TWO_CTAS_HD64):
-            base = dataclasses.replace(base, ctas_per_sm=2, tile_n=64, p_operand="smem", head_swizzle=1)
+        two_ctas = (problem.causal and not problem.varlen and problem.seqlen_q <= TWO_CTAS_HD64
+                    and problem.seqlen_k <= TWO_CTAS_HD64)
+        # Session 24 (GPT-2's B16 H12 and the 16k-token shapes, three rotated rounds, two runs):
+        # causal walks up to 2k keys take 8 heads a scheduling group (+0.9-4.2% at 512-1k,
+        # +1.3-5.7% at 2k) and, on the 128-row tile, exp_pin (+0.5-1.7% more; it spills with varlen).
+        # Not with two CTAs an SM, where 8 heads gained nothing (S512: 1.131-1.132 vs 1.133-1.136).
+        base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
+                             pingpong="mma_exp", mask_bits=short_causal,
+                             head_swizzle=8 if short_walk and not two_ctas else 1,
+                             exp_pin=short_walk and short_causal and not problem.varlen)
+        if two_ctas:
+            base = dataclasses.replace(base, ctas_per_sm=2, tile_n=64, p_operand="smem")
     elif d == 96:
         base = FwdConfigSm90(tile_m=192, tile_n=96, kv_stages=2, tau=8.0)
     elif d == 192:

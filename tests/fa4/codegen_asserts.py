@@ -31,6 +31,14 @@ def assert_clean(ptx: str, cubin: bytes, ops: dict, consumer_wgs: int, reg_split
     assert reg_split_violation(consumer_wgs, *reg_split, ctas_per_sm) is None
 
 
+def assert_clean_fwd(ptx: str, cubin: bytes, ops: dict, config) -> None:
+    """assert_clean for a forward kernel: its warpgroups, setmaxnreg split and CTAs an SM are all
+    the config's, so a test cannot pair a config with a split it does not compile to."""
+    from fa4.sm90.fwd_config import ROWS_PER_WG, reg_split
+
+    assert_clean(ptx, cubin, ops, config.tile_m // ROWS_PER_WG, reg_split(config), config.ctas_per_sm)
+
+
 def assert_no_spills(ptx: str, cubin: bytes, ops: dict) -> dict:
     """WGMMA present; no local memory (spills, stack); no WGMMA serialized by ptxas (C7512).
     Returns the cubin's per-kernel resources."""

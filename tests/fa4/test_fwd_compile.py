@@ -22,8 +22,8 @@ import pytest
 from fa4.knobs import iter_configs, knob_specs
 from fa4.problem import Problem
 from fa4.sm90.compile import compile_fwd, compile_key, ensure_target
-from fa4.sm90.fwd_config import HEAD_DIMS, FwdConfigSm90, head_dims_v, reg_split, violations
-from tests.fa4.codegen_asserts import assert_clean, compile_and_read
+from fa4.sm90.fwd_config import HEAD_DIMS, FwdConfigSm90, head_dims_v, violations
+from tests.fa4.codegen_asserts import assert_clean_fwd, compile_and_read
 
 COMPILE_KNOBS = [s.name for s in knob_specs(FwdConfigSm90) if s.name not in FwdConfigSm90.RUNTIME_KNOBS]
 # Every (head_dim, head_dim_v) the forward declares.
@@ -42,8 +42,15 @@ def distinct_kernels(head_dim: int, causal: bool, head_dim_v: int | None = None)
 
 def pairwise_subset(configs: list[FwdConfigSm90]) -> list[FwdConfigSm90]:
     """Greedy cover of every feasible (knob_a=x, knob_b=y) pair among compile-time knobs.
-    ctas_per_sm, where it has one value (past head_dim 64), is left out of the pairs: its pairs
-    would move the greedy choice and replace the covers compiled clean before the knob."""
+
+    ctas_per_sm, where it has one value (past head_dim 64), is left out of the pairs by name. A
+    knob with one value still pairs with every value of every other knob, which adds to each
+    config's score the values it would cover first and so moves the greedy choice: kept in, it
+    would replace 26 of the 38 hd128 causal covers, which compiled clean before the knob existed.
+    No general rule gives the same covers: tanh_fma_frac (no softcap here) and mask_bits (not
+    causal) have one value too but were in the pairs when the covers were chosen, and leaving out
+    every one-valued knob, or every knob whose applies() is false, changes the covers at hd64
+    full, hd96, hd128 and hd192/128."""
     varied = [n for n in COMPILE_KNOBS if n != "ctas_per_sm" or len({c.ctas_per_sm for c in configs}) > 1]
 
     def pairs(c):
@@ -154,7 +161,7 @@ def test_two_ctas_per_sm_kernels_fit_their_registers(change, causal):
     config = dataclasses.replace(base, **change)
     assert not violations(config, prob), violations(config, prob)
     ptx, cubin, ops = compile_and_read(compile_fwd, compile_key("bf16", 64, causal, True, config), [])
-    assert_clean(ptx, cubin, ops, 2, reg_split(config), 2)
+    assert_clean_fwd(ptx, cubin, ops, config)
     for refused in ({"tile_n": 96}, {"p_operand": "rmem"}, {"tile_m": 192}, {"persistent": True}):
         bad = violations(dataclasses.replace(config, **refused), prob)
         assert any("ctas_per_sm 2" in str(v) for v in bad), (refused, bad)
@@ -177,7 +184,7 @@ def test_exp_pin_keeps_the_exponentials_under_the_pv_gemm(hd, causal):
     for pin in (False, True):
         config = dataclasses.replace(default_config(prob), exp_pin=pin)
         ptx, cubin, ops = compile_and_read(compile_fwd, compile_key("bf16", hd, causal, True, config, hd), [])
-        assert_clean(ptx, cubin, ops, config.tile_m // 64, reg_split(config), config.ctas_per_sm)
+        assert_clean_fwd(ptx, cubin, ops, config)
         counts[pin] = cc.ops_between_waits(cc.disassemble(cubin), "MUFU.EX2")
     per_step = default_config(prob).tile_n // 2 + 2
     assert counts[True] and all(n == per_step for n in counts[True]), counts
@@ -190,11 +197,10 @@ def test_kernel_codegen(hd, hdv, causal, config):
     from fa4.common import codegen_check as cc
     from fa4.common.exp2 import emulated_indices
 
-    wgs = config.tile_m // 64
     ptx, cubin, ops = compile_and_read(
         compile_fwd, compile_key("bf16", hd, causal, True, config, hdv), ["MUFU.EX2", "WARPGROUP.ARRIVE"]
     )
-    assert_clean(ptx, cubin, ops, wgs, reg_split(config), config.ctas_per_sm)
+    assert_clean_fwd(ptx, cubin, ops, config)
     # Each GEMM's chain of WGMMAs issues under the one wgmma.fence the kernel emits for it.
     # A fragment register written between the fence and a WGMMA (P packed from 16-bit halves
     # at issue) makes ptxas fence every WGMMA again: one WARPGROUP.ARRIVE per HGMMA.

@@ -15,8 +15,8 @@ import pytest
 from fa4.common.exp2 import emulated_indices
 from fa4.problem import Problem
 from fa4.sm90.compile import compile_fwd, compile_key, ensure_target
-from fa4.sm90.fwd_config import default_config, reg_split, violations
-from tests.fa4.codegen_asserts import assert_clean, compile_and_read
+from fa4.sm90.fwd_config import default_config, violations
+from tests.fa4.codegen_asserts import assert_clean_fwd, compile_and_read
 
 WL = dict(window_left=255)
 WR = dict(window_right=37)
@@ -54,8 +54,7 @@ def test_feature_kernel_codegen(hd, hdv, causal, feat, change):
     flags = problem.kernel_flags()
     key = compile_key("bf16", hd, causal, True, config, hdv, **flags)
     ptx, cubin, ops = compile_and_read(compile_fwd, key, ["MUFU.EX2", "MUFU.TANH", "WARPGROUP.ARRIVE"])
-    wgs = config.tile_m // 64
-    assert_clean(ptx, cubin, ops, wgs, reg_split(config), config.ctas_per_sm)
+    assert_clean_fwd(ptx, cubin, ops, config)
     # Softmax code paths: the first tile, the masked and the unmasked loop, and with a left
     # window the masked loop at its far edge; each handles a thread's 2 rows x tile_n/4 scores.
     paths = 4 if flags["has_window_left"] else 3

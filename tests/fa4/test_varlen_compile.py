@@ -13,8 +13,8 @@ import pytest
 
 from fa4.problem import Problem
 from fa4.sm90.compile import compile_fwd, compile_key, ensure_target
-from fa4.sm90.fwd_config import default_config, reg_split, violations
-from tests.fa4.codegen_asserts import assert_clean, compile_and_read
+from fa4.sm90.fwd_config import default_config, violations
+from tests.fa4.codegen_asserts import assert_clean_fwd, compile_and_read
 
 CASES = [
     pytest.param("bf16", 128, True, {}, False, id="bf16-hd128-causal"),
@@ -32,8 +32,7 @@ def test_varlen_kernel_codegen(dtype, hd, causal, feat, seqused):
     key = compile_key(dtype, hd, causal, True, config, hd, **problem.kernel_flags(), varlen=True,
                       seqused_q=seqused, seqused_k=seqused)
     ptx, cubin, ops = compile_and_read(compile_fwd, key, ["STG.E", "UTMASTG"])
-    wgs = config.tile_m // 64
-    assert_clean(ptx, cubin, ops, wgs, reg_split(config), config.ctas_per_sm)
+    assert_clean_fwd(ptx, cubin, ops, config)
     # Full tiles store O by TMA; a sequence's last partial tile by predicated 32-bit stores (pairs
     # of 16-bit outputs): 64 x hd / 128 threads / 2 per thread, plus the LSE's.
     assert ops["UTMASTG"] >= 1, ops
