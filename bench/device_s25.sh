@@ -41,5 +41,17 @@ case "$phase" in
     TAILN=8 step served 200 python3 bench/bwd_order.py --orders default --rounds 3 --served "$db" \
       --shapes hd192-8k,hd192v128-8k
     cp .device/s25t.db "$out/" ;;
+  sw)  # hd64 causal head_swizzle 8 past 2k keys (session 24: +2-3% at 4k and 8k, one run each), twice
+    # more; prediction +2-3% at 4k/8k, smaller at 16k (a head's K/V outgrows what 8 heads keep in L2).
+    for r in 1 2; do
+      TAILN=12 KEEP="EFFECT|SKIP|INCORRECT|FAILED|rc=" step "swizzle$r" 240 python3 bench/knob_effects.py --check \
+        --rounds 3 --peers cudnn --shapes 4096:64:1,8192:64:1,16384:64:1 --variants '[{}, {"head_swizzle": 8}, {"head_swizzle": 4}]'
+    done ;;
+  v)  # the new causal head_swizzle default (swizzle_fits_l2) against the old (1), GQA included; the
+    # hd128 forward GPU cases (head_swizzle is a runtime knob: the same kernels, another launch order).
+    TAILN=12 KEEP="EFFECT|SKIP|INCORRECT|FAILED|rc=" step swz_default 150 python3 bench/knob_effects.py --check \
+      --rounds 3 --shapes 8192:128:1:1:32,4096:128:1,8192:64:1 --variants '[{}, {"head_swizzle": 1}]'
+    TAILN=6 KEEP="passed|failed|FAILED" step fwd_tests 150 python3 -m pytest -q -n 15 -p no:cacheprovider \
+      tests/fa4/test_fwd_gpu.py -k "128-128" ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

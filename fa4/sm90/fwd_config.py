@@ -325,6 +325,21 @@ def violations(config: FwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
 SHORT_CAUSAL_HD64 = 1024
 SHORT_WALK_HD64 = 2048
 TWO_CTAS_HD64 = 512
+# Causal walks past SHORT_WALK_HD64 (and at hd128) take SWIZZLE_HEADS heads a scheduling group while
+# the K/V those heads stream fit SWIZZLE_KV_BYTES, a share of the 50 MB L2 of the H100 SXM / H200:
+# measured on the H200 (session 25, knob_effects, three rotated rounds, two runs each) +2.5-3.7% at
+# hd64 4k, +2.5-2.7% at 8k, +1.7-2.3% at 16k (32 MiB); hd128 +2.4-3.3% at 1k-4k, +2.1-4.7% at 8k
+# (32 MiB); and -1.3 to -2.8% at hd128 16k (64 MiB). Non-causal hd64 8k lost 1.3-2.1%: every CTA of a
+# head walks all of its keys there, and the heads' K/V leave L2 anyway.
+SWIZZLE_HEADS = 8
+SWIZZLE_KV_BYTES = 32 << 20
+
+
+def swizzle_fits_l2(problem: Problem) -> bool:
+    """A causal problem whose SWIZZLE_HEADS heads' K/V (16-bit) fit SWIZZLE_KV_BYTES: its default
+    groups that many heads. Not varlen or windowed (not measured past session 24's 2k walks)."""
+    kv_bytes = SWIZZLE_HEADS * problem.seqlen_k * (problem.head_dim + problem.head_dim_v) * 2
+    return problem.causal and not problem.varlen and not problem.has_window and kv_bytes <= SWIZZLE_KV_BYTES
 
 
 def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
@@ -341,7 +356,9 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     tiles' verdicts as bit words (mask_bits: +1.3-1.9% at 1k in four alternations over two runs,
     session 23; a masked tile is ~1 in 4.5 of a CTA's there; within noise at 4k/8k hd128, so off
     elsewhere). Causal walks up to 2k keys take 8 heads a scheduling group (K/V of the heads in
-    flight stay in L2: +0.9-4.2% at 512-1k, +1.3-5.7% at 2k, session 24) and on the 128-row tile
+    flight stay in L2: +0.9-4.2% at 512-1k, +1.3-5.7% at 2k, session 24), and so do longer ones,
+    at hd64 and hd128, while 8 heads' K/V fit 32 MiB (swizzle_fits_l2: +1.7-4.7% at 1k-16k, session
+    25; -1.3 to -2.8% at hd128 16k, 64 MiB), and on the 128-row tile
     exp_pin (+0.5-1.7% more); up to 512 keys two CTAs an SM (ctas_per_sm 2 with tile_n 64 and P
     through shared memory: +13% at 512, +25% at 256). MUFU-only exp2: the FMA-pipe polynomial
     lost 1-8% at every fraction tried (issue-slot bound).
@@ -367,11 +384,13 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
                     and problem.seqlen_k <= TWO_CTAS_HD64)
         # Session 24 (GPT-2's B16 H12 and the 16k-token shapes, three rotated rounds, two runs):
         # causal walks up to 2k keys take 8 heads a scheduling group (+0.9-4.2% at 512-1k,
-        # +1.3-5.7% at 2k) and, on the 128-row tile, exp_pin (+0.5-1.7% more; it spills with varlen).
-        # Not with two CTAs an SM, where 8 heads gained nothing (S512: 1.131-1.132 vs 1.133-1.136).
+        # +1.3-5.7% at 2k), longer ones while those heads' K/V fit L2 (swizzle_fits_l2, session 25)
+        # and, on the 128-row tile, exp_pin (+0.5-1.7% more; it spills with varlen). Not with two
+        # CTAs an SM, where 8 heads gained nothing (S512: 1.131-1.132 vs 1.133-1.136).
         base = FwdConfigSm90(tile_m=128 if short_causal else 192, tile_n=128, kv_stages=2, tau=8.0,
                              pingpong="mma_exp", mask_bits=short_causal,
-                             head_swizzle=8 if short_walk and not two_ctas else 1,
+                             head_swizzle=(SWIZZLE_HEADS if (short_walk or swizzle_fits_l2(problem)) and not two_ctas
+                                           else 1),
                              exp_pin=short_walk and short_causal and not problem.varlen)
         if two_ctas:
             base = dataclasses.replace(base, ctas_per_sm=2, tile_n=64, p_operand="smem")
@@ -385,7 +404,8 @@ def default_config(problem: Problem, arch: Arch = SM90) -> FwdConfigSm90:
     elif d == 256:
         base = FwdConfigSm90(tile_n=80, kv_stages=2, tau=8.0, pingpong="off")
     else:
-        base = FwdConfigSm90(tile_n=128, kv_stages=2, tau=8.0)
+        base = FwdConfigSm90(tile_n=128, kv_stages=2, tau=8.0,
+                             head_swizzle=SWIZZLE_HEADS if swizzle_fits_l2(problem) else 1)
     if problem.dtype == "fp16" and base.tau + 1 > LOG2_DTYPE_MAX["fp16"]:
         base = FwdConfigSm90(**{**base.__dict__, "tau": 0.0})
     if violations(base, problem, arch):
