@@ -6,8 +6,8 @@ to the default. Shapes follow the benchmark convention (16k tokens, heads*hd = 2
 
     python bench/knob_effects.py --shapes 8192:64:0,8192:128:0 [--out effects.json]
 
-A shape is SEQLEN:HDIM:CAUSAL, or SEQLEN:HDIM:CAUSAL:BATCH:HEADS for a model's exact shape
-(GPT-2: 1024:64:1:16:12). ``--peers cudnn,flash-attn-4`` times those providers' plain calls in the
+A shape is SEQLEN:HDIM:CAUSAL, or SEQLEN:HDIM:CAUSAL:BATCH:HEADS[:KV_HEADS] for a model's exact
+shape (GPT-2: 1024:64:1:16:12; Llama-3-8B's 8k prefill under GQA: 8192:128:1:1:32:8). ``--peers cudnn,flash-attn-4`` times those providers' plain calls in the
 same loop (a row each, its ratio to our default), and ``--rounds N`` repeats the whole list N times
 in a rotated order, so no variant is always timed first.
 """
@@ -75,9 +75,12 @@ def main():
     for spec in a.shapes.split(","):
         S, D, c, *bh = (int(x) for x in spec.split(":"))
         shape = dict(batch=bh[0], heads_q=bh[1]) if bh else {}
+        if len(bh) > 2:
+            shape["heads_kv"] = bh[2]
         prob = Problem.standard(S, D, causal=bool(c), **shape)
         base = default_config(prob)
-        q, k, v = (torch.randn(prob.batch, S, prob.heads_q, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(prob.batch, S, h, D, device="cuda", dtype=torch.bfloat16)
+                   for h in (prob.heads_q, prob.heads_kv, prob.heads_kv))
         entries = []  # (label, callable): the default first, then the variants that pass, then the peers
         for var in variants:
             cfg = dataclasses.replace(base, **var)
@@ -112,7 +115,8 @@ def main():
         base_ms = statistics.median(times["default"]) if "default" in times else None
         for label, ts in times.items():
             ms = statistics.median(ts)
-            row = dict(S=S, D=D, causal=bool(c), batch=prob.batch, heads=prob.heads_q, change=label,
+            row = dict(S=S, D=D, causal=bool(c), batch=prob.batch, heads=prob.heads_q, heads_kv=prob.heads_kv,
+                       change=label,
                        ms=round(ms, 4), tflops=round(prob.flops / ms / 1e9, 1),
                        vs_default=round(base_ms / ms, 3) if base_ms else None,
                        rounds=[round(t, 4) for t in ts])

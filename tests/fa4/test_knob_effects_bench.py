@@ -5,6 +5,7 @@ non-causal case and refused every variant)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -25,7 +26,7 @@ def _run(monkeypatch, tmp_path, capsys, ms, argv, gate=None):
     calls = []
 
     def fake_call(q, k, v, provider="auto", causal=False, config=None):
-        calls.append((provider, config, tuple(q.shape)))
+        calls.append((provider, config, tuple(q.shape), tuple(k.shape), tuple(v.shape)))
         clock[0] += ms(provider, config)
         return q
 
@@ -99,3 +100,19 @@ def test_the_gate_checks_the_shapes_own_mask_and_drops_wrong_variants(monkeypatc
     assert seen == [True, True]
     assert [r["change"] for r in rows] == ["default"]
     assert any(x.startswith("INCORRECT") and "kv_stages" in x for x in out)
+
+
+def test_gqa_shape_gives_k_and_v_the_kv_heads(monkeypatch, tmp_path, capsys):
+    """SEQLEN:HDIM:CAUSAL:BATCH:HEADS:KV_HEADS: k and v carry the K/V heads (Llama-3-8B's 32/8), and the
+    default is that GQA problem's."""
+    from fa4.problem import Problem
+    from fa4.sm90.fwd_config import default_config
+
+    rows, out, calls = _run(monkeypatch, tmp_path, capsys, _ms,
+                            ["--shapes", "2048:128:1:1:32:8", "--variants", json.dumps([{}, {"head_swizzle": 1}])])
+    assert {c[2:] for c in calls} == {((1, 2048, 32, 128), (1, 2048, 8, 128), (1, 2048, 8, 128))}
+    assert all(r["heads"] == 32 and r["heads_kv"] == 8 for r in rows)
+    want = default_config(Problem.standard(2048, 128, causal=True, batch=1, heads_q=32, heads_kv=8))
+    assert want.head_swizzle == 8  # the causal hd128 default (8 heads' K/V fit L2)
+    assert {c[1] for c in calls if c[1] is not None} == {want, dataclasses.replace(want, head_swizzle=1)}
+    assert {r["change"] for r in rows} == {"default", json.dumps({"head_swizzle": 1})}
