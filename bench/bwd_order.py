@@ -271,7 +271,9 @@ def main():
         print(f"| {x['name']} | spt{int(d['spt_order'])} s{d['head_swizzle']} | {x['ref_tflops']:.0f} | {cells} |")
         if "served" in x:
             s = x["orders"].get(x["served"])
-            print(f"  served ({x['served']}): " + (f"{s['ratio']:.3f} of the reference" if s else "timed as the default"))
+            why = x["skipped"].get(x["served"])
+            print(f"  served ({x['served']}): " + (f"{s['ratio']:.3f} of the reference" if s
+                                                   else f"not timed: {why}" if why else "timed as the default"))
 
 
 if __name__ == "__main__":

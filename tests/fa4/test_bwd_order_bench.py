@@ -4,6 +4,8 @@ reference's as the default's do; the table's ratios are the reference's median o
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from fa4.problem import Problem
@@ -117,3 +119,25 @@ def test_served_config_is_read_from_the_verdict_and_timed(monkeypatch, tmp_path)
     assert row["served"] == "ds_early=True,head_swizzle=8"
     assert abs(row["orders"][row["served"]]["ratio"] - 1.0) < 1e-9
     assert abs(row["orders"]["default"]["ratio"] - 0.8) < 1e-9
+
+
+def test_served_line_says_why_a_served_config_was_not_timed(monkeypatch, capsys):
+    """The table's served line: the ratio when timed, the skip reason when the served config was
+    refused (infeasible, or gradients off the reference), never "timed as the default" for those."""
+    mod = cpu_kernels.bench_module(monkeypatch, "bwd_order")
+    rows = {
+        "causal-8k": dict(name="causal-8k", default=dict(spt_order=False, head_swizzle=4), ref_tflops=500.0,
+                          orders={"default": dict(ratio=0.95)}, skipped={"ds_early=True": "gradients off the reference"},
+                          served="ds_early=True"),
+        "qwen2.5-7b-4k": dict(name="qwen2.5-7b-4k", default=dict(spt_order=False, head_swizzle=4), ref_tflops=480.0,
+                              orders={"default": dict(ratio=0.98), "head_swizzle=8": dict(ratio=1.01)}, skipped={},
+                              served="head_swizzle=8"),
+    }
+    monkeypatch.setattr(mod, "bench_shape", lambda name, *a, **kw: rows[name])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(sys, "argv", ["bwd_order.py", "--orders", "default", "--served", "sqlite://",
+                                      "--shapes", "causal-8k,qwen2.5-7b-4k"])
+    mod.main()
+    out = capsys.readouterr().out
+    assert "served (ds_early=True): not timed: gradients off the reference" in out
+    assert "served (head_swizzle=8): 1.010 of the reference" in out
