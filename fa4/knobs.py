@@ -209,16 +209,24 @@ def problem_choices(spec: KnobSpec, problem=None) -> tuple:
     return spec.choices
 
 
-def iter_configs(cls, problem=None) -> Iterator:
+def iter_configs(cls, problem=None, *, vary_runtime: bool = True) -> Iterator:
     """Every point of the search space; with ``problem``, the configs worth tuning for it: the
     knobs that do not apply to it at their default only, and no config in which a knob with a
     value other than its default has no effect (canonical_config: the same kernel as a config
     that is enumerated). The feasible configs are then still all there up to that renaming, in
-    the same order, and a forward problem without softcap enumerates under a fifth of the space."""
+    the same order, and a forward problem without softcap enumerates under a fifth of the space.
+    ``vary_runtime=False`` holds the runtime knobs at their defaults: one config per compiled
+    kernel (compile_time_config), for walks over the kernels rather than the launches."""
     specs = knob_specs(cls)
     names = [s.name for s in specs]
     inert = [s for s in specs if s.inert is not None] if problem is not None else []
-    for values in itertools.product(*(problem_choices(s, problem) for s in specs)):
+
+    def values_of(spec):
+        if not vary_runtime and spec.runtime is not None:
+            return (spec.default,)
+        return problem_choices(spec, problem)
+
+    for values in itertools.product(*(values_of(s) for s in specs)):
         config = cls(**dict(zip(names, values)))
         if any(getattr(config, s.name) != s.default and s.inert(config) for s in inert):
             continue

@@ -67,7 +67,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_pair, bwd_schedule, masking, mma, scheduling, semaphore, softcap_bwd, varlen
+from fa4.common import bwd_pair, bwd_schedule, masking, mma, scheduling, softcap_bwd, varlen
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, transpose_view
@@ -75,7 +75,7 @@ from fa4.common.regs import opaque, pin_before
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
 # The named barrier ids live beside the dQ paths (fa4.sm90.bwd_dq).
-from fa4.sm90.bwd_dq import BAR_DQ_EMPTY, BAR_DQ_FULL, BAR_DS_FREE, BAR_DS_FULL, BAR_P, BAR_SEM, NUM_CONSUMER_THREADS
+from fa4.sm90.bwd_dq import BAR_DQ_EMPTY, BAR_DQ_FULL, BAR_DS_FREE, BAR_DS_FULL, BAR_P, NUM_CONSUMER_THREADS
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 
 # Row statistics (LSE, D) read into registers before the GEMM waits, per thread and step.
@@ -131,6 +131,10 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         self.ds_stmatrix = config.ds_store == "stmatrix"
         self.ds_early = config.ds_early
         self.exp_pin = config.exp_pin
+        # dkv_split 'head_dim' step orders (fa4.sm90.bwd_split): dP^T (and dO's load) ahead of S^T
+        # (Q's), dK ahead of dQ: Q needed as late and freed as early as the step allows.
+        self.dp_first = config.dp_first
+        self.dk_before_dq = config.dk_before_dq
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
@@ -613,15 +617,22 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
             )
             for m in cutlass.range(m_start, m_end, unroll=1):
-                pipe_q.producer_acquire(state)
-                bar_q = pipe_q.producer_get_barrier(state)
-                cute.copy(tma_q, tQgQ[None, m], tQsQ[None, state.index], tma_bar_ptr=bar_q)
-                cute.copy(tma_lse, tLgL[None, m], tLsL[None, state.index], tma_bar_ptr=bar_q)
-                pipe_do.producer_acquire(state)
-                bar_do = pipe_do.producer_get_barrier(state)
-                cute.copy(tma_do, tdOgdO[None, m], tdOsdO[None, state.index], tma_bar_ptr=bar_do)
-                cute.copy(tma_dsum, tDgD[None, m], tDsD[None, state.index], tma_bar_ptr=bar_do)
+                # In the order the consumers' first GEMMs need them (dp_first: dO, whose slot
+                # frees earlier in a step, then Q).
+                if cutlass.const_expr(self.dp_first):
+                    self.load_tile(pipe_do, state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
+                self.load_tile(pipe_q, state, tma_q, tQgQ, tQsQ, tma_lse, tLgL, tLsL, m)
+                if cutlass.const_expr(not self.dp_first):
+                    self.load_tile(pipe_do, state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
                 state.advance()
+
+    @cute.jit
+    def load_tile(self, pipe, state, tma_x, tXgX, tXsX, tma_stat, tSg, tSs, m):
+        """Query tile m of Q (with its LSE row) or dO (with D) into ring slot state.index."""
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        cute.copy(tma_x, tXgX[None, m], tXsX[None, state.index], tma_bar_ptr=bar)
+        cute.copy(tma_stat, tSg[None, m], tSs[None, state.index], tma_bar_ptr=bar)
 
     def heads_walked(self, qhead_per_kvhead):
         """Query heads a CTA walks: its K/V head's group with gqa_reduce 'loop', else its own one
@@ -780,6 +791,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         i = m - step_base
         state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
         ds_buf = i % self.ds_stages
+        if cutlass.const_expr(self.dp_first):
+            pipe_do.consumer_wait(state)
+            mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index],
+                     zero_init=True)
+            warpgroup.commit_group()
         pipe_q.consumer_wait(state)
         mma.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
@@ -793,11 +809,13 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         tLSE = cute.make_rmem_tensor((max(npre, 1),), Float32)
         for c in cutlass.range_constexpr(npre):
             tLSE[c] = sLSE[col0 + c0_mn[0, c][1], state.index]
-        pipe_do.consumer_wait(state)
-        mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index], zero_init=True)
-        warpgroup.commit_group()
-
-        warpgroup.wait_group(1)
+        if cutlass.const_expr(not self.dp_first):
+            pipe_do.consumer_wait(state)
+            mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index],
+                     zero_init=True)
+            warpgroup.commit_group()
+        # S^T done (dp_first: the later of the two, so both).
+        warpgroup.wait_group(0 if self.dp_first else 1)
         if cutlass.const_expr(self.has_softcap):
             # t = tanh(S^T * scale / c) runs under the dP^T GEMM; the mask after it (tanh(-inf)
             # would be -1, a visible score). P and dS^T then come from t in one loop, after dP^T.
@@ -873,10 +891,17 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
             warpgroup.commit_group()
         # dV and dQ done, dK may still run: dO is free, and dQ leaves while dK computes.
+        # (dk_before_dq: dV and dK done, dQ may still run: Q and dO are free, the next Q loads
+        # under dQ, and dQ leaves after it.)
         warpgroup.wait_group(1)
-        if cutlass.const_expr(self.cluster):
+        if cutlass.const_expr(self.cluster and not self.dk_before_dq):
             self.release_peer(frag, ds_buf, ctid)
         pipe_do.consumer_release(state)
+        if cutlass.const_expr(self.dk_before_dq):
+            pipe_q.consumer_release(state)
+            warpgroup.wait_group(0)
+            if cutlass.const_expr(self.cluster):
+                self.release_peer(frag, ds_buf, ctid)
         if cutlass.const_expr(self.dq_bulk):
             # Wait until the writer warp's previous bulk reduction has read this warpgroup's
             # chunk of sdQ, then refill it: 16-byte stores, consecutive threads on consecutive
@@ -888,8 +913,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             self.dq_barrier(BAR_DQ_FULL, i % 2, ctid, False)
         else:
             self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
-        warpgroup.wait_group(0)
-        pipe_q.consumer_release(state)
+        if cutlass.const_expr(not self.dk_before_dq):
+            warpgroup.wait_group(0)
+            pipe_q.consumer_release(state)
 
     @cute.jit
     def wait_dp(self, s_mn, seqlen_k):
@@ -929,49 +955,5 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         key_limit, diag_hi, diag_lo = limits
         masking.apply_mask_t(s_mn, c0_mn, key_limit, diag_hi, diag_lo, q_base, self.causal, self.has_window_left,
                              self.has_window_right, self.config.mask_bits)
-
-    # ---------------------------------------------------------------- epilogue
-    @cute.jit
-    def epilogue(
-        self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-        qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, dv_out,
-    ):
-        d, dv = self.head_dim, self.head_dim_v
-        off_k, seqlen_k = seq[1], seq[3]
-        dv_mma, dv_thr = dv_out  # dV's accumulator partition (dK's own where the shapes agree)
-        for i in cutlass.range_constexpr(cute.size(acc_dK)):
-            acc_dK[i] = acc_dK[i] * scale
-        if cutlass.const_expr(self.gqa_atomic):
-            # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
-            # Varlen: the sequence's padded region (its tiles' rows past seqlen_k add zeros there).
-            gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
-            gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
-            if cutlass.const_expr(self.deterministic):
-                sem = mSemKV[batch, head_kv, None].iterator + n_block
-                semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
-                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
-            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
-            if cutlass.const_expr(self.deterministic):
-                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
-        elif cutlass.const_expr(self.dkv_tma):
-            if cutlass.const_expr(self.varlen):
-                # Whole key tiles of the sequence by TMA at its offset; its last, partial tile by
-                # predicated stores (the box would run into the next sequence's rows).
-                if (n_block + 1) * self.tile_n <= seqlen_k:
-                    self.store_dkv_tma(
-                        dkv_mma, acc_dK, acc_dV, cute.domain_offset((off_k, 0, 0, 0), mdK),
-                        cute.domain_offset((off_k, 0, 0, 0), mdV), sK, sV, tma_dkv, ctid, n_block, head_kv, 0, dv_mma,
-                    )
-                else:
-                    self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, tma_dkv[2], tma_dkv[3], n_block, head_kv,
-                                        batch, seq)
-            else:
-                self.store_dkv_tma(
-                    dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
-                )
-        else:
-            self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq)
 
     # ---------------------------------------------------------------- helpers

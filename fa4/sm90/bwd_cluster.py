@@ -19,6 +19,9 @@ and per step (buffer b, its j-th use):
     dQ[:, cols_r] = dS_own K_own[:, cols_r] + dS_peer K_peer[:, cols_r]; dK GEMM
     once dQ's GEMMs are done: each warpgroup arrives on the peer's empty[b] (cluster scope)
 
+(dk_before_dq: the dK GEMM right after dV, before the wait on full[b]; empty[b] then waits for
+all of the step's GEMMs.)
+
 The consumers' register state is the kernel's own: the dQ accumulator is half as wide.
 """
 # (No "from __future__ import annotations": cute.struct reads its field annotations as objects.)
@@ -160,14 +163,16 @@ class ClusterSteps:
         mma.gemm(dv_mma, acc_dV, tdVsP[None, None, None, ds_buf], tdVrdOt[None, None, None, state.index],
                  zero_init=False)
         warpgroup.commit_group()
+        if cutlass.const_expr(self.dk_before_dq):
+            # dK needs only this CTA's dS: issued before the wait for the peer's.
+            self.gemm_dk(dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state)
         # The peer's dS of this step is in sdSp[ds_buf] (bytes delivered through the mbarrier).
         cute.arch.mbarrier_wait(full, j % 2)
         mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKo, zero_init=True)
         mma.gemm(dq_mma, acc_dQ, tdQrdSp[None, None, None, ds_buf], tdQrKp[None, None, None, 0], zero_init=False)
         warpgroup.commit_group()
-        mma.gemm(dkv_mma, acc_dK, tdKsdSt[None, None, None, ds_buf], tdKrQt[None, None, None, state.index],
-                 zero_init=False)
-        warpgroup.commit_group()
+        if cutlass.const_expr(not self.dk_before_dq):
+            self.gemm_dk(dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state)
 
     @cute.jit
     def release_peer(self, frag, ds_buf, ctid):

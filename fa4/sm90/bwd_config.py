@@ -190,6 +190,23 @@ class BwdConfigSm90:
         "(the peer's K slice and dS buffers take the second dS buffer's room). Not with varlen, "
         "gqa_reduce 'loop', deterministic mode, a window or softcap (cluster_violations).",
     )
+    dp_first: bool = knob(
+        (False, True), False,
+        "dkv_split 'head_dim' (head_dim 192/256): issue dP^T = V dO^T before S^T = K Q^T, and load a step's dO "
+        "before its Q. With one Q/dO stage (hd256: shared memory is full) Q's slot frees only at the end of a "
+        "step, and the next step's first GEMM needed it at once: its load (32 KB at hd256) was the consumers' "
+        "largest stall in Nsight Compute (session 25). First, dP^T runs while Q arrives; the exponentials then "
+        "wait for both GEMMs instead of running under dP^T (small at these head dims).",
+        applies=lambda problem: problem.head_dim in SPLIT_HEAD_DIMS,
+    )
+    dk_before_dq: bool = knob(
+        (False, True), False,
+        "dkv_split 'head_dim' (head_dim 192/256): issue dK += dS^T Q before dQ = dS K (after dV), so Q's slot "
+        "frees once dV and dK are done and the next Q loads under the dQ GEMM (with cluster_exchange dK also "
+        "runs before the wait for the peer's dS). dQ then leaves for its accumulator after its own GEMM, "
+        "not under dK's.",
+        applies=lambda problem: problem.head_dim in SPLIT_HEAD_DIMS,
+    )
     varlen_grid: str = knob(
         ("padded", "compact"), "padded",
         "Varlen only: how key tiles map to CTAs. 'padded' launches sequences x the longest sequence's key "
@@ -313,6 +330,15 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             out.append(Violation("knob combination",
                                  "dkv_split 'head_dim' reads P^T from shared memory (both consumers need all of it): "
                                  "dv_operand 'smem'"))
+    for name in ("dp_first", "dk_before_dq"):
+        if getattr(config, name) and config.dkv_split != "head_dim":
+            out.append(Violation("knob combination",
+                                 f"{name} orders the GEMMs of dkv_split 'head_dim' (head_dim 192/256), where one "
+                                 "Q/dO stage leaves Q's load exposed; not built for 'keys'"))
+    if config.dp_first and config.exp_pin:
+        out.append(Violation("knob combination",
+                             "exp_pin keeps the exponentials under the dP^T GEMM; with dp_first they wait for "
+                             "S^T, the later GEMM, and nothing runs under either"))
     out += cluster_violations(config, problem)
     if config.tile_m % ROWS_PER_WG:
         out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))

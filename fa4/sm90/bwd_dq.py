@@ -22,7 +22,7 @@ from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_shape_stride, dq_frag_v
 # Named barrier ids (0 is __syncthreads).
 BAR_DS_FREE = 1  # 256 consumers: both dQ GEMMs have finished reading sdS (ds_stages 1 only)
 BAR_DS_FULL = 2  # 256 consumers: both halves of dS^T are in sdS
-BAR_SEM = 3  # 256 consumers: semaphore turn acquired / all adds issued
+BAR_SEM = bwd_epilogue.BAR_SEM  # 256 consumers: semaphore turn acquired / all adds issued
 # dQ hand-off, per step parity p (two writer warps take turns) and consumer warpgroup w:
 BAR_DQ_FULL = 4  # 4 + 2p + w: warpgroup w's dQ chunk is in sdQ -> writer warp p
 BAR_DQ_EMPTY = 8  # 8 + 2p + w: the reduction of the previous step has read sdQ -> warpgroup w

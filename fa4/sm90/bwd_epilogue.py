@@ -1,4 +1,4 @@
-"""The dK/dV epilogue's stores of the Hopper backward (a FlashBwdSm90 mixin, fa4.sm90.bwd).
+"""The dK/dV epilogue of the Hopper backward (a FlashBwdSm90 mixin, fa4.sm90.bwd).
 
 Three ways out of a CTA's fp32 dK/dV accumulators: relaxed reductions into the GQA fp32
 accumulators (red_tile), element stores from the fragment with rows past seqlen_k dropped
@@ -13,16 +13,62 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
 from fa4.common import semaphore
+from fa4.common.layout import acc_as_rows_cols
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import THREADS_PER_WG
 
-# Named barrier of fa4.sm90.bwd: 256 consumers, sK/sV free for the dK/dV tiles, then the tiles written.
+# Named barriers of fa4.sm90.bwd (the list is fa4.sm90.bwd_dq's), 256 consumers each: the GQA
+# dK/dV semaphore turn acquired, then all adds issued; sK/sV free for the dK/dV tiles, then written.
+BAR_SEM = 3
 BAR_EPI = 14
 NUM_CONSUMER_THREADS = 2 * THREADS_PER_WG
 
 
 class DkvStores:
     """dK/dV leaving the CTA (see the module docstring)."""
+
+    @cute.jit
+    def epilogue(
+        self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
+        qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, dv_out,
+    ):
+        d, dv = self.head_dim, self.head_dim_v
+        off_k, seqlen_k = seq[1], seq[3]
+        dv_mma, dv_thr = dv_out  # dV's accumulator partition (dK's own where the shapes agree)
+        for i in cutlass.range_constexpr(cute.size(acc_dK)):
+            acc_dK[i] = acc_dK[i] * scale
+        if cutlass.const_expr(self.gqa_atomic):
+            # fp32 accumulators (batch, heads_kv, seqlen_k_pad, d), summed over the query heads.
+            # Varlen: the sequence's padded region (its tiles' rows past seqlen_k add zeros there).
+            gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
+            gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
+            if cutlass.const_expr(self.deterministic):
+                sem = mSemKV[batch, head_kv, None].iterator + n_block
+                semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
+                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
+            if cutlass.const_expr(self.deterministic):
+                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
+        elif cutlass.const_expr(self.dkv_tma):
+            if cutlass.const_expr(self.varlen):
+                # Whole key tiles of the sequence by TMA at its offset; its last, partial tile by
+                # predicated stores (the box would run into the next sequence's rows).
+                if (n_block + 1) * self.tile_n <= seqlen_k:
+                    self.store_dkv_tma(
+                        dkv_mma, acc_dK, acc_dV, cute.domain_offset((off_k, 0, 0, 0), mdK),
+                        cute.domain_offset((off_k, 0, 0, 0), mdV), sK, sV, tma_dkv, ctid, n_block, head_kv, 0, dv_mma,
+                    )
+                else:
+                    self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, tma_dkv[2], tma_dkv[3], n_block, head_kv,
+                                        batch, seq)
+            else:
+                self.store_dkv_tma(
+                    dkv_mma, acc_dK, acc_dV, mdK, mdV, sK, sV, tma_dkv, ctid, n_block, head_kv, batch, dv_mma
+                )
+        else:
+            self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq)
 
     @cute.jit
     def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):

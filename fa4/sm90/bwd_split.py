@@ -119,7 +119,8 @@ class DkvSplitSteps:
         self, sdp_mma, dkv_mma, dv_mma, dq_mma, frag, accs, state, ds_buf, ctid, bar_ds_free, bar_ds_full,
         num_consumer_threads: cutlass.Constexpr,
     ):
-        """P^T and dS^T into shared memory, one barrier, then dV, dQ and dK (committed in that order)."""
+        """P^T and dS^T into shared memory, one barrier, then dV, dQ and dK (committed in that order;
+        dk_before_dq: dV, dK, dQ)."""
         _, _, _, _, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, _, _, tdVsP, sP, tdKsdSt, sdSt = frag
         _, _, acc_dV, acc_dK, acc_dQ, _, _, tdVrP_as_S, tdKrdS_as_S, _, _ = accs
         self.publish_p_ds(sdp_mma, tdVrP_as_S, tdKrdS_as_S, sP, sdSt, ds_buf, ctid, bar_ds_free, bar_ds_full,
@@ -127,8 +128,17 @@ class DkvSplitSteps:
         mma.gemm(dv_mma, acc_dV, tdVsP[None, None, None, ds_buf], tdVrdOt[None, None, None, state.index],
                  zero_init=False)
         warpgroup.commit_group()
+        if cutlass.const_expr(self.dk_before_dq):
+            self.gemm_dk(dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state)
         mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt[None, None, None, 0], zero_init=True)
         warpgroup.commit_group()
+        if cutlass.const_expr(not self.dk_before_dq):
+            self.gemm_dk(dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state)
+
+    @cute.jit
+    def gemm_dk(self, dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state):
+        """dK += dS^T Q over this warpgroup's columns, one commit group. Last in a step (Q's slot
+        frees after it), or with dk_before_dq right after dV (dQ then runs while Q reloads)."""
         mma.gemm(dkv_mma, acc_dK, tdKsdSt[None, None, None, ds_buf], tdKrQt[None, None, None, state.index],
                  zero_init=False)
         warpgroup.commit_group()

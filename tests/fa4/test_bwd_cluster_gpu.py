@@ -59,10 +59,14 @@ def test_exchange_fp16(check_bwd, hd, causal, shape):
 
 @pytest.mark.parametrize("hd", [192, 256], ids=_ID.get)
 @pytest.mark.parametrize("change", [dict(dq_accum="red_v2"), dict(spt_order=False, head_swizzle=2),
-                                    dict(ds_store="sts"), dict(dkv_store="direct")])
+                                    dict(ds_store="sts"), dict(dkv_store="direct"), dict(dp_first=True),
+                                    dict(dk_before_dq=True), dict(dp_first=True, dk_before_dq=True),
+                                    dict(dk_before_dq=True, ds_stages=1)])
 def test_exchange_with_other_knobs(check_bwd, hd, change):
     """The exchange beside the knobs that touch its neighbours: per-thread dQ adds of the half
-    tile, the pair scheduling order, per-element dS^T stores, dK/dV without TMA (causal, GQA)."""
+    tile, the pair scheduling order, per-element dS^T stores, dK/dV without TMA, the step orders
+    (dK before the wait for the peer's dS, the peer's buffer released after dQ; one dS buffer,
+    where that release gates the peer's next store) (causal, GQA)."""
     import torch
 
     shape = (1, 1000, 1000, 8, 8) if "dkv_store" in change else (1, 777, 1333, 8, 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 
 import pytest
 
@@ -144,8 +145,16 @@ def test_register_model_matches_measurements():
 
 
 def test_knobs_roundtrip_and_schema():
-    for c in iter_configs(BwdConfigSm90):
+    # 20,000 configs drawn from the space (3.5M; walking it all took minutes), every value of
+    # every knob among them.
+    rng = random.Random(0)
+    specs = knob_specs(BwdConfigSm90)
+    seen = set()
+    for _ in range(20000):
+        c = BwdConfigSm90(**{s.name: rng.choice(s.choices) for s in specs})
         assert config_from_dict(BwdConfigSm90, config_to_dict(c)) == c
+        seen.update(dataclasses.asdict(c).items())
+    assert seen == {(s.name, v) for s in knob_specs(BwdConfigSm90) for v in s.choices}
     names = set(json_schema(BwdConfigSm90)["properties"])
     assert names == {f.name for f in dataclasses.fields(BwdConfigSm90)}
 
@@ -405,3 +414,22 @@ def test_default_launch_order_of_loop_and_varlen():
                          (dict(causal=False), (True, 1))]:
         cfg = default_config(dataclasses.replace(packed, **change))
         assert (cfg.spt_order, cfg.head_swizzle) == want, change
+
+
+def test_step_orders_are_the_head_dim_splits():
+    """dp_first and dk_before_dq order the GEMMs of dkv_split 'head_dim': feasible on hd192/256's
+    defaults (hd256's with the exchange), refused with 'keys' and dp_first with exp_pin (nothing
+    would run under dP^T)."""
+    for hd, hdv in ((192, 192), (192, 128), (256, 256)):
+        prob = Problem.standard(8192, hd, head_dim_v=hdv, causal=True, pass_="bwd")
+        base = default_config(prob)
+        assert base.dkv_split == "head_dim" and base.cluster_exchange == (hd == 256)
+        for change in (dict(dp_first=True), dict(dk_before_dq=True), dict(dp_first=True, dk_before_dq=True)):
+            assert not violations(dataclasses.replace(base, **change), prob), (hd, change)
+        assert any("exp_pin" in v for v in violations(dataclasses.replace(base, dp_first=True, exp_pin=True), prob))
+        assert not violations(dataclasses.replace(base, dk_before_dq=True, exp_pin=True), prob)
+        assert not (base.dp_first or base.dk_before_dq)  # off until measured
+    prob = Problem.standard(8192, 128, causal=True, pass_="bwd")
+    for name in ("dp_first", "dk_before_dq"):
+        out = violations(dataclasses.replace(default_config(prob), **{name: True}), prob)
+        assert any(name in v and "'keys'" in v for v in out), out

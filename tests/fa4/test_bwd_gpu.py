@@ -142,7 +142,11 @@ LATER_CHANGES = [(96, c) for c in (
 )] + [(hd, c) for hd in (192, (192, 128)) for c in (
     dict(ds_stages=1), dict(stages=1), dict(ds_store="sts"), dict(dq_accum="red_v2"), dict(dq_accum="red"),
     dict(dkv_store="direct"),
-)] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=FLIP))]
+)] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=FLIP))
+] + [(hd, c) for hd in (192, (192, 128), 256) for c in (
+    # The step orders of dkv_split 'head_dim' (hd256's default: with the exchange; one Q/dO stage).
+    dict(dp_first=True), dict(dk_before_dq=True), dict(dp_first=True, dk_before_dq=True),
+)] + [(hd, dict(c, stages=1)) for hd in (192, (192, 128)) for c in (dict(dp_first=True), dict(dk_before_dq=True))]
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -161,6 +165,22 @@ def test_later_head_dims_deterministic_bitwise(check_bwd, hd, causal, change, sh
 
     from fa4.sm90.bwd_config import violations
 
+    cfg = check_bwd.default_for(shape, hd, causal, True, **change)
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, True))
+    ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd", [192, (192, 128), 256], ids=_ID.get)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("change", [dict(dp_first=True), dict(dk_before_dq=True), dict(dp_first=True, dk_before_dq=True)])
+def test_step_orders_deterministic_bitwise(check_bwd, hd, causal, change):
+    """dkv_split 'head_dim' with its step orders: the dQ turns do not depend on the GEMM order."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    shape = (1, 777, 1333, 8, 2)
     cfg = check_bwd.default_for(shape, hd, causal, True, **change)
     assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, True))
     ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)

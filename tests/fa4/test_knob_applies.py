@@ -33,15 +33,18 @@ FWD_FULL = Problem.standard(4096, 128)
 # ctas_per_sm applies at head_dim 64 only (the fragments fit 104 registers there).
 FWD_HD64 = Problem.standard(512, 64, causal=True)
 BWD_FULL = Problem.standard(4096, 128, pass_="bwd")
+# dp_first and dk_before_dq order the GEMMs of dkv_split 'head_dim': head_dim 192/256.
+BWD_HD256 = Problem.standard(4096, 256, causal=True, pass_="bwd")
 # Per kernel: problems to find, for each narrowed knob, one where it does not apply and one where it does.
 KERNELS = [(fwd_config.FwdConfigSm90, fwd_config.violations, [FWD_PLAIN, FWD_SOFTCAP, FWD_FULL, FWD_HD64]),
-           (bwd_config.BwdConfigSm90, bwd_config.violations, [BWD_MHA, BWD_GQA, BWD_VARLEN, BWD_FULL])]
+           (bwd_config.BwdConfigSm90, bwd_config.violations, [BWD_MHA, BWD_GQA, BWD_VARLEN, BWD_FULL, BWD_HD256])]
 
 
-def _random_configs(cls, n: int, seed: int = 0) -> list:
+def _random_configs(cls, n: int, seed: int = 0, problem=None) -> list:
+    """Samples of the whole space, or with ``problem`` of its own (problem_choices)."""
     rng = random.Random(seed)
     specs = knob_specs(cls)
-    return [cls(**{s.name: rng.choice(s.choices) for s in specs}) for _ in range(n)]
+    return [cls(**{s.name: rng.choice(problem_choices(s, problem)) for s in specs}) for _ in range(n)]
 
 
 @pytest.mark.parametrize("cls,violations,problems", KERNELS, ids=["fwd", "bwd"])
@@ -60,18 +63,18 @@ def test_a_knob_that_does_not_apply_is_feasible_only_at_its_default(cls, violati
     # Where it applies, the other values are feasible somewhere (the knob is a real choice there).
     for spec in narrowed:
         with_ = pairs[spec.name]
-        others = {v for c in _random_configs(cls, 3000, seed=1) for v in spec.choices
+        others = {v for c in _random_configs(cls, 3000, seed=1, problem=with_) for v in spec.choices
                   if v != spec.default and not violations(dataclasses.replace(c, **{spec.name: v}), with_, SM90)}
         assert others, spec.name
 
 
 def test_the_narrowed_enumeration_keeps_every_feasible_config_in_order():
-    """The whole backward space (442,368 configs) of a dense MHA problem, filtered with and without
-    the problem: the same feasible configs in the same order, from a quarter of the enumeration
-    (gqa_reduce and varlen_grid at their defaults)."""
+    """The whole backward space (3,538,944 configs) of a dense MHA problem, filtered with and without
+    the problem: the same feasible configs in the same order, from a sixteenth of the enumeration
+    (gqa_reduce, varlen_grid, dp_first and dk_before_dq at their defaults)."""
     full = [c for c in iter_configs(bwd_config.BwdConfigSm90) if not bwd_config.violations(c, BWD_MHA, SM90)]
     narrowed = list(iter_configs(bwd_config.BwdConfigSm90, BWD_MHA))
-    assert len(narrowed) == space_size(bwd_config.BwdConfigSm90) // 4
+    assert len(narrowed) == space_size(bwd_config.BwdConfigSm90) // 16
     assert [c for c in narrowed if not bwd_config.violations(c, BWD_MHA, SM90)] == full and full
 
 
@@ -113,3 +116,22 @@ def test_an_inert_knob_leaves_the_default_kernel_which_is_enumerated(problem):
             seen += 1
             assert c.exp2_emu_frac == 0 and c.exp2_emu_pattern != "block" and not _enumerated(c, problem)
     assert seen > 10
+
+
+@pytest.mark.parametrize("cls,problem", [(fwd_config.FwdConfigSm90, FWD_PLAIN), (bwd_config.BwdConfigSm90, BWD_HD256)],
+                         ids=["fwd", "bwd-hd256"])
+def test_holding_the_runtime_knobs_walks_each_kernel_once(cls, problem):
+    """iter_configs(..., vary_runtime=False) is the enumeration with every runtime knob at its
+    default, in the same order, and every enumerated config's kernel (compile_time_config) is
+    among them: the compile-only suites walk kernels with it, not launches."""
+    runtime = {s.name: s.default for s in knob_specs(cls) if s.runtime is not None}
+    assert runtime
+    held = list(iter_configs(cls, problem, vary_runtime=False))
+    kernels = set(held)
+    n = 0
+    for c in iter_configs(cls, problem):
+        if all(getattr(c, k) == v for k, v in runtime.items()):
+            assert c == held[n]
+            n += 1
+        assert compile_time_config(c) in kernels
+    assert n == len(held)

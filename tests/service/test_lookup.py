@@ -255,7 +255,8 @@ def tuned_bwd(problem: Problem, n: int = 0):
     from fa4.sm90.bwd_config import BwdConfigSm90, default_config as bwd_default, violations as bwd_violations
 
     d = bwd_default(problem, SM90)
-    return [c for c in iter_configs(BwdConfigSm90) if c != d and not bwd_violations(c, problem, SM90)][n]
+    others = (c for c in iter_configs(BwdConfigSm90, problem) if c != d and not bwd_violations(c, problem, SM90))
+    return next(itertools.islice(others, n, None))
 
 
 def add_bwd_row(store, problem, config, fp, tflops=500.0):
