@@ -591,3 +591,23 @@ def test_gqa_loop_keys():
     """'loop' is its own kernel under GQA; the launch plan then has no fp32 dK/dV accumulators."""
     atomic, loop = BwdConfigSm90(), BwdConfigSm90(gqa_reduce="loop")
     assert compile_key("bf16", 128, True, True, False, atomic) != compile_key("bf16", 128, True, True, False, loop)
+
+
+@pytest.mark.parametrize("hd,feature,causal,det", [(192, "all", False, True), (256, "all", True, False)],
+                         ids=["hd192-all-det", "hd256-all-causal"])
+def test_step_orders_with_features_codegen(hd, feature, causal, det):
+    """dp_first and dk_before_dq together beside every feature (window both sides, softcap, sink)
+    at the head-dim-split sizes: clean (no spills, no serialization), one MUFU.EX2 and one
+    MUFU.TANH per element of S^T per code path, as the default orders."""
+    ensure_target()
+    from fa4.sm90.bwd_config import default_config
+
+    wl, wr, sc, sink = FEATURES[feature]
+    prob = feature_problem(hd, causal, False, det, feature)
+    c = dataclasses.replace(default_config(prob), dp_first=True, dk_before_dq=True)
+    assert not violations(c, prob)
+    key = compile_key("bf16", hd, causal, False, det, c, hd, wl, wr, sc, sink)
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "MUFU.TANH"])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
+    per_path = 64 * c.tile_m // 128 // 2
+    assert ops["MUFU.EX2"] == ops["MUFU.TANH"] == 3 * per_path, ops
