@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -231,6 +232,14 @@ def iter_configs(cls, problem=None, *, vary_runtime: bool = True) -> Iterator:
         if any(getattr(config, s.name) != s.default and s.inert(config) for s in inert):
             continue
         yield config
+
+
+def random_configs(cls, n: int, seed: int = 0, problem=None) -> list:
+    """``n`` configs drawn uniformly from the space (with ``problem``: from problem_choices, the
+    knobs that do not apply at their default), for checks too slow over millions of configs."""
+    rng = random.Random(seed)
+    specs = knob_specs(cls)
+    return [cls(**{s.name: rng.choice(problem_choices(s, problem)) for s in specs}) for _ in range(n)]
 
 
 def config_to_dict(config) -> dict:

@@ -817,8 +817,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         # S^T done (dp_first: the later of the two, so both).
         warpgroup.wait_group(0 if self.dp_first else 1)
         if cutlass.const_expr(self.has_softcap):
-            # t = tanh(S^T * scale / c) runs under the dP^T GEMM; the mask after it (tanh(-inf)
-            # would be -1, a visible score). P and dS^T then come from t in one loop, after dP^T.
+            # t = tanh(S^T * scale / c) runs under the dP^T GEMM (not with dp_first); the mask after
+            # it (tanh(-inf) would be -1, a visible score). P and dS^T then come from t in one loop,
+            # after dP^T.
             softcap_inv, softcap_log2 = softcap_args
             softcap_bwd.tanh_scores(s_mn, softcap_inv)
             if cutlass.const_expr(masked):

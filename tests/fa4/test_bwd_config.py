@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import random
 
 import pytest
 
 from fa4.arch import SM90, SM100
 from fa4.common.bwd_schedule import dq_turn, m_block_range
-from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs
+from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, random_configs
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import VARLEN_HEAD_SWIZZLE, BwdConfigSm90, default_config, smem_bytes, violations
 from fa4.sm90.fwd_config import FwdConfigSm90
@@ -147,11 +146,8 @@ def test_register_model_matches_measurements():
 def test_knobs_roundtrip_and_schema():
     # 20,000 configs drawn from the space (3.5M; walking it all took minutes), every value of
     # every knob among them.
-    rng = random.Random(0)
-    specs = knob_specs(BwdConfigSm90)
     seen = set()
-    for _ in range(20000):
-        c = BwdConfigSm90(**{s.name: rng.choice(s.choices) for s in specs})
+    for c in random_configs(BwdConfigSm90, 20000):
         assert config_from_dict(BwdConfigSm90, config_to_dict(c)) == c
         seen.update(dataclasses.asdict(c).items())
     assert seen == {(s.name, v) for s in knob_specs(BwdConfigSm90) for v in s.choices}

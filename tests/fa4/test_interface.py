@@ -66,11 +66,10 @@ def test_non_contiguous_last_dim():
 
 import dataclasses  # noqa: E402
 import math  # noqa: E402
-import random  # noqa: E402
 
 import fa4  # noqa: E402
 from fa4 import launch, ops  # noqa: E402
-from fa4.knobs import config_from_dict, knob_specs  # noqa: E402
+from fa4.knobs import config_from_dict, random_configs  # noqa: E402
 from fa4.problem import Problem  # noqa: E402
 from fa4.sm90.bwd_config import BwdConfigSm90  # noqa: E402
 from fa4.sm90.bwd_config import default_config as bwd_default  # noqa: E402
@@ -311,12 +310,9 @@ def test_opcheck_with_cpu_launches(calls):
 
 
 def test_config_encoding_round_trips():
-    rng = random.Random(0)
     for cls in (FwdConfigSm90, BwdConfigSm90):
         # 5,000 configs drawn from the space (millions: walking it took minutes).
-        specs = knob_specs(cls)
-        for _ in range(5000):
-            c = cls(**{s.name: rng.choice(s.choices) for s in specs})
+        for c in random_configs(cls, 5000):
             text = ops.encode_config(c)
             assert config_from_dict(cls, ops.decode_config(text)) == c
             assert ops.encode_config(dataclasses.asdict(c)) == text  # a dict of the same knobs: same string

@@ -12,12 +12,19 @@ and enumerated.
 from __future__ import annotations
 
 import dataclasses
-import random
 
 import pytest
 
 from fa4.arch import SM90
-from fa4.knobs import canonical_config, compile_time_config, iter_configs, knob_specs, problem_choices, space_size
+from fa4.knobs import (
+    canonical_config,
+    compile_time_config,
+    iter_configs,
+    knob_specs,
+    problem_choices,
+    random_configs,
+    space_size,
+)
 from fa4.problem import Problem
 from fa4.sm90 import bwd_config, fwd_config
 
@@ -40,13 +47,6 @@ KERNELS = [(fwd_config.FwdConfigSm90, fwd_config.violations, [FWD_PLAIN, FWD_SOF
            (bwd_config.BwdConfigSm90, bwd_config.violations, [BWD_MHA, BWD_GQA, BWD_VARLEN, BWD_FULL, BWD_HD256])]
 
 
-def _random_configs(cls, n: int, seed: int = 0, problem=None) -> list:
-    """Samples of the whole space, or with ``problem`` of its own (problem_choices)."""
-    rng = random.Random(seed)
-    specs = knob_specs(cls)
-    return [cls(**{s.name: rng.choice(problem_choices(s, problem)) for s in specs}) for _ in range(n)]
-
-
 @pytest.mark.parametrize("cls,violations,problems", KERNELS, ids=["fwd", "bwd"])
 def test_a_knob_that_does_not_apply_is_feasible_only_at_its_default(cls, violations, problems):
     narrowed = [s for s in knob_specs(cls) if s.applies is not None]
@@ -56,14 +56,14 @@ def test_a_knob_that_does_not_apply_is_feasible_only_at_its_default(cls, violati
         without = next(p for p in problems if not spec.applies(p))
         with_ = pairs[spec.name] = next(p for p in problems if spec.applies(p))
         assert problem_choices(spec, without) == (spec.default,) and problem_choices(spec, with_) == spec.choices
-        for c in _random_configs(cls, 3000):
+        for c in random_configs(cls, 3000):
             for value in spec.choices:
                 if value != spec.default:
                     assert violations(dataclasses.replace(c, **{spec.name: value}), without, SM90), (spec.name, c)
     # Where it applies, the other values are feasible somewhere (the knob is a real choice there).
     for spec in narrowed:
         with_ = pairs[spec.name]
-        others = {v for c in _random_configs(cls, 3000, seed=1, problem=with_) for v in spec.choices
+        others = {v for c in random_configs(cls, 3000, seed=1, problem=with_) for v in spec.choices
                   if v != spec.default and not violations(dataclasses.replace(c, **{spec.name: v}), with_, SM90)}
         assert others, spec.name
 
@@ -104,7 +104,7 @@ def test_an_inert_knob_leaves_the_default_kernel_which_is_enumerated(problem):
     from fa4.sm90.compile import compile_key
 
     seen = 0
-    for c in _random_configs(fwd_config.FwdConfigSm90, 20000, seed=2):
+    for c in random_configs(fwd_config.FwdConfigSm90, 20000, seed=2):
         if fwd_config.violations(c, problem, SM90):
             continue
         canon = canonical_config(c)
