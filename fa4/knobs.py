@@ -38,6 +38,10 @@ class KnobSpec:
     # is the default's kernel and launch. iter_configs(cls, problem) then yields the default only,
     # and compile_time_config maps the others to it.
     inert: Callable[[Any], bool] | None = None
+    # What the knob's other values need of the knobs declared before it (None: nothing), as a
+    # function of their values (a dict): where it is False only the default is feasible (the
+    # kernel's violations() says so), and iter_configs enumerates only the default there.
+    requires: Callable[[dict], bool] | None = None
 
     @property
     def kind(self) -> str:
@@ -101,7 +105,8 @@ def _same(value):
 
 
 def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[[Any], Any] = False,
-         applies: Callable[[Any], bool] | None = None, inert: Callable[[Any], bool] | None = None):
+         applies: Callable[[Any], bool] | None = None, inert: Callable[[Any], bool] | None = None,
+         requires: Callable[[dict], bool] | None = None):
     """A dataclass field that is a tunable knob with a finite set of choices.
 
     ``runtime`` marks a knob the kernel takes as an argument at launch instead of compiling it
@@ -116,6 +121,10 @@ def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[
     ``inert(config)`` says where the knob has no effect (e.g. the polynomial's element pattern
     at a polynomial fraction of 0): such configs stay feasible (a stored or hand-written one still
     runs) but are the default's kernel, so a tuner does not measure them as another config.
+    ``requires(values)`` says which values of the knobs declared before it the other values of
+    this one need (e.g. a layout's tile size the layout itself): elsewhere violations() must
+    refuse them, and iter_configs does not enumerate them (a space of a few knobs that only
+    mean something together grows by their feasible combinations, not by their product).
     """
     choices = tuple(choices)
     if not choices:
@@ -127,7 +136,8 @@ def knob(choices: Sequence, default: Any, doc: str, *, runtime: bool | Callable[
         raise ValueError(f"all choices of a knob must share one type, got {kinds}")
     convert = _same if runtime is True else (runtime or None)
     return field(default=default, metadata={_KNOB: {"choices": choices, "doc": doc, "runtime": convert,
-                                                    "applies": applies, "inert": inert}})
+                                                    "applies": applies, "inert": inert,
+                                                    "requires": requires}})
 
 
 def is_knob_class(cls) -> bool:
@@ -151,7 +161,7 @@ def knob_specs(cls) -> list[KnobSpec]:
             if meta is None:
                 raise TypeError(f"{cls.__name__}.{f.name} is not declared with knob()")
             built.append(KnobSpec(f.name, meta["choices"], f.default, meta["doc"], meta.get("runtime"),
-                                  meta.get("applies"), meta.get("inert")))
+                                  meta.get("applies"), meta.get("inert"), meta.get("requires")))
         specs = _specs_of[cls] = tuple(built)
     return list(specs)
 
@@ -227,7 +237,31 @@ def iter_configs(cls, problem=None, *, vary_runtime: bool = True) -> Iterator:
             return (spec.default,)
         return problem_choices(spec, problem)
 
-    for values in itertools.product(*(values_of(s) for s in specs)):
+    # Runs of knobs between those with ``requires``: a plain product within a run, and a knob with
+    # requires takes its other values only after a prefix that meets them. The order is the
+    # product's over the declaration, less the skipped configs.
+    cuts = [i for i, s in enumerate(specs) if s.requires is not None]
+    bounds = list(zip([0] + cuts, cuts + [len(specs)]))
+
+    def walk(part: int, prefix: tuple):
+        lo, hi = bounds[part]
+        head = ()
+        if lo in cuts:
+            spec = specs[lo]
+            ok = spec.requires(dict(zip(names, prefix)))
+            head = tuple((v,) for v in values_of(spec) if ok or v == spec.default)
+            lo += 1
+        else:
+            head = ((),)
+        for first in head:
+            for rest in itertools.product(*(values_of(s) for s in specs[lo:hi])):
+                values = prefix + first + rest
+                if part + 1 < len(bounds):
+                    yield from walk(part + 1, values)
+                else:
+                    yield values
+
+    for values in walk(0, ()):
         config = cls(**dict(zip(names, values)))
         if any(getattr(config, s.name) != s.default and s.inert(config) for s in inert):
             continue

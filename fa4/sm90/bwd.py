@@ -68,7 +68,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
 from fa4.common import bwd_pair, bwd_schedule, masking, mma, scheduling, softcap_bwd, varlen
-from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_split
+from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_qm, bwd_split
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, transpose_view
 from fa4.common.regs import opaque, pin_before
@@ -82,7 +82,8 @@ from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 STAT_PREFETCH = 16
 
 
-class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAccumSteps, bwd_cluster.ClusterSteps):
+class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAccumSteps, bwd_cluster.ClusterSteps,
+                   bwd_qm.QmSteps):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
                  head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
                  has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
@@ -117,9 +118,12 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         self.config = config
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
-        # Q and dO tiles of one query tile travel together: one ring depth, one pipeline state.
+        # Q and dO tiles of one query tile travel together: one ring depth, one pipeline state
+        # (qm_tile_n with do_single: dO one slot, its own state).
         self.q_stages = config.stages
-        self.do_stages = config.stages
+        self.do_stages = config.do_stages
+        # qm_tile_n (fa4.sm90.bwd_qm): S with the queries on M, dK^T/dV^T with the head dim on M.
+        self.qm = config.qm_tile_n > 0
         self.deterministic = deterministic
         self.red_v2 = config.dq_accum == "red_v2"
         # 'bulk': consumers stage dQ in shared memory and a producer-side warp reduces it into
@@ -140,8 +144,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
         self.gqa_atomic = gqa and not self.gqa_loop
         self.dkv_tma = config.dkv_store == "tma" and not self.gqa_atomic
-        # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for.
-        self.kv_v2 = config.dq_accum != "red"
+        # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for (qm_tile_n:
+        # a thread's adjacent dK^T values are adjacent keys, rows apart in the accumulator).
+        self.kv_v2 = config.dq_accum != "red" and not self.qm
         self.num_threads = THREADS_PER_WG * 3
         self.regs_consumer, self.regs_producer = REG_SPLIT
 
@@ -183,7 +188,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         d, dv = self.head_dim, self.head_dim_v
         kmaj = cute.nvgpu.OperandMajorMode.K
         mnmaj = cute.nvgpu.OperandMajorMode.MN
-        if cutlass.const_expr(self.split):
+        if cutlass.const_expr(self.qm):
+            sdp_mma, dkv_mma, dv_mma, dq_mma = bwd_qm.make_mmas(self.dtype, self.tile_m, self.tile_n, d, dv)
+        elif cutlass.const_expr(self.split):
             sdp_mma, dkv_mma, dv_mma = bwd_split.make_split_mmas(self.dtype, self.tile_m, d, dv)
         else:
             # S^T = K Q^T and dP^T = V dO^T: keys on M, one 64-row atom per consumer warpgroup.
@@ -199,7 +206,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             dv_mma = self.make_dv_mma(dkv_mma)
         # dQ = dS K: A = dS (query index contiguous, as the S^T accumulator writes it),
         # B = K^T (head_dim contiguous); the two consumers split head_dim or the rows (dq_split).
-        dq_mma = make_dq_mma(self.dtype, self.dq_cols, self.config.dq_split)
+        if cutlass.const_expr(not self.qm):
+            dq_mma = make_dq_mma(self.dtype, self.dq_cols, self.config.dq_split)
         row_major = tensor_utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
         dpv_tiler = (self.tile_n, self.tile_m, dv)  # dP^T = V dO^T reduces over head_dim_v
@@ -220,6 +228,8 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         sP_layout = sm90_utils.make_smem_layout_a(
             row_major, (self.tile_n, d, self.tile_m), self.dtype, self.ds_stages if self.split else 1
         )
+        if cutlass.const_expr(self.qm):
+            sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout = bwd_qm.make_layouts(self)
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, d))
         tma_do, mdO_tma = cpasync.make_tiled_tma_atom(
@@ -598,6 +608,10 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         tVsV, tVgV = seq_tiles(tma_v, mV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
+        # dO's ring: Q's state, or with do_single a one-slot ring of its own.
+        do_state = state
+        if cutlass.const_expr(self.do_stages != self.q_stages):
+            do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
         pipe_kv.producer_acquire(kv_state)
         bar = pipe_kv.producer_get_barrier(kv_state)
         cute.copy(tma_k, tKgK[None, n_block], tKsK[None, 0], tma_bar_ptr=bar)
@@ -620,11 +634,13 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 # In the order the consumers' first GEMMs need them (dp_first: dO, whose slot
                 # frees earlier in a step, then Q).
                 if cutlass.const_expr(self.dp_first):
-                    self.load_tile(pipe_do, state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
+                    self.load_tile(pipe_do, do_state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
                 self.load_tile(pipe_q, state, tma_q, tQgQ, tQsQ, tma_lse, tLgL, tLsL, m)
                 if cutlass.const_expr(not self.dp_first):
-                    self.load_tile(pipe_do, state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
+                    self.load_tile(pipe_do, do_state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
                 state.advance()
+                if cutlass.const_expr(self.do_stages != self.q_stages):
+                    do_state.advance()
 
     @cute.jit
     def load_tile(self, pipe, state, tma_x, tXgX, tXsX, tma_stat, tSg, tSs, m):
@@ -648,8 +664,65 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         m_segments, seqlen_q, seqlen_k, scale_log2, scale, spt, coord_args, tma_dkv, win, softcap_args, seq,
         cluster_smem,
     ):
-        d, dv = self.head_dim, self.head_dim_v
         m_start, m_masked_end, m_unmasked_end, m_end = m_segments
+        if cutlass.const_expr(self.qm):
+            frag, accs, c0_mn, col0, limits, dkv_thr, dv_out_thr, dq_thr = self.qm_setup(
+                sdp_mma, dkv_mma, dv_mma, dq_mma, sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, ctid, n_block
+            )
+        else:
+            frag, accs, c0_mn, col0, limits, dkv_thr, dv_out_thr, dq_thr = self.keys_setup(
+                sdp_mma, dkv_mma, dv_mma, dq_mma, sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, ctid, n_block,
+                seqlen_q, seqlen_k, win, cluster_smem,
+            )
+        step = self.step_for_layout()
+        acc_dV, acc_dK = accs[2], accs[3]
+        # gqa_reduce 'loop': the group's query heads one after the other (fa4.common.bwd_schedule.
+        # group_step), dK/dV accumulating across all of them; the step index, and with it the ring
+        # slot and the dQ writer's turn, continues from head to head: step() counts m - step_base.
+        group = 1
+        if cutlass.const_expr(self.gqa_loop):
+            group = coord_args[1].shape[2] // coord_args[2].shape[2]
+        for hl in cutlass.range(group, unroll=1):
+            step_base = m_start
+            if cutlass.const_expr(self.gqa_loop):
+                step_base = m_start - hl * (m_end - m_start)
+            for m in cutlass.range(m_start, m_masked_end, unroll=1):
+                step(
+                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
+                )
+            for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
+                step(
+                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
+                )
+            if cutlass.const_expr(self.has_window_left):
+                # The window's left bound cuts the key tile from here on.
+                for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
+                    step(
+                        sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
+                        mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
+                    )
+        # The tile coordinates again, from the block index: recomputing them here is a few
+        # integer ops, holding them through the mainloop cost registers the loop needs.
+        bidx, mQ, mK, head_swizzle, vl = coord_args
+        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _, seq = self.tile_coords(
+            opaque(bidx), mQ, mK, head_swizzle, spt, win, vl
+        )
+        self.epilogue(
+            dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
+            qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
+        )
+
+    @cute.jit
+    def keys_setup(self, sdp_mma, dkv_mma, dv_mma, dq_mma, sQ, sdO, sK, sV, sdS, sP, sdQ, pipe_kv, ctid, n_block,
+                   seqlen_q, seqlen_k, win, cluster_smem):
+        """Fragments, accumulators and the thread's mask limits of the keys-on-M layouts, after K
+        and V have landed."""
+        d, dv = self.head_dim, self.head_dim_v
         sdp_thr = sdp_mma.get_slice(ctid)
         dkv_thr = dkv_mma.get_slice(ctid)
         dq_thr = dq_mma.get_slice(ctid)
@@ -721,46 +794,11 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         if cutlass.const_expr(self.cluster):
             frag = frag + (bwd_cluster.peer_fragments(dq_wg, cluster_smem, sdS, sK),)
         accs = (acc_S, acc_dP, acc_dV, acc_dK, acc_dQ, tdVrP, tdKrdS, tdVrP_as_S, tdKrdS_as_S, s_mn, dp_mn)
-        # gqa_reduce 'loop': the group's query heads one after the other (fa4.common.bwd_schedule.
-        # group_step), dK/dV accumulating across all of them; the step index, and with it the ring
-        # slot and the dQ writer's turn, continues from head to head: step() counts m - step_base.
-        group = 1
-        if cutlass.const_expr(self.gqa_loop):
-            group = coord_args[1].shape[2] // coord_args[2].shape[2]
-        for hl in cutlass.range(group, unroll=1):
-            step_base = m_start
-            if cutlass.const_expr(self.gqa_loop):
-                step_base = m_start - hl * (m_end - m_start)
-            for m in cutlass.range(m_start, m_masked_end, unroll=1):
-                self.step(
-                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
-                )
-            for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
-                self.step(
-                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
-                )
-            if cutlass.const_expr(self.has_window_left):
-                # The window's left bound cuts the key tile from here on.
-                for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
-                    self.step(
-                        sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                        mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
-                    )
-        # The tile coordinates again, from the block index: recomputing them here is a few
-        # integer ops, holding them through the mainloop cost registers the loop needs.
-        bidx, mQ, mK, head_swizzle, vl = coord_args
-        n_block, head, head_kv, batch, qhead_per_kvhead, _, _, _, _, _, seq = self.tile_coords(
-            opaque(bidx), mQ, mK, head_swizzle, spt, win, vl
-        )
-        self.epilogue(
-            dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
-        )
+        return frag, accs, c0_mn, col0, limits, dkv_thr, dv_out_thr, dq_thr
+
+    def step_for_layout(self):
+        """The mainloop step of this kernel's layout: keys on M, or queries on M (qm_tile_n)."""
+        return self.step_qm if self.qm else self.step
 
     def dv_out_mma(self, dkv_mma, dv_mma):
         """The tiled MMA whose accumulator holds dV: dK's where both have one shape (dkv_split
@@ -891,15 +929,23 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             warpgroup.commit_group()
             mma.gemm(dkv_mma, acc_dK, tdKrdS, tdKrQt[None, None, None, state.index], zero_init=False)
             warpgroup.commit_group()
+        self.step_tail(acc_dQ, sdQ, mdQacc, mSemQ, pipe_q, state, pipe_do, state, frag, ds_buf, ctid, i, m, n_block,
+                       head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
+
+    @cute.jit
+    def step_tail(self, acc_dQ, sdQ, mdQacc, mSemQ, pipe_q, q_state, pipe_do, do_state, frag, ds_buf, ctid, i, m,
+                  n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq):
+        """The end of a step, its GEMMs issued in the order dV, dQ, dK (dk_before_dq: dV, dK, dQ):
+        the Q and dO slots released as their last readers finish, dQ handed on."""
         # dV and dQ done, dK may still run: dO is free, and dQ leaves while dK computes.
         # (dk_before_dq: dV and dK done, dQ may still run: Q and dO are free, the next Q loads
         # under dQ, and dQ leaves after it.)
         warpgroup.wait_group(1)
         if cutlass.const_expr(self.cluster and not self.dk_before_dq):
             self.release_peer(frag, ds_buf, ctid)
-        pipe_do.consumer_release(state)
+        pipe_do.consumer_release(do_state)
         if cutlass.const_expr(self.dk_before_dq):
-            pipe_q.consumer_release(state)
+            pipe_q.consumer_release(q_state)
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.cluster):
                 self.release_peer(frag, ds_buf, ctid)
@@ -916,7 +962,7 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
             self.add_dq(acc_dQ, mdQacc, mSemQ, ctid, m, n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
         if cutlass.const_expr(not self.dk_before_dq):
             warpgroup.wait_group(0)
-            pipe_q.consumer_release(state)
+            pipe_q.consumer_release(q_state)
 
     @cute.jit
     def wait_dp(self, s_mn, seqlen_k):

@@ -67,6 +67,9 @@ GQA_LOOP_MAX_Q_OVER_K = 0.5
 # at 128 beats 'loop' at 128 at Sq = Sk: H200, session 13, bench/bench_gqa_loop.py, causal, two
 # runs, TFLOP/s: Llama-3.2-1B 8k 438 / 427 and 447 / 425 against 405 / 405; B2 4k 376 / 387 and
 # 375 / 385 against 375 / 373. The rule above holds again at hd64.)
+# dk_before_dq by default (session 27, H200, causal S8k, its knob doc): hd256 +19-22%, where one Q/dO
+# stage leaves Q's load exposed; at 192 (two stages) within 2%.
+DK_BEFORE_DQ_HEAD_DIMS = (256,)
 # Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
@@ -204,8 +207,33 @@ class BwdConfigSm90:
         "dkv_split 'head_dim' (head_dim 192/256): issue dK += dS^T Q before dQ = dS K (after dV), so Q's slot "
         "frees once dV and dK are done and the next Q loads under the dQ GEMM (with cluster_exchange dK also "
         "runs before the wait for the peer's dS). dQ then leaves for its accumulator after its own GEMM, "
-        "not under dK's.",
+        "not under dK's. On the H200 (session 27, causal S8k, two runs, ours/ref): hd256 0.990 -> 1.181 and "
+        "0.989 -> 1.206 (dp_first 1.088 / 1.081, both 1.189 / 1.193): the default there (DK_BEFORE_DQ_HEAD_DIMS); "
+        "hd192 0.886 -> 0.890 and 0.879 -> 0.876, hd192/128 0.893 -> 0.911 and 0.884 -> 0.902 (two Q/dO "
+        "stages there: no exposed load to hide).",
         applies=lambda problem: problem.head_dim in SPLIT_HEAD_DIMS,
+    )
+    qm_tile_n: int = knob(
+        (0, 48, 64, 96), 0,
+        "dkv_split 'head_dim' (head_dim 192/256): 0 computes S^T = K Q^T with the keys on the WGMMA M (a 64-key "
+        "tile, fa4.sm90.bwd_split); 48/64/96 is the reference's wide-head tiling (fa4.sm90.bwd_qm): S = Q K^T with "
+        "the 64 queries on M and the two consumers side by side on this many keys, dK^T += Q^T dS and dV^T += "
+        "dO^T P with the head dim on M (swap-AB: a CTA holds dK/dV of tile_n keys over all of head_dim in "
+        "tile_n (d + dv) / 256 registers a thread), dQ = dS K as before. A CTA then loads each Q/dO tile for "
+        "1.5x the keys at 96, which moves the step from shared-memory bound to tensor bound (session 15's "
+        "arithmetic).",
+        applies=lambda problem: problem.head_dim in SPLIT_HEAD_DIMS,
+        requires=lambda k: (k["dkv_split"] == "head_dim" and k["dv_operand"] == "smem" and k["tile_m"] == ROWS_PER_WG
+                            and not k["cluster_exchange"]),
+    )
+    do_single: bool = knob(
+        (False, True), False,
+        "qm_tile_n only: one dO slot while Q has `stages` (the reference's hd192/256 rings: Q 2, dO 1): dO is "
+        "released after the dV and dQ GEMMs and first needed by the second GEMM of the next step, so its "
+        "load hides where Q's would not; the room pays for Q's second slot.",
+        applies=lambda problem: problem.head_dim in SPLIT_HEAD_DIMS,
+        inert=lambda config: config.stages == 1,
+        requires=lambda k: k["qm_tile_n"] > 0,
     )
     varlen_grid: str = knob(
         ("padded", "compact"), "padded",
@@ -253,16 +281,23 @@ class BwdConfigSm90:
     @property
     def tile_n(self) -> int:
         """Key rows per CTA: 64 per consumer warpgroup (the WGMMA M of S^T, dV and dK) with
-        dkv_split 'keys', one shared 64-row tile with 'head_dim'."""
+        dkv_split 'keys', one shared 64-row tile with 'head_dim', qm_tile_n where that is on."""
+        if self.qm_tile_n:
+            return self.qm_tile_n
         return TILE_N if self.dkv_split == "keys" else ROWS_PER_WG
+
+    @property
+    def do_stages(self) -> int:
+        """Depth of the dO ring: the Q ring's (stages), or one with do_single."""
+        return 1 if self.do_single else self.stages
 
 
 def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
     elt = 2
     d = problem.head_dim
     q = config.stages * config.tile_m * d * elt
-    do = config.stages * config.tile_m * problem.head_dim_v * elt
-    stats = 2 * config.stages * config.tile_m * 4  # LSE and D rows beside Q and dO
+    do = config.do_stages * config.tile_m * problem.head_dim_v * elt
+    stats = (config.stages + config.do_stages) * config.tile_m * 4  # LSE and D rows beside Q and dO
     kv = config.tile_n * (d + problem.head_dim_v) * elt
     ds = config.ds_stages * config.tile_m * config.tile_n * elt
     # cluster_exchange: a CTA stages and adds only its half of dQ's columns.
@@ -290,6 +325,15 @@ def consumer_registers(config: BwdConfigSm90, problem: Problem) -> int:
     lock) in the consumers, 'bulk' hands both to the writer warps.
     """
     per_thread = ROWS_PER_WG / THREADS_PER_WG
+    consumers = CONSUMER_WGS * THREADS_PER_WG
+    if config.qm_tile_n:
+        # qm_tile_n (fa4.sm90.bwd_qm): dK^T and dV^T (head_dim x tile_n each) over the 256
+        # consumers, beside S and dP (tile_m x tile_n each) in the pointwise loops, or beside the
+        # dQ accumulator (tile_m x d) after them.
+        dkv = config.tile_n * (problem.head_dim + problem.head_dim_v) / consumers
+        sdp = 2 * config.tile_m * config.tile_n / consumers
+        dq = config.tile_m * problem.head_dim / consumers
+        return int(math.ceil(dkv + max(sdp, dq))) + PATH_OVERHEAD[config.dq_accum]
     if config.dkv_split == "head_dim":
         # Each consumer: dK and dV over half the columns, S^T and dP^T over half the queries. The
         # dQ accumulator (tile_m x d over 256 threads) beside dK/dV can then be the larger peak.
@@ -339,6 +383,7 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("knob combination",
                              "exp_pin keeps the exponentials under the dP^T GEMM; with dp_first they wait for "
                              "S^T, the later GEMM, and nothing runs under either"))
+    out += qm_violations(config, problem)
     out += cluster_violations(config, problem)
     if config.tile_m % ROWS_PER_WG:
         out.append(Violation("tile shape", f"tile_m {config.tile_m} must be a multiple of 64 (the WGMMA M of dQ = dS K)"))
@@ -455,6 +500,40 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             f"{problem.head_dim}, dq_accum '{config.dq_accum}') > {CONSUMER_REG_BUDGET}: measured spills "
             "and WGMMA serialization (C7512)")
         )
+    return out
+
+
+def qm_violations(config: BwdConfigSm90, problem: Problem) -> list[Violation]:
+    """Why qm_tile_n / do_single cannot run this problem (fa4.sm90.bwd_qm)."""
+    out: list[Violation] = []
+    if config.do_single and not config.qm_tile_n:
+        out.append(Violation("knob combination",
+                             "do_single splits the Q and dO ring depths of qm_tile_n's kernel; with the keys on M "
+                             "(qm_tile_n 0) Q and dO share one ring state"))
+    if not config.qm_tile_n:
+        return out
+    if problem.head_dim not in SPLIT_HEAD_DIMS:
+        out.append(Violation("knob combination",
+                             f"qm_tile_n is built for head_dim {SPLIT_HEAD_DIMS}, not {problem.head_dim}"))
+    if config.dkv_split != "head_dim":
+        out.append(Violation("knob combination",
+                             "qm_tile_n publishes P and dS through shared memory as dkv_split 'head_dim' does: "
+                             "needs dkv_split 'head_dim'"))
+    if config.tile_m != ROWS_PER_WG:
+        out.append(Violation("tile shape",
+                             f"qm_tile_n puts the queries on one 64-row WGMMA M: tile_m 64, not {config.tile_m}"))
+    if config.cluster_exchange:
+        out.append(Violation("knob combination", "cluster_exchange with qm_tile_n: not built"))
+    if config.qm_tile_n == 48 and problem.head_dim == 192:
+        # Compiled (ptxas 13.0, hd192 causal): 2 local loads and 10 stores a thread, against none at
+        # 64 and 96 (each warpgroup's dK^T/dV^T N of 24 keys over three 64-row head-dim atoms).
+        out.append(Violation("registers", "qm_tile_n 48 at head_dim 192 spills (use 64 or 96)"))
+    if config.ds_store == "stmatrix" and (config.qm_tile_n // 2) % 16:
+        # A warpgroup's S columns (tile_n / 2 keys) are not whole stmatrix.x4 tiles (16 columns):
+        # the DSL aborts building the partition (compiled, nvidia-cutlass-dsl 4.8.1, qm_tile_n 48).
+        out.append(Violation("tile shape",
+                             f"ds_store 'stmatrix' stores 16 keys a warpgroup at a time; qm_tile_n {config.qm_tile_n} "
+                             f"gives each {config.qm_tile_n // 2} (use ds_store 'sts')"))
     return out
 
 
@@ -609,9 +688,10 @@ def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
                 cand = BwdConfigSm90(
                     tile_m=64, stages=st, ds_stages=ds, dq_accum=acc, dkv_split="head_dim", dv_operand="smem",
                     dkv_store=dkv, head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt,
-                    cluster_exchange=exchange,
+                    cluster_exchange=exchange, dk_before_dq=problem.head_dim in DK_BEFORE_DQ_HEAD_DIMS,
                 )
                 if not violations(cand, problem, arch):
                     return cand
     return BwdConfigSm90(tile_m=64, stages=1, ds_stages=1, dkv_split="head_dim", dv_operand="smem",
-                         head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt)
+                         head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt,
+                         dk_before_dq=problem.head_dim in DK_BEFORE_DQ_HEAD_DIMS)

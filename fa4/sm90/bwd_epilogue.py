@@ -13,7 +13,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import warp
 
 from fa4.common import semaphore
-from fa4.common.layout import acc_as_rows_cols
+from fa4.common.layout import acc_as_rows_cols, transpose_view
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import THREADS_PER_WG
 
@@ -46,8 +46,19 @@ class DkvStores:
                 sem = mSemKV[batch, head_kv, None].iterator + n_block
                 semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
-            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
+            if cutlass.const_expr(self.qm):
+                # dK^T / dV^T fragments (qm_tile_n): a key tile of 96 or 48 rows can run past the
+                # accumulator's rows (padded to SEQ_PAD, not to the tile): keys past seqlen_k are
+                # left out.
+                cK = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
+                cV = cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
+                self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(gdK))),
+                              False, acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(cK))), seqlen_k)
+                self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(self.kv_view(gdV))),
+                              False, acc_as_rows_cols(dv_thr.partition_C(self.kv_view(cV))), seqlen_k)
+            else:
+                self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
+                self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
             if cutlass.const_expr(self.deterministic):
                 cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
                 semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
@@ -70,14 +81,24 @@ class DkvStores:
         else:
             self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq)
 
+    def kv_view(self, t: cute.Tensor) -> cute.Tensor:
+        """A (keys, head dim) tile as the dK/dV accumulators index it: transposed with qm_tile_n,
+        whose accumulators are dK^T and dV^T."""
+        return transpose_view(t) if self.qm else t
+
     @cute.jit
-    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr):
-        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions."""
+    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr, c_mn=None, key_limit=None):
+        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions;
+        with ``c_mn`` (the same view of (key, column) coordinates) only keys below ``key_limit``."""
         nrow = cute.size(r_mn, mode=[0])
         ncol = cute.size(r_mn, mode=[1])
         base = g_mn.iterator
         for r in cutlass.range_constexpr(nrow):
-            if cutlass.const_expr(v2):
+            if cutlass.const_expr(c_mn is not None):
+                for c in cutlass.range_constexpr(ncol):
+                    if c_mn[r, c][0] < key_limit:
+                        semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
+            elif cutlass.const_expr(v2):
                 # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
                 for c in cutlass.range_constexpr(ncol // 2):
                     off = cute.crd2idx((r, 2 * c), g_mn.layout)
@@ -101,9 +122,9 @@ class DkvStores:
         gdK = cute.local_tile(mdK[batch, None, head_kv, None], (self.tile_n, d), (n_block, 0))
         gdV = cute.local_tile(mdV[batch, None, head_kv, None], (self.tile_n, dv), (n_block, 0))
         cD = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
-        tcD = dkv_thr.partition_C(cD)
-        tdKg = dkv_thr.partition_C(gdK)
-        tdVg = dv_thr.partition_C(gdV)
+        tcD = dkv_thr.partition_C(self.kv_view(cD))
+        tdKg = dkv_thr.partition_C(self.kv_view(gdK))
+        tdVg = dv_thr.partition_C(self.kv_view(gdV))
         rdK = cute.make_rmem_tensor_like(acc_dK, self.dtype)
         rdV = cute.make_rmem_tensor_like(acc_dV, self.dtype)
         rdK.store(acc_dK.load().to(self.dtype))
@@ -114,9 +135,9 @@ class DkvStores:
                     tdKg[i] = rdK[i]
                     tdVg[i] = rdV[i]
         else:
-            tcDv = dv_thr.partition_C(
+            tcDv = dv_thr.partition_C(self.kv_view(
                 cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
-            )
+            ))
             for i in cutlass.range_constexpr(cute.size(rdK)):
                 if tcD[i][0] < seqlen_k:
                     tdKg[i] = rdK[i]
@@ -135,19 +156,22 @@ class DkvStores:
         # Both consumers' last GEMMs read sK and sV (dQ = dS K reads every key row): both must be
         # done before either overwrites them.
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
-        # A thread's accumulator holds two adjacent head_dim columns of a key row per 8x8 block:
-        # the stmatrix register order, 16-byte rows of the K-major tile.
-        st = cute.make_tiled_copy_C(
-            cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dkv_mma
-        )
-        st_thr = st.get_slice(ctid)
-        cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
-        if cutlass.const_expr(dv_mma is not dkv_mma):
+        if cutlass.const_expr(self.qm):
+            self.store_dkv_t_smem(dkv_mma, dv_mma, rdK, rdV, sK, sV, ctid)
+        else:
+            # A thread's accumulator holds two adjacent head_dim columns of a key row per 8x8 block:
+            # the stmatrix register order, 16-byte rows of the K-major tile.
             st = cute.make_tiled_copy_C(
-                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dv_mma
+                cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dkv_mma
             )
             st_thr = st.get_slice(ctid)
-        cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
+            cute.copy(st, st_thr.retile(rdK), st_thr.partition_D(sK[None, None, 0]))
+            if cutlass.const_expr(dv_mma is not dkv_mma):
+                st = cute.make_tiled_copy_C(
+                    cute.make_copy_atom(warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), dv_mma
+                )
+                st_thr = st.get_slice(ctid)
+            cute.copy(st, st_thr.retile(rdV), st_thr.partition_D(sV[None, None, 0]))
         # Generic-proxy stores, read by the TMA engine (async proxy).
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)

@@ -62,16 +62,19 @@ def row_lanes(vectors: int) -> int:
 # shared-memory staging (16-byte stores without bank conflicts; row-major fp32 rows 512 bytes
 # apart put 8 rows on the same banks) and the global reduction (one linear bulk add per tile)
 # then move whole vectors. The postprocess reads a tile back through the same MMA partition.
-def make_dq_mma(dtype, head_dim: int, split: str = "head_dim"):
-    """dQ = dS K: A = dS (query index contiguous), B = K^T. The two warpgroups split head_dim
-    (each an N = d/2 half of every row) or, with split 'rows', the query rows (64 each, N = d)."""
+def make_dq_mma(dtype, head_dim: int, split: str = "head_dim", ds_key_major: bool = False):
+    """dQ = dS K: A = dS (query index contiguous; ``ds_key_major``: key index contiguous, as the
+    S accumulator of qm_tile_n writes it), B = K^T. The two warpgroups split head_dim (each an
+    N = d/2 half of every row) or, with split 'rows', the query rows (64 each, N = d). The
+    accumulator's fragment order, the dQ accumulator's format, is the same for either A."""
     import cutlass.utils.hopper_helpers as sm90_utils
 
     mnmaj = cute.nvgpu.OperandMajorMode.MN
+    a_major = cute.nvgpu.OperandMajorMode.K if ds_key_major else mnmaj
     if split == "rows":
-        return sm90_utils.make_trivial_tiled_mma(dtype, dtype, mnmaj, mnmaj, Float32, (DQ_WGS, 1, 1), (64, head_dim))
+        return sm90_utils.make_trivial_tiled_mma(dtype, dtype, a_major, mnmaj, Float32, (DQ_WGS, 1, 1), (64, head_dim))
     return sm90_utils.make_trivial_tiled_mma(
-        dtype, dtype, mnmaj, mnmaj, Float32, (1, DQ_WGS, 1), (64, head_dim // DQ_WGS)
+        dtype, dtype, a_major, mnmaj, Float32, (1, DQ_WGS, 1), (64, head_dim // DQ_WGS)
     )
 
 

@@ -74,15 +74,14 @@ def values(case: tuple) -> dict:
 
 def pairwise_subset(cases: list[tuple]) -> list[tuple]:
     """Greedy cover of every feasible (dim_a=x, dim_b=y) pair."""
-    def pairs(case):
-        return set(itertools.combinations(sorted(values(case).items()), 2))
-
-    uncovered = set().union(*(pairs(c) for c in cases))
+    # Each case's pairs once (the wide head dims have tens of thousands of feasible kernels).
+    case_pairs = [frozenset(itertools.combinations(sorted(values(c).items()), 2)) for c in cases]
+    uncovered = set().union(*case_pairs)
     chosen = []
     while uncovered:
-        best = max(cases, key=lambda c: len(pairs(c) & uncovered))
-        chosen.append(best)
-        uncovered -= pairs(best)
+        best = max(range(len(cases)), key=lambda i: len(case_pairs[i] & uncovered))
+        chosen.append(cases[best])
+        uncovered -= case_pairs[best]
     return chosen
 
 

@@ -424,7 +424,8 @@ def test_step_orders_are_the_head_dim_splits():
             assert not violations(dataclasses.replace(base, **change), prob), (hd, change)
         assert any("exp_pin" in v for v in violations(dataclasses.replace(base, dp_first=True, exp_pin=True), prob))
         assert not violations(dataclasses.replace(base, dk_before_dq=True, exp_pin=True), prob)
-        assert not (base.dp_first or base.dk_before_dq)  # off until measured
+        # dk_before_dq is hd256's default (measured, session 27); dp_first is off.
+        assert not base.dp_first and base.dk_before_dq == (hd == 256)
     prob = Problem.standard(8192, 128, causal=True, pass_="bwd")
     for name in ("dp_first", "dk_before_dq"):
         out = violations(dataclasses.replace(default_config(prob), **{name: True}), prob)

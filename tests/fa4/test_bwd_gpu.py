@@ -143,9 +143,12 @@ LATER_CHANGES = [(96, c) for c in (
     dict(ds_stages=1), dict(stages=1), dict(ds_store="sts"), dict(dq_accum="red_v2"), dict(dq_accum="red"),
     dict(dkv_store="direct"),
 )] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=FLIP))
-] + [(hd, c) for hd in (192, (192, 128), 256) for c in (
-    # The step orders of dkv_split 'head_dim' (hd256's default: with the exchange; one Q/dO stage).
+] + [(hd, c) for hd in (192, (192, 128)) for c in (
+    # The step orders of dkv_split 'head_dim'.
     dict(dp_first=True), dict(dk_before_dq=True), dict(dp_first=True, dk_before_dq=True),
+)] + [(256, c) for c in (
+    # hd256's default: the exchange, one Q/dO stage, dk_before_dq (session 27).
+    dict(dp_first=True), dict(dk_before_dq=False), dict(dp_first=True, dk_before_dq=False),
 )] + [(hd, dict(c, stages=1)) for hd in (192, (192, 128)) for c in (dict(dp_first=True), dict(dk_before_dq=True))]
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 27, after README command (1) (`bash bench/device_main.sh`). One phase a call:
+#  t: the backward's wide-head tiling (qm_tile_n, fa4.sm90.bwd_qm; compiled clean on the CPU, not yet
+#     run): its GPU tests against fp32 autograd (tests/fa4/test_bwd_qm_gpu.py).
+#  r [N]: the tiling against the default and the reference (bench/bwd_order.py --variants), causal and
+#     not, hd192, hd192/128, hd256 S8k; and hd256's new default (dk_before_dq) against the old one
+#     non-causal. Prediction: hd192 causal 0.89 -> 0.95+ of the reference (the reference's own tiling;
+#     the step moves from shared-memory bound to tensor bound); hd256 at 48 keys below the exchange.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/device_lib.sh
+phase=${1:-t}
+device_begin "s27$phase${2:-}"
+device_env "$work/env.log"
+device_install
+QM='[{"qm_tile_n": 96, "stages": 2, "do_single": true, "ds_stages": 1},
+ {"qm_tile_n": 96, "stages": 2, "do_single": false, "ds_stages": 1},
+ {"qm_tile_n": 96, "stages": 2, "do_single": true, "ds_stages": 1, "dk_before_dq": true},
+ {"qm_tile_n": 64, "stages": 2, "do_single": false, "ds_stages": 2},
+ {"qm_tile_n": 48, "cluster_exchange": false, "stages": 2, "do_single": true, "ds_stages": 1, "dq_accum": "bulk",
+  "ds_store": "sts", "dk_before_dq": false},
+ {"qm_tile_n": 48, "cluster_exchange": false, "stages": 2, "do_single": true, "ds_stages": 1, "dq_accum": "bulk",
+  "ds_store": "sts", "dk_before_dq": true},
+ {"dk_before_dq": false}]'
+case "$phase" in
+  t)
+    TAILN=30 KEEP="passed|failed|FAILED|Error|error" step qm_tests 420 python3 -m pytest -q -n 15 -p no:cacheprovider \
+      -x --maxfail=10 tests/fa4/test_bwd_qm_gpu.py ;;
+  r)
+    TAILN=16 step "qm_order${2:-}" 560 python3 bench/bwd_order.py --orders default --rounds 2 \
+      --shapes "${SHAPES:-hd192-8k,hd192v128-8k,hd256-8k,hd192-8k-noncausal,hd256-8k-noncausal}" --variants "$QM" ;;
+  *) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
