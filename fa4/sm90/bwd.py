@@ -608,8 +608,9 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
         tVsV, tVgV = seq_tiles(tma_v, mV, sV, (self.tile_n, self.head_dim_v), head_kv, batch)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.q_stages)
-        # dO's ring: Q's state, or with do_single a one-slot ring of its own.
-        do_state = state
+        # dO's ring: Q's state, or with do_single a one-slot ring of its own. (Never an alias of Q's:
+        # the loop below carries each name as its own value, and an alias would not advance.)
+        do_state = None
         if cutlass.const_expr(self.do_stages != self.q_stages):
             do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.do_stages)
         pipe_kv.producer_acquire(kv_state)
@@ -634,13 +635,19 @@ class FlashBwdSm90(bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAcc
                 # In the order the consumers' first GEMMs need them (dp_first: dO, whose slot
                 # frees earlier in a step, then Q).
                 if cutlass.const_expr(self.dp_first):
-                    self.load_tile(pipe_do, do_state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
+                    self.load_tile(pipe_do, self.do_ring(state, do_state), tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD,
+                                   tDsD, m)
                 self.load_tile(pipe_q, state, tma_q, tQgQ, tQsQ, tma_lse, tLgL, tLsL, m)
                 if cutlass.const_expr(not self.dp_first):
-                    self.load_tile(pipe_do, do_state, tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD, tDsD, m)
+                    self.load_tile(pipe_do, self.do_ring(state, do_state), tma_do, tdOgdO, tdOsdO, tma_dsum, tDgD,
+                                   tDsD, m)
                 state.advance()
                 if cutlass.const_expr(self.do_stages != self.q_stages):
                     do_state.advance()
+
+    def do_ring(self, q_state, do_state):
+        """The producer's dO ring state: Q's, or its own with do_single."""
+        return do_state if self.do_stages != self.q_stages else q_state
 
     @cute.jit
     def load_tile(self, pipe, state, tma_x, tXgX, tXsX, tma_stat, tSg, tSs, m):

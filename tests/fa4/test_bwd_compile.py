@@ -147,22 +147,26 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
 
     key = compile_key("bf16", hd, causal, gqa, det, config, hdv)
     ptx, cubin, ops = compile_and_read(
-        compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4", "UTMASTG.4D", "STG.E.U16", "STG.E"]
+        compile_bwd_main, key, ["MUFU.EX2", "STSM.16.M88.4", "STSM.16.MT88.4", "UTMASTG.4D", "STG.E.U16", "STG.E"]
     )
     assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
-    # dkv_split 'head_dim': each consumer computes S^T for half the queries and dK/dV for half the columns.
+    # dkv_split 'head_dim': each consumer computes S^T for half the queries and dK/dV for half the
+    # columns; qm_tile_n: S (queries on M) for half the keys, dK^T/dV^T over all columns.
     halves = 2 if config.dkv_split == "head_dim" else 1
-    # S^T of a consumer thread: 64 key rows x tile_m / 128 threads (/ halves); masked and unmasked loops.
-    assert ops["MUFU.EX2"] == 2 * 64 * config.tile_m // 128 // halves
-    # dS^T of a consumer thread (64 keys x tile_m bf16) with ds_store 'stmatrix': one stmatrix.x4 per
-    # 16 of its bytes (masked and unmasked loops), and none otherwise; under dkv_split 'head_dim'
-    # P^T goes the same way (half the queries each). dkv_store 'tma' adds the dK and dV tiles
-    # (64 keys x (hd + hdv) / halves bf16 per warpgroup).
-    ds_bytes = 64 * config.tile_m * 2 // 128 // halves
+    # A consumer thread's share of the tile_n x tile_m scores (the two consumers split them in every
+    # layout), in the masked and the unmasked loop.
+    assert ops["MUFU.EX2"] == 2 * config.tile_n * config.tile_m // 256
+    # 16-bit dS^T (dS) of a consumer thread with ds_store 'stmatrix': one stmatrix.x4 per 16 of its
+    # bytes (masked and unmasked loops), and none otherwise; under dkv_split 'head_dim' P^T (P) goes
+    # the same way. dkv_store 'tma' adds the dK and dV tiles: 64 keys x (hd + hdv) / halves bf16 per
+    # warpgroup, or with qm_tile_n dK^T/dV^T by transposed stmatrix (tile_n x (hd + hdv) over 256).
+    ds_bytes = config.tile_n * config.tile_m * 2 // 256
     tma = config.dkv_store == "tma"
+    qm = config.qm_tile_n > 0
     stsm = (2 * halves * ds_bytes // 16 if config.ds_store == "stmatrix" else 0) + (
-        (hd + hdv) // halves // 16 if tma else 0)
+        (hd + hdv) // halves // 16 if tma and not qm else 0)
     assert ops["STSM.16.M88.4"] == stsm, ops
+    assert ops["STSM.16.MT88.4"] == ((hd + hdv) * config.tile_n * 2 // 256 // 16 if tma and qm else 0), ops
     # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA, or GQA 'loop') the element stores.
     atomic = gqa and config.gqa_reduce == "atomic"
     assert (ops["UTMASTG.4D"] > 0) == tma, ops
@@ -183,10 +187,11 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
         assert all(pops[p] == 0 for p in lock), pops
     bulk = config.dq_accum == "bulk"
     assert (pops["cp.reduce.async.bulk"] > 0) == bulk, pops
-    # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them).
-    expect_v2 = config.dq_accum == "red_v2" or (atomic and config.dq_accum != "red")
+    # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them):
+    # pairs of adjacent columns, or with qm_tile_n (dK^T, whose adjacent values are keys) one a value.
+    expect_v2 = config.dq_accum == "red_v2" or (atomic and config.dq_accum != "red" and not qm)
     assert (pops["red.relaxed.gpu.global.add.v2.f32"] > 0) == expect_v2, pops
-    assert (pops["red.relaxed.gpu.global.add.f32"] > 0) == (config.dq_accum == "red"), pops
+    assert (pops["red.relaxed.gpu.global.add.f32"] > 0) == (config.dq_accum == "red" or (atomic and qm)), pops
 
 
 @pytest.mark.parametrize("hd,causal,change", [

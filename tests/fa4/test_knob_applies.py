@@ -69,12 +69,13 @@ def test_a_knob_that_does_not_apply_is_feasible_only_at_its_default(cls, violati
 
 
 def test_the_narrowed_enumeration_keeps_every_feasible_config_in_order():
-    """The whole backward space (3,538,944 configs) of a dense MHA problem, filtered with and without
-    the problem: the same feasible configs in the same order, from a sixteenth of the enumeration
-    (gqa_reduce, varlen_grid, dp_first and dk_before_dq at their defaults)."""
+    """The whole backward space of a dense MHA problem (the declaration's 28,311,552 configs, walked as
+    the 4.9M that qm_tile_n's and do_single's requires() leave), filtered with and without the problem:
+    the same feasible configs in the same order, from a 128th of the declaration (gqa_reduce,
+    varlen_grid, dp_first, dk_before_dq, qm_tile_n and do_single at their defaults)."""
     full = [c for c in iter_configs(bwd_config.BwdConfigSm90) if not bwd_config.violations(c, BWD_MHA, SM90)]
     narrowed = list(iter_configs(bwd_config.BwdConfigSm90, BWD_MHA))
-    assert len(narrowed) == space_size(bwd_config.BwdConfigSm90) // 16
+    assert len(narrowed) == space_size(bwd_config.BwdConfigSm90) // 128
     assert [c for c in narrowed if not bwd_config.violations(c, BWD_MHA, SM90)] == full and full
 
 
@@ -135,3 +136,53 @@ def test_holding_the_runtime_knobs_walks_each_kernel_once(cls, problem):
             n += 1
         assert compile_time_config(c) in kernels
     assert n == len(held)
+
+
+BWD_HD192 = Problem.standard(4096, 192, causal=True, pass_="bwd")
+
+
+@pytest.mark.parametrize("problem", [BWD_HD192, BWD_HD256], ids=["hd192", "hd256"])
+def test_a_knob_whose_requirements_fail_is_feasible_only_at_its_default(problem):
+    """``requires`` (qm_tile_n needs dkv_split 'head_dim', P^T in shared memory, tile_m 64 and no
+    exchange; do_single needs qm_tile_n): where the knobs declared before it do not meet it,
+    violations() refuses every other value, so iter_configs may skip them; where they do, the other
+    values are feasible somewhere (a real choice)."""
+    cls = bwd_config.BwdConfigSm90
+    names = [s.name for s in knob_specs(cls)]
+    specs = [s for s in knob_specs(cls) if s.requires is not None]
+    assert {s.name for s in specs} >= {"qm_tile_n", "do_single"}
+    for spec in specs:
+        before = names[:names.index(spec.name)]
+        feasible_met = 0
+        for c in random_configs(cls, 4000, seed=3, problem=problem):
+            met = spec.requires({n: getattr(c, n) for n in before})
+            for value in spec.choices:
+                if value == spec.default:
+                    continue
+                bad = bwd_config.violations(dataclasses.replace(c, **{spec.name: value}), problem, SM90)
+                if not met:
+                    assert bad, (spec.name, value, c)
+                feasible_met += met and not bad
+        assert feasible_met, spec.name
+
+
+def test_requires_prunes_the_product_in_its_order():
+    """iter_configs with a knob's requires: the declaration's product, in its order, less the configs
+    whose knob is off its default where the knobs before it do not meet the requirement."""
+    import itertools
+    from dataclasses import dataclass
+
+    from fa4.knobs import knob
+
+    @dataclass(frozen=True)
+    class Toy:
+        a: int = knob((0, 1, 2), 0, "a")
+        b: str = knob(("x", "y"), "x", "b", requires=lambda k: k["a"] > 0)
+        c: bool = knob((False, True), False, "c")
+        d: int = knob((0, 4), 0, "d", requires=lambda k: k["b"] == "y" and not k["c"])
+        e: int = knob((1, 2), 1, "e", runtime=True)
+
+    want = [Toy(a, b, c, d, e) for a, b, c, d, e in itertools.product((0, 1, 2), ("x", "y"), (False, True), (0, 4), (1, 2))
+            if (b == "x" or a > 0) and (d == 0 or (b == "y" and not c))]
+    assert list(iter_configs(Toy)) == want and len(want) == 24
+    assert list(iter_configs(Toy, vary_runtime=False)) == [t for t in want if t.e == 1]
