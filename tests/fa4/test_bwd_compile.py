@@ -615,3 +615,50 @@ def test_step_orders_with_features_codegen(hd, feature, causal, det):
     assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
     per_path = 64 * c.tile_m // 128 // 2
     assert ops["MUFU.EX2"] == ops["MUFU.TANH"] == 3 * per_path, ops
+
+
+# qm_tile_n (fa4.sm90.bwd_qm): the reference's wide-head tilings, as the GPU tests run them.
+QM_CONFIGS = {
+    192: dict(qm_tile_n=96, stages=2, do_single=True, ds_stages=1, dq_accum="bulk"),
+    256: dict(qm_tile_n=48, stages=2, do_single=True, ds_stages=1, dq_accum="bulk", ds_store="sts"),
+}
+
+
+@pytest.mark.parametrize("hd,feature,causal,gqa,det", [
+    (192, "all", False, True, True), (192, "wl", True, False, False), (256, "all", True, False, False),
+    (256, "softcap", False, True, True),
+], ids=["hd192-all-gqa-det", "hd192-wl-causal", "hd256-all-causal", "hd256-softcap-gqa-det"])
+def test_qm_with_features_codegen(hd, feature, causal, gqa, det):
+    """The queries-on-M tiling beside issue 18's features, GQA's dK/dV reductions and the
+    deterministic turns: clean (no spills, no serialization), and one MUFU.EX2 (and with softcap one
+    MUFU.TANH) per element of S per code path: tile_m x tile_n / 256 a thread, in the masked,
+    unmasked and (with a left window) left-masked loops."""
+    ensure_target()
+    from fa4.sm90.bwd_config import default_config
+
+    wl, wr, sc, sink = FEATURES[feature]
+    prob = feature_problem(hd, causal, gqa, det, feature)
+    c = dataclasses.replace(default_config(prob), cluster_exchange=False, dp_first=False, dk_before_dq=False,
+                            **QM_CONFIGS[hd])
+    assert not violations(c, prob), violations(c, prob)
+    key = compile_key("bf16", hd, causal, gqa, det, c, hd, wl, wr, sc, sink)
+    ptx, cubin, ops = compile_and_read(compile_bwd_main, key, ["MUFU.EX2", "MUFU.TANH"])
+    assert_clean(ptx, cubin, ops, 2, REG_SPLIT)
+    paths = 3 if wl else 2
+    per_path = c.tile_m * c.tile_n // 256
+    assert ops["MUFU.EX2"] == paths * per_path and ops["MUFU.TANH"] == (paths * per_path if sc else 0), ops
+
+
+def test_qm_descriptors_stay_uniform():
+    """The queries-on-M tiling slices its shared-memory operands at the warpgroup's first thread
+    too (fa4.common.mma.wg_slices): its WGMMA descriptors stay in uniform registers (test above)."""
+    ensure_target()
+    from fa4.common import codegen_check as cc
+    from fa4.sm90.bwd_config import default_config
+
+    prob = Problem.standard(4096, 192, causal=True, pass_="bwd")
+    config = dataclasses.replace(default_config(prob), **QM_CONFIGS[192])
+    _, cubin, _ = compile_and_read(compile_bwd_main, compile_key("bf16", 192, True, False, False, config, 192), [])
+    span = cc.between_first_and_last(cc.sass_opcodes(cc.disassemble(cubin)), "HGMMA")
+    assert cc.count_ops(span, ["HGMMA"])["HGMMA"] >= 54
+    assert cc.count_ops(span, ["R2UR"])["R2UR"] <= 4, cc.count_ops(span, ["R2UR", "HGMMA"])

@@ -17,7 +17,14 @@ from fa4.arch import SM90, SM100
 from fa4.common.bwd_schedule import dq_turn, m_block_range
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, random_configs
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import VARLEN_HEAD_SWIZZLE, BwdConfigSm90, default_config, smem_bytes, violations
+from fa4.sm90.bwd_config import (
+    VARLEN_HEAD_SWIZZLE,
+    BwdConfigSm90,
+    consumer_registers,
+    default_config,
+    smem_bytes,
+    violations,
+)
 from fa4.sm90.fwd_config import FwdConfigSm90
 
 ISSUE_SHAPES = [(8192, hd, causal) for hd in (64, 128) for causal in (False, True)]
@@ -430,3 +437,43 @@ def test_step_orders_are_the_head_dim_splits():
     for name in ("dp_first", "dk_before_dq"):
         out = violations(dataclasses.replace(default_config(prob), **{name: True}), prob)
         assert any(name in v and "'keys'" in v for v in out), out
+
+
+def test_qm_tiling_declaration():
+    """qm_tile_n (fa4.sm90.bwd_qm): the reference's wide-head tilings are feasible with its rings
+    (hd192: 96 keys, Q 2 / dO 1 and one P/dS buffer in 224,000 B; hd192/128: Q and dO 2; hd256: 48
+    keys, Q 2 / dO 1), the models count what they hold, and what is not built or does not fit is
+    refused with its reason. Off by default until measured."""
+    def prob(hd, hdv=None, **kw):
+        return Problem.standard(8192, hd, head_dim_v=hdv, causal=True, pass_="bwd", **kw)
+
+    p192 = prob(192)
+    base = dataclasses.replace(default_config(p192), dp_first=False, dk_before_dq=False)
+    qm = dataclasses.replace(base, qm_tile_n=96, stages=2, do_single=True, ds_stages=1, dq_accum="bulk")
+    assert not violations(qm, p192)
+    assert (qm.tile_n, qm.do_stages, qm.stages) == (96, 1, 2)
+    # Q 2 x 64 x 192, dO 64 x 192, K/V 96 x 384, P and dS 64 x 96, the fp32 dQ tile, three stat rows.
+    assert smem_bytes(qm, p192) == 2 * (2 * 64 * 192 + 64 * 192 + 96 * 384 + 2 * 64 * 96) + 64 * 192 * 4 + 3 * 64 * 4 + 2048
+    # dK^T/dV^T 96 x 384 over 256 threads beside S and dP (2 x 64 x 96 / 256), plus the bulk path.
+    assert consumer_registers(qm, p192) == 144 + 48 + 24
+    assert any(v.kind == "shared memory" for v in violations(dataclasses.replace(qm, do_single=False), p192))
+    assert any(v.kind == "registers" for v in violations(dataclasses.replace(qm, qm_tile_n=48, ds_store="sts"), p192))
+    p192v = prob(192, 128)
+    assert not violations(dataclasses.replace(qm, do_single=False), p192v)
+    p256 = prob(256)
+    qm256 = dataclasses.replace(default_config(p256), cluster_exchange=False, dk_before_dq=False, qm_tile_n=48,
+                                stages=2, do_single=True, ds_stages=1, dq_accum="bulk", ds_store="sts")
+    assert not violations(qm256, p256)
+    refused = {
+        "stmatrix": dataclasses.replace(qm256, ds_store="stmatrix"),
+        "cluster_exchange": dataclasses.replace(qm256, cluster_exchange=True),
+        "dkv_split 'head_dim'": dataclasses.replace(qm, dkv_split="keys", dv_operand="rmem"),
+        "tile_m 64": dataclasses.replace(qm, tile_m=128),
+    }
+    for why, cfg in refused.items():
+        assert any(why in v for v in violations(cfg, p256 if cfg.qm_tile_n == 48 else p192)), (why, cfg)
+    p128 = prob(128)
+    assert any("built for head_dim" in v for v in violations(dataclasses.replace(default_config(p128), qm_tile_n=96), p128))
+    assert any("do_single" in v for v in violations(dataclasses.replace(base, do_single=True), p192))
+    for p in (p192, p192v, p256):
+        assert default_config(p).qm_tile_n == 0 and not default_config(p).do_single
