@@ -16,11 +16,8 @@ device_install
 QM='[{"qm_tile_n": 96, "stages": 2, "do_single": true, "ds_stages": 1},
  {"qm_tile_n": 96, "stages": 2, "do_single": false, "ds_stages": 1},
  {"qm_tile_n": 96, "stages": 2, "do_single": true, "ds_stages": 1, "dk_before_dq": true},
- {"qm_tile_n": 64, "stages": 2, "do_single": false, "ds_stages": 2},
  {"qm_tile_n": 48, "cluster_exchange": false, "stages": 2, "do_single": true, "ds_stages": 1, "dq_accum": "bulk",
   "ds_store": "sts", "dk_before_dq": false},
- {"qm_tile_n": 48, "cluster_exchange": false, "stages": 2, "do_single": true, "ds_stages": 1, "dq_accum": "bulk",
-  "ds_store": "sts", "dk_before_dq": true},
  {"dk_before_dq": false}]'
 case "$phase" in
   t)
