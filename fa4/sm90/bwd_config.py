@@ -70,6 +70,13 @@ GQA_LOOP_MAX_Q_OVER_K = 0.5
 # dk_before_dq by default (session 27, H200, causal S8k, its knob doc): hd256 +19-22%, where one Q/dO
 # stage leaves Q's load exposed; at 192 (two stages) within 2%.
 DK_BEFORE_DQ_HEAD_DIMS = (256,)
+# qm_tile_n 96 by default at head_dim 192 (fa4.sm90.bwd_qm, the reference's tiling there). H200, session
+# 27, S8k B2 H10, one run of two interleaved rounds, ours/ref against the keys-on-M default: hd192 causal
+# 0.900 -> 0.971 (Q 2 / dO 1 / one P-dS buffer), 0.989 with dk_before_dq; non-causal 0.893 -> 1.004 /
+# 1.003; hd192/128 causal 0.906 -> 1.010 (dO one slot), 1.020 (two), 1.013 (one, dk_before_dq). Its GPU
+# tests: 136 passed. At 256 the 48-key tile lost to the exchange (1.052 against 1.185 causal, 1.022
+# against 1.054 non-causal): off there.
+QM_DEFAULT = {192: 96}
 # Sequence padding of the backward's fp32 side buffers (LSE, D, dQ/dK/dV accumulators; varlen: of
 # each sequence's region): a multiple of every tile size, so the main kernel reads and reduces
 # whole tiles without bounds checks.
@@ -671,7 +678,8 @@ def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
 
 
 def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
-    """head_dim 192/256: dkv_split 'head_dim' at tile_m 64 (the registers allow no more), the
+    """head_dim 192: the queries-on-M tiling (QM_DEFAULT). Otherwise (256, or where it does not fit):
+    dkv_split 'head_dim' at tile_m 64 (the registers allow no more), the
     deepest Q/dO ring and dS/P^T double buffer the shared memory allows with bulk dQ adds, then
     with per-thread ones: at 192 (and 192/128) that is the full 2/2/bulk kernel; at 256 a
     two-deep ring leaves no room for the 64 KB dQ staging tile, and a two-deep ring with 'red_v2'
@@ -679,6 +687,20 @@ def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
     8-22%; not yet measured here)."""
     reduce = default_gqa_reduce(problem, ROWS_PER_WG)
     spt, swizzle = default_launch_order(problem, reduce)
+    # (Varlen keeps the 64-key split until the tiling's packed-sequence path has run on a GPU.)
+    tile = None if getattr(problem, "varlen", False) else QM_DEFAULT.get(problem.head_dim)
+    if tile:
+        # The queries-on-M tiling with the reference's rings: Q two slots, dO one where two do not fit
+        # (hd192), one P/dS buffer; dK before dQ where it measured best (hd192: +1.8%).
+        same_v = problem.head_dim_v == problem.head_dim
+        for dkv in ("tma", "direct"):
+            cand = BwdConfigSm90(
+                tile_m=64, stages=2, ds_stages=1, dq_accum="bulk", dkv_split="head_dim", dv_operand="smem",
+                dkv_store=dkv, head_swizzle=swizzle, gqa_reduce=reduce, spt_order=spt, qm_tile_n=tile,
+                do_single=same_v, dk_before_dq=same_v,
+            )
+            if not violations(cand, problem, arch):
+                return cand
     rings = ((2, 2, "bulk"), (2, 1, "bulk"), (2, 2, "red_v2"), (2, 1, "red_v2"), (1, 2, "bulk"), (1, 1, "bulk"))
     # head_dim 256: the 2-CTA dS exchange first where cluster_violations() allows it (session 12,
     # H200, S8k: 293 -> 335 TFLOP/s non-causal, 303 -> 356 causal, the same ring otherwise).

@@ -248,7 +248,8 @@ def test_default_config_of_the_later_head_dims(hd, hdv, causal, det, gqa):
     cfg = default_config(prob)
     assert violations(cfg, prob) == []
     assert cfg.dkv_split == ("keys" if hd == 96 else "head_dim")
-    assert cfg.tile_m == 64 and cfg.tile_n == (128 if hd == 96 else 64)
+    # hd192 (and 192/128): the queries-on-M tiling, 96 keys (QM_DEFAULT).
+    assert cfg.tile_m == 64 and cfg.tile_n == {96: 128, 192: 96, 256: 64}[hd]
     # Sq = Sk: GQA keeps 'atomic' (loop lost 5-24% there on the H200), whose dK/dV are fp32 reductions.
     assert cfg.gqa_reduce == "atomic"
     assert cfg.dkv_store == ("direct" if gqa else "tma")
@@ -431,8 +432,9 @@ def test_step_orders_are_the_head_dim_splits():
             assert not violations(dataclasses.replace(base, **change), prob), (hd, change)
         assert any("exp_pin" in v for v in violations(dataclasses.replace(base, dp_first=True, exp_pin=True), prob))
         assert not violations(dataclasses.replace(base, dk_before_dq=True, exp_pin=True), prob)
-        # dk_before_dq is hd256's default (measured, session 27); dp_first is off.
-        assert not base.dp_first and base.dk_before_dq == (hd == 256)
+        # dk_before_dq is hd256's default and hd192's with the queries-on-M tiling (measured, session
+        # 27); dp_first is off.
+        assert not base.dp_first and base.dk_before_dq == (hdv in (192, 256))
     prob = Problem.standard(8192, 128, causal=True, pass_="bwd")
     for name in ("dp_first", "dk_before_dq"):
         out = violations(dataclasses.replace(default_config(prob), **{name: True}), prob)
@@ -474,6 +476,10 @@ def test_qm_tiling_declaration():
         assert any(why in v for v in violations(cfg, p256 if cfg.qm_tile_n == 48 else p192)), (why, cfg)
     p128 = prob(128)
     assert any("built for head_dim" in v for v in violations(dataclasses.replace(default_config(p128), qm_tile_n=96), p128))
-    assert any("do_single" in v for v in violations(dataclasses.replace(base, do_single=True), p192))
-    for p in (p192, p192v, p256):
-        assert default_config(p).qm_tile_n == 0 and not default_config(p).do_single
+    assert any("do_single" in v for v in violations(dataclasses.replace(base, qm_tile_n=0, do_single=True), p192))
+    # The default at hd192 (measured, session 27): 96 keys, dO one slot beside hd192's V, two beside 128.
+    assert default_config(p192) == dataclasses.replace(qm, dk_before_dq=True)
+    assert default_config(p192v) == dataclasses.replace(qm, do_single=False)
+    assert default_config(p256).qm_tile_n == 0 and not default_config(p256).do_single
+    varlen = dataclasses.replace(p192, varlen=True, varlen_mean_q=2048, varlen_mean_k=2048)
+    assert default_config(varlen).qm_tile_n == 0

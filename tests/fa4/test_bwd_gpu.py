@@ -136,20 +136,25 @@ def test_later_head_dims_fp16(check_bwd, hd, causal, shape):
 
 
 # Knobs moved off each later head dim's default, alone (or with what they need), where feasible.
+# hd192's 64-key split (dkv_split 'head_dim' with the keys on M) and its rings.
+_SPLIT192 = dict(qm_tile_n=0, do_single=False, dk_before_dq=False, stages=2, ds_stages=2)
 LATER_CHANGES = [(96, c) for c in (
     dict(stages=1), dict(ds_stages=1), dict(dv_operand="smem"), dict(ds_store="sts"), dict(dq_accum="red_v2"),
     dict(dkv_store="direct"), dict(spt_order=FLIP),
-)] + [(hd, c) for hd in (192, (192, 128)) for c in (
-    dict(ds_stages=1), dict(stages=1), dict(ds_store="sts"), dict(dq_accum="red_v2"), dict(dq_accum="red"),
+)] + [(hd, dict(_SPLIT192, **c)) for hd in (192, (192, 128)) for c in (
+    # hd192's keys-on-M split (the default before session 27's queries-on-M tiling, whose own knobs
+    # are tests/fa4/test_bwd_qm_gpu.py's), itself and with each knob.
+    {}, dict(ds_stages=1), dict(stages=1), dict(ds_store="sts"), dict(dq_accum="red_v2"), dict(dq_accum="red"),
     dict(dkv_store="direct"),
 )] + [(256, c) for c in (dict(ds_stages=1), dict(ds_store="sts"), dict(dkv_store="direct"), dict(spt_order=FLIP))
-] + [(hd, c) for hd in (192, (192, 128)) for c in (
+] + [(hd, dict(_SPLIT192, **c)) for hd in (192, (192, 128)) for c in (
     # The step orders of dkv_split 'head_dim'.
     dict(dp_first=True), dict(dk_before_dq=True), dict(dp_first=True, dk_before_dq=True),
 )] + [(256, c) for c in (
     # hd256's default: the exchange, one Q/dO stage, dk_before_dq (session 27).
     dict(dp_first=True), dict(dk_before_dq=False), dict(dp_first=True, dk_before_dq=False),
-)] + [(hd, dict(c, stages=1)) for hd in (192, (192, 128)) for c in (dict(dp_first=True), dict(dk_before_dq=True))]
+)] + [(hd, dict(_SPLIT192, stages=1, **c)) for hd in (192, (192, 128))
+      for c in (dict(dp_first=True), dict(dk_before_dq=True))]
 
 
 @pytest.mark.parametrize("causal", [False, True])
