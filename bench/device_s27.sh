@@ -2,6 +2,8 @@
 # Session 27, after README command (1) (`bash bench/device_main.sh`). One phase a call:
 #  t: the backward's wide-head tiling (qm_tile_n, fa4.sm90.bwd_qm; compiled clean on the CPU, not yet
 #     run): its GPU tests against fp32 autograd (tests/fa4/test_bwd_qm_gpu.py).
+#  v: (for the next session) the tiling's varlen GPU tests (tests/fa4/test_varlen_bwd_gpu.py -k qm_tiling),
+#     not yet run; hd192's varlen default waits for them.
 #  r [N]: the tiling against the default and the reference (bench/bwd_order.py --variants), causal and
 #     not, hd192, hd192/128, hd256 S8k; and hd256's new default (dk_before_dq) against the old one
 #     non-causal. Prediction: hd192 causal 0.89 -> 0.95+ of the reference (the reference's own tiling;
@@ -23,8 +25,11 @@ case "$phase" in
   t)
     TAILN=30 KEEP="passed|failed|FAILED|Error|error" step qm_tests 420 python3 -m pytest -q -n 15 -p no:cacheprovider \
       --maxfail=10 tests/fa4/test_bwd_qm_gpu.py ;;
+  v)
+    TAILN=20 KEEP="passed|failed|FAILED|Error|error" step qm_varlen 300 python3 -m pytest -q -n 15 -p no:cacheprovider \
+      tests/fa4/test_varlen_bwd_gpu.py -k qm_tiling ;;
   r)
     TAILN=16 step "qm_order${2:-}" 560 python3 bench/bwd_order.py --orders default --rounds 2 \
-      --shapes "${SHAPES:-hd192-8k,hd192v128-8k,hd256-8k,hd192-8k-noncausal,hd256-8k-noncausal}" --variants "$QM" ;;
+      --shapes "${SHAPES:-hd192-8k,hd192v128-8k,hd256-8k,hd192-8k-noncausal,hd192v128-8k-noncausal,hd256-8k-noncausal}" --variants "$QM" ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
