@@ -177,9 +177,9 @@ def exchanged(prob: Problem, **change):
     by element stores ('atomic' GQA), one dS buffer (hd192: the peer's tiles take the room of the
     second), a one-deep ring (hd256 beside per-thread dQ adds); never undoing ``change``."""
     spt, swizzle = default_launch_order(prob, "atomic")
-    # (hd192's default is the queries-on-M tiling, not built with the exchange: its 64-key split.)
-    base = dataclasses.replace(default_config(prob), cluster_exchange=True, gqa_reduce="atomic",
-                               spt_order=spt, head_swizzle=swizzle, qm_tile_n=0, do_single=False)
+    # (hd192's default is the queries-on-M tiling, not built with the exchange: the 64-key split's.)
+    base = dataclasses.replace(default_config(prob, queries_on_m=False), cluster_exchange=True, gqa_reduce="atomic",
+                               spt_order=spt, head_swizzle=swizzle)
     base = dataclasses.replace(base, **change)
     for fix in ({}, dict(dkv_store="direct"), dict(ds_stages=1), dict(ds_stages=1, dkv_store="direct"),
                 dict(ds_stages=1, stages=1), dict(ds_stages=1, stages=1, dkv_store="direct")):

@@ -582,7 +582,7 @@ def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violatio
     return out
 
 
-def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
+def default_config(problem: Problem, arch: Arch = SM90, *, queries_on_m: bool = True) -> BwdConfigSm90:
     """Two-deep Q/dO ring, P^T from registers, dS^T by stmatrix, bulk dQ adds, dK/dV out by TMA
     where a CTA stores finished tiles (no GQA, or GQA with gqa_reduce 'loop', which
     default_gqa_reduce picks where its grid fills the machine); query tile 128 at
@@ -597,7 +597,7 @@ def default_config(problem: Problem, arch: Arch = SM90) -> BwdConfigSm90:
     causal, hd128, hd128 causal; deterministic alike).
     """
     if problem.head_dim in SPLIT_HEAD_DIMS:
-        return _default_split(problem, arch)
+        return _default_split(problem, arch, queries_on_m)
     reduce = default_gqa_reduce(problem, TILE_N)
     spt, swizzle = default_launch_order(problem, reduce)
     # Deterministic 'atomic' under GQA takes tile 128 where measured (masked, session 13, above
@@ -677,7 +677,7 @@ def default_gqa_reduce(problem: Problem, tile_n: int) -> str:
     return "loop"
 
 
-def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
+def _default_split(problem: Problem, arch: Arch, queries_on_m: bool = True) -> BwdConfigSm90:
     """head_dim 192: the queries-on-M tiling (QM_DEFAULT). Otherwise (256, or where it does not fit):
     dkv_split 'head_dim' at tile_m 64 (the registers allow no more), the
     deepest Q/dO ring and dS/P^T double buffer the shared memory allows with bulk dQ adds, then
@@ -688,7 +688,8 @@ def _default_split(problem: Problem, arch: Arch) -> BwdConfigSm90:
     reduce = default_gqa_reduce(problem, ROWS_PER_WG)
     spt, swizzle = default_launch_order(problem, reduce)
     # (Varlen keeps the 64-key split until the tiling's packed-sequence path has run on a GPU.)
-    tile = None if getattr(problem, "varlen", False) else QM_DEFAULT.get(problem.head_dim)
+    # (queries_on_m=False: the 64-key split's own default, the exchange's baseline; bench/check_bwd.py.)
+    tile = None if getattr(problem, "varlen", False) or not queries_on_m else QM_DEFAULT.get(problem.head_dim)
     if tile:
         # The queries-on-M tiling with the reference's rings: Q two slots, dO one where two do not fit
         # (hd192), one P/dS buffer; dK before dQ where it measured best (hd192: +1.8%).

@@ -137,7 +137,7 @@ def test_later_head_dims_fp16(check_bwd, hd, causal, shape):
 
 # Knobs moved off each later head dim's default, alone (or with what they need), where feasible.
 # hd192's 64-key split (dkv_split 'head_dim' with the keys on M) and its rings.
-_SPLIT192 = dict(qm_tile_n=0, do_single=False, dk_before_dq=False, stages=2, ds_stages=2)
+_SPLIT192 = dict(qm_tile_n=0, do_single=False, dk_before_dq=False, stages=2, ds_stages=2)  # (default_config(..., queries_on_m=False))
 LATER_CHANGES = [(96, c) for c in (
     dict(stages=1), dict(ds_stages=1), dict(dv_operand="smem"), dict(ds_store="sts"), dict(dq_accum="red_v2"),
     dict(dkv_store="direct"), dict(spt_order=FLIP),
