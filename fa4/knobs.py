@@ -245,7 +245,6 @@ def iter_configs(cls, problem=None, *, vary_runtime: bool = True) -> Iterator:
 
     def walk(part: int, prefix: tuple):
         lo, hi = bounds[part]
-        head = ()
         if lo in cuts:
             spec = specs[lo]
             ok = spec.requires(dict(zip(names, prefix)))

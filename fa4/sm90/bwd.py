@@ -207,28 +207,28 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         # B = K^T (head_dim contiguous); the two consumers split head_dim or the rows (dq_split).
         if cutlass.const_expr(not self.qm):
             dq_mma = make_dq_mma(self.dtype, self.dq_cols, self.config.dq_split)
-        row_major = tensor_utils.LayoutEnum.ROW_MAJOR
         sdp_tiler = (self.tile_n, self.tile_m, d)
         dpv_tiler = (self.tile_n, self.tile_m, dv)  # dP^T = V dO^T reduces over head_dim_v
         # K, Q and dO are also read MN-major in column slices (dQ's, dK's and dV's WGMMA N per
         # warpgroup): their swizzle atoms must tile those slices (bwd_split.swizzle_width); dK and
         # dV leave through sK and sV in their own slices (dkv_store 'tma').
-        halves = 2 if self.split else 1
-        dq_n = d if self.config.dq_split == "rows" else self.dq_cols // 2
-        sK_layout = bwd_split.k_major_layout("a", sdp_tiler, self.dtype, 1, math.gcd(dq_n, d // halves))
-        # sV: dV leaves through it in dV's column slices (dkv_store 'tma').
-        sV_layout = bwd_split.k_major_layout("a", dpv_tiler, self.dtype, 1, dv // halves)
-        sQ_layout = bwd_split.k_major_layout("b", sdp_tiler, self.dtype, self.q_stages, d // halves)
-        sdO_layout = bwd_split.k_major_layout("b", dpv_tiler, self.dtype, self.do_stages, dv // halves)
-        sdS_layout = sm90_utils.make_smem_layout_a(
-            tensor_utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.ds_stages
-        )
-        # P^T (keys x queries, queries contiguous): one buffer per dS buffer under dkv_split 'head_dim'.
-        sP_layout = sm90_utils.make_smem_layout_a(
-            row_major, (self.tile_n, d, self.tile_m), self.dtype, self.ds_stages if self.split else 1
-        )
         if cutlass.const_expr(self.qm):
             sQ_layout, sdO_layout, sK_layout, sV_layout, sdS_layout, sP_layout = bwd_qm.make_layouts(self)
+        else:
+            halves = 2 if self.split else 1
+            dq_n = d if self.config.dq_split == "rows" else self.dq_cols // 2
+            sK_layout = bwd_split.k_major_layout("a", sdp_tiler, self.dtype, 1, math.gcd(dq_n, d // halves))
+            # sV: dV leaves through it in dV's column slices (dkv_store 'tma').
+            sV_layout = bwd_split.k_major_layout("a", dpv_tiler, self.dtype, 1, dv // halves)
+            sQ_layout = bwd_split.k_major_layout("b", sdp_tiler, self.dtype, self.q_stages, d // halves)
+            sdO_layout = bwd_split.k_major_layout("b", dpv_tiler, self.dtype, self.do_stages, dv // halves)
+            sdS_layout = sm90_utils.make_smem_layout_a(
+                tensor_utils.LayoutEnum.COL_MAJOR, (self.tile_m, d, self.tile_n), self.dtype, self.ds_stages
+            )
+            # P^T (keys x queries, queries contiguous): one buffer per dS buffer under dkv_split 'head_dim'.
+            sP_layout = sm90_utils.make_smem_layout_a(
+                tensor_utils.LayoutEnum.ROW_MAJOR, (self.tile_n, d, self.tile_m), self.dtype, self.ds_stages if self.split else 1
+            )
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(g2s, mQ, cute.slice_(sQ_layout, (None, None, 0)), (self.tile_m, d))
         tma_do, mdO_tma = cpasync.make_tiled_tma_atom(

@@ -53,25 +53,26 @@ def qm_config(check_bwd, shape, hd, causal, det, **change):
     return cfg
 
 
+def check_qm(check_bwd, shape, hd, causal, fp16=False, **change):
+    """The layout's config with ``change``, non-deterministic, against fp32 autograd (the error rule)."""
+    import torch
+
+    cfg = qm_config(check_bwd, shape, hd, causal, False, **change)
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.float16 if fp16 else torch.bfloat16, cfg)
+    assert ok, info
+
+
 @pytest.mark.parametrize("hd", list(QM), ids=_ID.get)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_qm_grads_match_reference(check_bwd, hd, causal, shape):
-    import torch
-
-    cfg = qm_config(check_bwd, shape, hd, causal, False)
-    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
-    assert ok, info
+    check_qm(check_bwd, shape, hd, causal)
 
 
 @pytest.mark.parametrize("hd", list(QM), ids=_ID.get)
 @pytest.mark.parametrize("causal", [False, True])
 def test_qm_fp16(check_bwd, hd, causal):
-    import torch
-
-    shape = (1, 777, 1333, 8, 2)
-    ok, info = check_bwd.check_case(*shape, hd, causal, torch.float16, qm_config(check_bwd, shape, hd, causal, False))
-    assert ok, info
+    check_qm(check_bwd, (1, 777, 1333, 8, 2), hd, causal, fp16=True)
 
 
 # The knobs beside the layout, one at a time (each feasible; GQA shape unless a dK/dV store is
@@ -92,35 +93,20 @@ CHANGES = [(hd, c) for hd in (192, (192, 128)) for c in (
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("hd,change", CHANGES, ids=lambda x: _ID.get(x) if not isinstance(x, dict) else None)
 def test_qm_with_each_knob(check_bwd, hd, causal, change):
-    import torch
-
-    shape = check_bwd.variant_shape(change)
-    cfg = qm_config(check_bwd, shape, hd, causal, False, **change)
-    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
-    assert ok, info
+    check_qm(check_bwd, check_bwd.variant_shape(change), hd, causal, **change)
 
 
 @pytest.mark.parametrize("hd", [192, (192, 128)], ids=_ID.get)
 def test_qm_mask_bits(check_bwd, hd):
     """mask_bits (a causal problem's masked rows as bit words) with the rows being queries."""
-    import torch
-
-    shape = check_bwd.variant_shape({})
-    cfg = qm_config(check_bwd, shape, hd, True, False, mask_bits=True)
-    ok, info = check_bwd.check_case(*shape, hd, True, torch.bfloat16, cfg)
-    assert ok, info
+    check_qm(check_bwd, check_bwd.variant_shape({}), hd, True, mask_bits=True)
 
 
 @pytest.mark.parametrize("hd", list(QM), ids=_ID.get)
 @pytest.mark.parametrize("causal", [False, True])
 def test_qm_gqa_loop(check_bwd, hd, causal):
     """gqa_reduce 'loop': a CTA walks its K/V head's query heads, dK^T/dV^T held across them."""
-    import torch
-
-    shape = (2, 300, 1500, 8, 2)
-    cfg = qm_config(check_bwd, shape, hd, causal, False, gqa_reduce="loop")
-    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
-    assert ok, info
+    check_qm(check_bwd, (2, 300, 1500, 8, 2), hd, causal, gqa_reduce="loop")
 
 
 @pytest.mark.parametrize("hd", list(QM), ids=_ID.get)
