@@ -81,3 +81,19 @@ def group_step(t, m_start, m_end):
 def step_index(head, m_block, m_start, m_end):
     """The inverse of group_step: the ring position (and dQ writer parity) of (head, m_block)."""
     return head * (m_end - m_start) + m_block - m_start
+
+
+def walk_tile(m, m_start, m_end, key_tile, starts: int):
+    """The query tile a CTA visits at position m of its walk over [m_start, m_end) with q_starts
+    ``starts``: key tile n (a cluster pair's index under cluster_exchange) begins (n mod starts)
+    / starts of the way in and wraps, so the CTAs of a head that run together add their dQ tiles
+    into ``starts`` places instead of one. A permutation of the range for each key tile; the
+    identity (m itself, nothing traced) at starts 1. Only for walks every tile of which needs
+    the same mask (no causal or window bound: the segments of m_block_segments are one run)."""
+    if starts == 1:
+        return m
+    count = m_end - m_start
+    t = m + (key_tile % starts) * count // starts
+    # 1 past the end of the range, else 0 (t < m_end + count).
+    wrap = cutlass.min(cutlass.max(t - m_end + 1, 0), 1)
+    return t - wrap * count

@@ -138,6 +138,11 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         # (Q's), dK ahead of dQ: Q needed as late and freed as early as the step allows.
         self.dp_first = config.dp_first
         self.dk_before_dq = config.dk_before_dq
+        # q_starts (unmasked walks): each CTA's walk over the query tiles begins at a shifted tile
+        # (fa4.common.bwd_schedule.walk_tile), the producer, the dQ writers and the consumers alike.
+        self.q_starts = config.q_starts
+        if self.q_starts != 1 and (causal or has_window_left or has_window_right or deterministic):
+            raise ValueError("q_starts shifts unmasked, non-deterministic walks only (bwd_config.violations)")
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
@@ -571,6 +576,22 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
                 seq)
 
+    def walked(self, m, step_base, m_start, m_end, n_block):
+        """(query tile, step base) at walk position m: with q_starts the tile of
+        bwd_schedule.walk_tile, and the base moved with it so that step() still counts m - base
+        steps (its ring position). Unchanged, nothing traced, at q_starts 1."""
+        if cutlass.const_expr(self.q_starts == 1):
+            return m, step_base
+        mq = self.walk(m, m_start, m_end, n_block)
+        return mq, step_base + (mq - m)
+
+    def walk(self, m, m_start, m_end, n_block):
+        """The query tile at walk position m (bwd_schedule.walk_tile; a cluster pair walks as one)."""
+        if cutlass.const_expr(self.q_starts == 1):
+            return m
+        key_tile = n_block // bwd_pair.PAIR if self.cluster else n_block
+        return bwd_schedule.walk_tile(m, m_start, m_end, key_tile, self.q_starts)
+
     def acc_rows(self, mAcc, batch, head, offset):
         """(rows, d) of one (batch, head) of an fp32 side buffer (batch, heads, rows, d); varlen:
         of sequence ``batch`` (packed ``offset``), its padded region (fa4.common.varlen)."""
@@ -611,15 +632,17 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             if cutlass.const_expr(self.gqa_loop):
                 step_base = m_start - hl * (m_end - m_start)
             for m in cutlass.range(m_start, m_masked_end, unroll=1):
+                mq, base = self.walked(m, step_base, m_start, m_end, n_block)
                 step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    mSemQ, pipe_q, pipe_do, base, ctid, mq, n_block, head + hl, batch, num_n,
                     seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
                 )
             for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
+                mq, base = self.walked(m, step_base, m_start, m_end, n_block)
                 step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
+                    mSemQ, pipe_q, pipe_do, base, ctid, mq, n_block, head + hl, batch, num_n,
                     seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
                 )
             if cutlass.const_expr(self.has_window_left):

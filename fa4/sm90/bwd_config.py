@@ -269,6 +269,17 @@ class BwdConfigSm90:
         "0.98-1.00x of the default at five causal and windowed shapes, so off (fa4.common.masking).",
         applies=lambda problem: problem.causal or problem.has_window,
     )
+    q_starts: int = knob(
+        (1, 4, 16, 64), 1,
+        "Unmasked walks (no causal or window bound), non-deterministic: where each CTA begins its walk over "
+        "the query tiles. With 1 every CTA of a head starts at the first tile, and the CTAs that run together "
+        "(a wave holds one to two heads' key tiles) add their dQ tiles into the same accumulator tile at the "
+        "same step; with s, key tile n (cluster_exchange: its pair) starts (n mod s) / s of the way in and "
+        "wraps (fa4.common.bwd_schedule.walk_tile), so the adds of a step land on s tiles. A causal walk is "
+        "spread this way by the diagonal already. Deterministic dQ turns follow the launch order, which a "
+        "shifted start would serialize: not there.",
+        applies=lambda problem: not (problem.causal or problem.has_window or problem.deterministic),
+    )
     head_swizzle: int = knob(
         (1, 2, 4, 8, 16, 32), 1,
         "Heads per scheduling group: consecutive CTAs walk the key tiles of this many heads together so "
@@ -449,6 +460,11 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     if config.mask_bits and not (problem.causal or problem.has_window):
         out.append(Violation("knob combination",
             "mask_bits applies to causal and windowed problems only (elsewhere no bound moves per row)"))
+    if config.q_starts != 1 and (problem.causal or problem.has_window or problem.deterministic):
+        why = ("deterministic dQ turns follow the launch order, which shifted starts would serialize"
+               if problem.deterministic else "a causal or window bound splits the walk into masked runs "
+               "(and spreads its dQ adds already)")
+        out.append(Violation("knob combination", f"q_starts {config.q_starts}: {why} (use 1)"))
     if config.varlen_grid != "padded" and not getattr(problem, "varlen", False):
         out.append(Violation("knob combination", "varlen_grid 'compact' is for varlen problems"))
     if getattr(problem, "varlen", False) and config.exp_pin:

@@ -75,6 +75,7 @@ class DqAccumSteps:
             if cutlass.const_expr(self.gqa_loop):
                 hl, m = bwd_schedule.group_step(t, m_start, m_end)
                 h = head + hl
+            m = self.walk(m, m_start, m_end, n_block)
             if cutlass.const_expr(self.deterministic):
                 # Take the turn while the consumers are still computing this tile: the lock's
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".

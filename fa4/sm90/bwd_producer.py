@@ -71,7 +71,8 @@ class ProducerSteps:
             tDsD, tDgD = cpasync.tma_partition(
                 tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
             )
-            for m in cutlass.range(m_start, m_end, unroll=1):
+            for m_walk in cutlass.range(m_start, m_end, unroll=1):
+                m = self.walk(m_walk, m_start, m_end, n_block)
                 # In the order the consumers' first GEMMs need them (dp_first: dO, whose slot
                 # frees earlier in a step, then Q).
                 if cutlass.const_expr(self.dp_first):

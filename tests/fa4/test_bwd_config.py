@@ -14,7 +14,7 @@ import itertools
 import pytest
 
 from fa4.arch import SM90, SM100
-from fa4.common.bwd_schedule import dq_turn, m_block_range
+from fa4.common.bwd_schedule import dq_turn, m_block_range, walk_tile
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, random_configs
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import (
@@ -483,3 +483,36 @@ def test_qm_tiling_declaration():
     assert default_config(p256).qm_tile_n == 0 and not default_config(p256).do_single
     varlen = dataclasses.replace(p192, varlen=True, varlen_mean_q=2048, varlen_mean_k=2048)
     assert default_config(varlen).qm_tile_n == 0
+
+
+@pytest.mark.parametrize("m_start,m_end", [(0, 128), (0, 1), (0, 2), (3, 40), (5, 5 + 63)])
+@pytest.mark.parametrize("starts", [1, 4, 16, 64])
+def test_q_starts_walks_are_permutations_that_spread_a_wave(m_start, m_end, starts):
+    """walk_tile (the kernel's q_starts walk): each key tile visits every query tile of its range
+    once; at 1 the walk is the plain one; at s the key tiles of a wave (consecutive n) begin at
+    min(s, tiles) different tiles, so a step's dQ adds land on that many accumulator tiles."""
+    count = m_end - m_start
+    for n in range(200):
+        walk = [walk_tile(m, m_start, m_end, n, starts) for m in range(m_start, m_end)]
+        assert sorted(walk) == list(range(m_start, m_end)), (n, walk)
+        if starts == 1:
+            assert walk == list(range(m_start, m_end))
+    for step in range(count):
+        at_step = {walk_tile(m_start + step, m_start, m_end, n, starts) for n in range(132)}
+        assert len(at_step) == min(starts, count), (step, at_step)
+
+
+def test_q_starts_is_for_unmasked_non_deterministic_walks():
+    """q_starts' other values run where every tile of the walk has one mask and dQ adds are not
+    ordered: refused causal, windowed and deterministic, each with its reason; off by default."""
+    free = Problem.standard(8192, 128, pass_="bwd")
+    for hd in (64, 96, 128, 192, 256):
+        prob = Problem.standard(8192, hd, pass_="bwd")
+        assert default_config(prob).q_starts == 1
+        for s in (4, 16, 64):
+            assert not violations(dataclasses.replace(default_config(prob), q_starts=s), prob), (hd, s)
+    for prob, why in ((Problem.standard(8192, 128, causal=True, pass_="bwd"), "causal"),
+                      (dataclasses.replace(free, window_left=256), "window"),
+                      (dataclasses.replace(free, deterministic=True), "deterministic")):
+        out = violations(dataclasses.replace(default_config(prob), q_starts=16), prob)
+        assert [v.kind for v in out] == ["knob combination"] and why in out[0], out

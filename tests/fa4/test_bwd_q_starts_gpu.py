@@ -1,0 +1,81 @@
+"""The backward's shifted query walks (knob q_starts, fa4.common.bwd_schedule.walk_tile) on the GPU
+against PyTorch autograd in fp32 (bench/check_bwd.py: FlashAttention's error rule).
+
+Every role of the kernel (the producer's loads, the consumers' steps, the dQ writer warps or the
+consumers' own dQ adds) must visit the same tile at each step: a mismatch reads another tile's
+Q, dO or row statistics, or adds dQ into another tile, and the gradients are wrong. Cases: each
+head-dim layout (dkv_split 'keys' at 64/96/128, the queries-on-M tiling at 192 and 192/128, the
+exchange of a cluster pair at 256, whose two CTAs must walk alike), odd seqlens and Sq != Sk
+(partial last query tiles, ranges shorter than q_starts), GQA 'atomic' and 'loop' (the walk of
+each head of a group), the consumers' dQ reductions, fp16. Varlen: tests/fa4/test_varlen_bwd_gpu.py.
+"""
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+_spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
+
+HDS = [64, 96, 128, 192, (192, 128), 256]
+_ID = {64: "hd64", 96: "hd96", 128: "hd128", 192: "hd192", (192, 128): "hd192v128", 256: "hd256"}
+SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 8, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1), (1, 4100, 4100, 2, 2)]
+
+
+@pytest.fixture(scope="module")
+def check_bwd():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    mod = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(mod)
+    return mod
+
+
+def check_starts(check_bwd, shape, hd, starts, fp16=False, **change):
+    """The non-causal problem's default with q_starts and ``change``, feasible and changed, against
+    fp32 autograd."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    base = check_bwd.default_for(shape, hd, False, False, **change)
+    cfg = dataclasses.replace(base, q_starts=starts)
+    assert cfg != base and not violations(cfg, check_bwd.problem_for(shape, hd, False, False))
+    ok, info = check_bwd.check_case(*shape, hd, False, torch.float16 if fp16 else torch.bfloat16, cfg)
+    assert ok, info
+
+
+@pytest.mark.parametrize("hd", HDS, ids=_ID.get)
+@pytest.mark.parametrize("starts", [4, 64])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_shifted_walks_match_reference(check_bwd, hd, starts, shape):
+    check_starts(check_bwd, shape, hd, starts)
+
+
+# The other dQ paths and walks: the consumers' reductions (hd64 at tile_m 64), GQA 'loop' (each
+# head of the group from its shifted start), the keys-on-M split at 192 and 256 without the pair.
+CHANGES = [
+    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
+    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red")),
+    (128, dict(gqa_reduce="loop")),
+    (192, dict(qm_tile_n=0, do_single=False, dk_before_dq=False, stages=2, ds_stages=2)),
+    (256, dict(cluster_exchange=False)),
+    (256, dict(qm_tile_n=48, cluster_exchange=False, stages=2, do_single=True, ds_stages=1, dq_accum="bulk",
+               ds_store="sts", dk_before_dq=False)),
+]
+
+
+@pytest.mark.parametrize("hd,change", CHANGES)
+@pytest.mark.parametrize("starts", [4, 16])
+def test_shifted_walks_beside_other_paths(check_bwd, hd, change, starts):
+    check_starts(check_bwd, (1, 1000, 1000, 8, 2), hd, starts, **change)
+
+
+@pytest.mark.parametrize("hd", [128, 256], ids=_ID.get)
+def test_shifted_walks_fp16(check_bwd, hd):
+    check_starts(check_bwd, (1, 777, 1333, 8, 2), hd, 16, fp16=True)
