@@ -10,6 +10,10 @@
 #     the exchange's pairs) the non-causal backward runs 0.90 of our causal one's TFLOP/s while the
 #     reference's runs 1.03: q_starts 16-64 +4-10% at hd256 non-causal (issue 17's 1.054 -> 1.10),
 #     +1-3% at hd128, within noise at hd96/192 (smaller dQ tiles a FLOP). Run twice (N = 1, 2).
+#  h [N]: hd256 non-causal (issue 17: 1.054 of the reference against 1.10) and causal, the other candidates
+#     one at a time beside q_starts: dp_first (with the default's dk_before_dq: causal 1.189 / 1.193),
+#     the queries-on-M tiling at 64 keys with one Q/dO stage (compiled clean, never timed), and
+#     q_starts 16 with dp_first. (q_starts is refused causal: bwd_order skips it there with the reason.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
@@ -27,5 +31,11 @@ case "$phase" in
     TAILN=16 step "q_starts${2:-}" 560 python3 bench/bwd_order.py --orders default --rounds 2 \
       --shapes "${SHAPES:-hd256-8k-noncausal,noncausal-8k,hd192-8k-noncausal,hd96-8k-noncausal,varlen}" \
       --variants "$STARTS" ;;
+  h)
+    TAILN=16 step "hd256_${2:-}" 560 python3 bench/bwd_order.py --orders default --rounds 2 \
+      --shapes "hd256-8k-noncausal,hd256-8k" --variants '[{"q_starts": 16}, {"dp_first": true},
+      {"dp_first": true, "q_starts": 16},
+      {"qm_tile_n": 64, "cluster_exchange": false, "stages": 1, "do_single": false, "ds_stages": 1, "dk_before_dq": false},
+      {"qm_tile_n": 64, "cluster_exchange": false, "stages": 1, "do_single": false, "ds_stages": 1, "dk_before_dq": true}]' ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
