@@ -83,17 +83,23 @@ def step_index(head, m_block, m_start, m_end):
     return head * (m_end - m_start) + m_block - m_start
 
 
-def walk_tile(m, m_start, m_end, key_tile, starts: int):
-    """The query tile a CTA visits at position m of its walk over [m_start, m_end) with q_starts
-    ``starts``: key tile n (a cluster pair's index under cluster_exchange) begins (n mod starts)
-    / starts of the way in and wraps, so the CTAs of a head that run together add their dQ tiles
-    into ``starts`` places instead of one. A permutation of the range for each key tile; the
-    identity (m itself, nothing traced) at starts 1. Only for walks every tile of which needs
-    the same mask (no causal or window bound: the segments of m_block_segments are one run)."""
+
+def walk_tile(m, lo, hi, key_tile, starts: int, within: bool = False):
+    """The query tile a CTA visits at position m of its walk with q_starts ``starts``: over the
+    walk's unmasked run [lo, hi) (m_block_segments' [m_masked_end, m_unmasked_end)), key tile n
+    (a cluster pair's index under cluster_exchange) begins (n mod starts) / starts of the way in
+    and wraps, so CTAs whose runs coincide (every key tile without a mask, the key tiles left of
+    the diagonal when seqlen_q < seqlen_k) add their dQ tiles into ``starts`` places at a step
+    instead of one. The masked tiles keep their places (their masks are per position). A
+    permutation of the walk for each key tile; m itself, nothing traced, at starts 1.
+    ``within``: m is known to lie in the run (the consumers' unmasked loop)."""
     if starts == 1:
         return m
-    count = m_end - m_start
+    count = hi - lo
     t = m + (key_tile % starts) * count // starts
-    # 1 past the end of the range, else 0 (t < m_end + count).
-    wrap = cutlass.min(cutlass.max(t - m_end + 1, 0), 1)
-    return t - wrap * count
+    # 1 past the run's end, else 0 (t < hi + count for m in the run).
+    wrap = cutlass.min(cutlass.max(t - hi + 1, 0), 1)
+    if within:
+        return t - wrap * count
+    inside = cutlass.min(cutlass.max(m - lo + 1, 0), 1) * cutlass.min(cutlass.max(hi - m, 0), 1)
+    return m + inside * (t - wrap * count - m)

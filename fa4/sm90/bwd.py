@@ -138,11 +138,11 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         # (Q's), dK ahead of dQ: Q needed as late and freed as early as the step allows.
         self.dp_first = config.dp_first
         self.dk_before_dq = config.dk_before_dq
-        # q_starts (unmasked walks): each CTA's walk over the query tiles begins at a shifted tile
-        # (fa4.common.bwd_schedule.walk_tile), the producer, the dQ writers and the consumers alike.
+        # q_starts: each CTA's run of unmasked query tiles begins at a shifted tile (fa4.common.
+        # bwd_schedule.walk_tile), the producer, the dQ writers and the consumers alike.
         self.q_starts = config.q_starts
-        if self.q_starts != 1 and (causal or has_window_left or has_window_right or deterministic):
-            raise ValueError("q_starts shifts unmasked, non-deterministic walks only (bwd_config.violations)")
+        if self.q_starts != 1 and deterministic:
+            raise ValueError("q_starts shifts non-deterministic walks only (bwd_config.violations)")
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
@@ -484,15 +484,16 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             cute.arch.setmaxregister_decrease(self.regs_producer)
             # Tile coordinates are derived after the register split in each branch, so that
             # nothing computed before it stays live into the register-bound consumers.
-            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, _, _, m_end, seq = (
+            n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end, seq = (
                 self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
             )
             seqlen_q, seqlen_k = seq[2], seq[3]
+            run = (m_masked_end, m_unmasked_end)  # the unmasked run (q_starts' walk)
             if warp_idx == 0:
                 self.producer(
                     tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
                     sQ, sdO, sK, sV, sLSE, sDsum,
-                    pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+                    pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end, run,
                     self.heads_walked(qhead_per_kvhead), seq,
                 )
             if cutlass.const_expr(self.cluster):
@@ -504,12 +505,14 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
                 if warp_idx == 1:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), seq, 0,
+                        m_start, m_end, run, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), seq,
+                        0,
                     )
                 if warp_idx == 2:
                     self.dq_writer(
                         sdQ, mdQacc, mSemQ, tidx % 32, n_block, head, batch, num_n,
-                        m_start, m_end, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), seq, 1,
+                        m_start, m_end, run, seqlen_q, seqlen_k, spt, win, self.heads_walked(qhead_per_kvhead), seq,
+                        1,
                     )
         else:
             cute.arch.setmaxregister_increase(self.regs_consumer)
@@ -576,21 +579,22 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
                 seq)
 
-    def walked(self, m, step_base, m_start, m_end, n_block):
-        """(query tile, step base) at walk position m: with q_starts the tile of
+    def walked(self, m, step_base, run, n_block):
+        """(query tile, step base) at position m of the unmasked loop: with q_starts the tile of
         bwd_schedule.walk_tile, and the base moved with it so that step() still counts m - base
         steps (its ring position). Unchanged, nothing traced, at q_starts 1."""
         if cutlass.const_expr(self.q_starts == 1):
             return m, step_base
-        mq = self.walk(m, m_start, m_end, n_block)
+        mq = self.walk(m, run, n_block, within=True)
         return mq, step_base + (mq - m)
 
-    def walk(self, m, m_start, m_end, n_block):
-        """The query tile at walk position m (bwd_schedule.walk_tile; a cluster pair walks as one)."""
+    def walk(self, m, run, n_block, within=False):
+        """The query tile at walk position m, ``run`` the walk's unmasked (m_masked_end,
+        m_unmasked_end) (bwd_schedule.walk_tile; a cluster pair walks as one)."""
         if cutlass.const_expr(self.q_starts == 1):
             return m
         key_tile = n_block // bwd_pair.PAIR if self.cluster else n_block
-        return bwd_schedule.walk_tile(m, m_start, m_end, key_tile, self.q_starts)
+        return bwd_schedule.walk_tile(m, run[0], run[1], key_tile, self.q_starts, within)
 
     def acc_rows(self, mAcc, batch, head, offset):
         """(rows, d) of one (batch, head) of an fp32 side buffer (batch, heads, rows, d); varlen:
@@ -632,14 +636,14 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             if cutlass.const_expr(self.gqa_loop):
                 step_base = m_start - hl * (m_end - m_start)
             for m in cutlass.range(m_start, m_masked_end, unroll=1):
-                mq, base = self.walked(m, step_base, m_start, m_end, n_block)
                 step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, base, ctid, mq, n_block, head + hl, batch, num_n,
+                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
                     seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
                 )
             for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
-                mq, base = self.walked(m, step_base, m_start, m_end, n_block)
+                # (q_starts: the unmasked run's tiles in a shifted order, bwd_schedule.walk_tile.)
+                mq, base = self.walked(m, step_base, (m_masked_end, m_unmasked_end), n_block)
                 step(
                     sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
                     mSemQ, pipe_q, pipe_do, base, ctid, mq, n_block, head + hl, batch, num_n,

@@ -271,14 +271,15 @@ class BwdConfigSm90:
     )
     q_starts: int = knob(
         (1, 4, 16, 64), 1,
-        "Unmasked walks (no causal or window bound), non-deterministic: where each CTA begins its walk over "
-        "the query tiles. With 1 every CTA of a head starts at the first tile, and the CTAs that run together "
-        "(a wave holds one to two heads' key tiles) add their dQ tiles into the same accumulator tile at the "
-        "same step; with s, key tile n (cluster_exchange: its pair) starts (n mod s) / s of the way in and "
-        "wraps (fa4.common.bwd_schedule.walk_tile), so the adds of a step land on s tiles. A causal walk is "
-        "spread this way by the diagonal already. Deterministic dQ turns follow the launch order, which a "
-        "shifted start would serialize: not there.",
-        applies=lambda problem: not (problem.causal or problem.has_window or problem.deterministic),
+        "Non-deterministic: where each CTA begins the run of unmasked query tiles it walks. Where those runs "
+        "coincide (no causal or window bound; with one, the key tiles left of the diagonal when seqlen_q < "
+        "seqlen_k) the CTAs that run together (a wave holds one to two heads' key tiles) add their dQ tiles "
+        "into the same accumulator tile at the same step with 1; with s, key tile n (cluster_exchange: its "
+        "pair) starts (n mod s) / s of the way into its run and wraps (fa4.common.bwd_schedule.walk_tile), so "
+        "the adds of a step land on s tiles; masked tiles keep their places. Elsewhere a causal or window "
+        "bound spreads the runs already. Deterministic dQ turns follow the launch order, which a shifted "
+        "start would serialize: not there.",
+        applies=lambda problem: q_starts_applies(problem),
     )
     head_swizzle: int = knob(
         (1, 2, 4, 8, 16, 32), 1,
@@ -308,6 +309,16 @@ class BwdConfigSm90:
     def do_stages(self) -> int:
         """Depth of the dO ring: the Q ring's (stages), or one with do_single."""
         return 1 if self.do_single else self.stages
+
+
+def q_starts_applies(problem: Problem) -> bool:
+    """Whether CTAs' runs of unmasked query tiles coincide (q_starts' case): not deterministic, no
+    left window bound, and no right bound (causal included) or seqlen_q < seqlen_k, where every key
+    tile left of the diagonal sees all query tiles. (A right bound at seqlen_q = seqlen_k starts
+    each key tile's run at its own diagonal tile.)"""
+    if problem.deterministic or problem.window_left >= 0:
+        return False
+    return not (problem.causal or problem.window_right >= 0) or problem.seqlen_q < problem.seqlen_k
 
 
 def smem_bytes(config: BwdConfigSm90, problem: Problem) -> int:
@@ -460,10 +471,10 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     if config.mask_bits and not (problem.causal or problem.has_window):
         out.append(Violation("knob combination",
             "mask_bits applies to causal and windowed problems only (elsewhere no bound moves per row)"))
-    if config.q_starts != 1 and (problem.causal or problem.has_window or problem.deterministic):
+    if config.q_starts != 1 and not q_starts_applies(problem):
         why = ("deterministic dQ turns follow the launch order, which shifted starts would serialize"
-               if problem.deterministic else "a causal or window bound splits the walk into masked runs "
-               "(and spreads its dQ adds already)")
+               if problem.deterministic else "the causal or window bound spreads the walks' unmasked runs already "
+               "(q_starts applies without a bound, or under a right bound alone with seqlen_q < seqlen_k)")
         out.append(Violation("knob combination", f"q_starts {config.q_starts}: {why} (use 1)"))
     if config.varlen_grid != "padded" and not getattr(problem, "varlen", False):
         out.append(Violation("knob combination", "varlen_grid 'compact' is for varlen problems"))

@@ -51,8 +51,8 @@ class DqAccumSteps:
 
     @cute.jit
     def dq_writer(
-        self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, seqlen_q, seqlen_k, spt, win,
-        group, seq, parity: cutlass.Constexpr,
+        self, sdQ, mdQacc, mSemQ, lane, n_block, head, batch, num_n, m_start, m_end, run, seqlen_q, seqlen_k, spt,
+        win, group, seq, parity: cutlass.Constexpr,
     ):
         """One of two writer warps: adds the staged dQ tiles of the steps of its parity (steps
         counted over the (head, m_block) walk of the CTA, fa4.common.bwd_schedule.group_step)."""
@@ -75,7 +75,7 @@ class DqAccumSteps:
             if cutlass.const_expr(self.gqa_loop):
                 hl, m = bwd_schedule.group_step(t, m_start, m_end)
                 h = head + hl
-            m = self.walk(m, m_start, m_end, n_block)
+            m = self.walk(m, run, n_block)
             if cutlass.const_expr(self.deterministic):
                 # Take the turn while the consumers are still computing this tile: the lock's
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".

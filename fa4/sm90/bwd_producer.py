@@ -24,7 +24,7 @@ class ProducerSteps:
     @cute.jit
     def producer(
         self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
-        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end,
+        sQ, sdO, sK, sV, sLSE, sDsum, pipe_kv, pipe_q, pipe_do, n_block, head, head_kv, batch, m_start, m_end, run,
         group, seq,
     ):
         d = self.head_dim
@@ -72,7 +72,7 @@ class ProducerSteps:
                 tma_dsum, 0, one, cute.group_modes(sDsum, 0, 1), cute.group_modes(gDsum, 0, 1)
             )
             for m_walk in cutlass.range(m_start, m_end, unroll=1):
-                m = self.walk(m_walk, m_start, m_end, n_block)
+                m = self.walk(m_walk, run, n_block)
                 # In the order the consumers' first GEMMs need them (dp_first: dO, whose slot
                 # frees earlier in a step, then Q).
                 if cutlass.const_expr(self.dp_first):

@@ -485,34 +485,43 @@ def test_qm_tiling_declaration():
     assert default_config(varlen).qm_tile_n == 0
 
 
-@pytest.mark.parametrize("m_start,m_end", [(0, 128), (0, 1), (0, 2), (3, 40), (5, 5 + 63)])
+@pytest.mark.parametrize("m_start,lo,hi,m_end", [(0, 0, 128, 128), (0, 0, 1, 1), (0, 0, 2, 2), (3, 3, 40, 40),
+                                                  (5, 9, 68, 68), (0, 2, 2, 2), (0, 0, 30, 31), (4, 6, 20, 25)])
 @pytest.mark.parametrize("starts", [1, 4, 16, 64])
-def test_q_starts_walks_are_permutations_that_spread_a_wave(m_start, m_end, starts):
-    """walk_tile (the kernel's q_starts walk): each key tile visits every query tile of its range
-    once; at 1 the walk is the plain one; at s the key tiles of a wave (consecutive n) begin at
-    min(s, tiles) different tiles, so a step's dQ adds land on that many accumulator tiles."""
-    count = m_end - m_start
+def test_q_starts_walks_are_permutations_that_spread_a_wave(m_start, lo, hi, m_end, starts):
+    """walk_tile (the kernel's q_starts walk): each key tile visits every query tile of its walk
+    [m_start, m_end) once, the masked tiles outside the unmasked run [lo, hi) in their places; at 1
+    the walk is the plain one; at s the key tiles of a wave (consecutive n) visit min(s, run) different
+    tiles of the run at each of its steps, so a step's dQ adds land on that many accumulator tiles.
+    The consumers' form (within=True, m in the run) is the same map."""
+    count = hi - lo
     for n in range(200):
-        walk = [walk_tile(m, m_start, m_end, n, starts) for m in range(m_start, m_end)]
+        walk = [walk_tile(m, lo, hi, n, starts) for m in range(m_start, m_end)]
         assert sorted(walk) == list(range(m_start, m_end)), (n, walk)
+        assert all(walk[m - m_start] == m for m in range(m_start, m_end) if not lo <= m < hi)
+        assert [walk_tile(m, lo, hi, n, starts, within=True) for m in range(lo, hi)] == walk[lo - m_start:hi - m_start]
         if starts == 1:
             assert walk == list(range(m_start, m_end))
     for step in range(count):
-        at_step = {walk_tile(m_start + step, m_start, m_end, n, starts) for n in range(132)}
+        at_step = {walk_tile(lo + step, lo, hi, n, starts) for n in range(132)}
         assert len(at_step) == min(starts, count), (step, at_step)
 
 
-def test_q_starts_is_for_unmasked_non_deterministic_walks():
-    """q_starts' other values run where every tile of the walk has one mask and dQ adds are not
-    ordered: refused causal, windowed and deterministic, each with its reason; off by default."""
+def test_q_starts_is_for_coinciding_non_deterministic_runs():
+    """q_starts' other values run where CTAs' unmasked runs coincide and dQ adds are not ordered: no
+    bound, or causal (a right bound) with seqlen_q < seqlen_k; refused causal at seqlen_q = seqlen_k,
+    with a left window bound and deterministic, each with its reason; off by default."""
     free = Problem.standard(8192, 128, pass_="bwd")
+    short_q = Problem(1, 2048, 8192, 64, 8, 128, 128, causal=True, pass_="bwd")
     for hd in (64, 96, 128, 192, 256):
-        prob = Problem.standard(8192, hd, pass_="bwd")
-        assert default_config(prob).q_starts == 1
-        for s in (4, 16, 64):
-            assert not violations(dataclasses.replace(default_config(prob), q_starts=s), prob), (hd, s)
-    for prob, why in ((Problem.standard(8192, 128, causal=True, pass_="bwd"), "causal"),
-                      (dataclasses.replace(free, window_left=256), "window"),
-                      (dataclasses.replace(free, deterministic=True), "deterministic")):
+        for prob in (Problem.standard(8192, hd, pass_="bwd"), dataclasses.replace(short_q, head_dim=hd, head_dim_v=hd)):
+            assert default_config(prob).q_starts == 1
+            for s in (4, 16, 64):
+                assert not violations(dataclasses.replace(default_config(prob), q_starts=s), prob), (hd, s, prob)
+    for prob, why in ((Problem.standard(8192, 128, causal=True, pass_="bwd"), "spreads"),
+                      (dataclasses.replace(free, window_left=256), "spreads"),
+                      (dataclasses.replace(short_q, window_left=256), "spreads"),
+                      (dataclasses.replace(free, deterministic=True), "deterministic"),
+                      (dataclasses.replace(short_q, deterministic=True), "deterministic")):
         out = violations(dataclasses.replace(default_config(prob), q_starts=16), prob)
         assert [v.kind for v in out] == ["knob combination"] and why in out[0], out

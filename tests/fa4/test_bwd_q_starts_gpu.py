@@ -6,8 +6,10 @@ consumers' own dQ adds) must visit the same tile at each step: a mismatch reads 
 Q, dO or row statistics, or adds dQ into another tile, and the gradients are wrong. Cases: each
 head-dim layout (dkv_split 'keys' at 64/96/128, the queries-on-M tiling at 192 and 192/128, the
 exchange of a cluster pair at 256, whose two CTAs must walk alike), odd seqlens and Sq != Sk
-(partial last query tiles, ranges shorter than q_starts), GQA 'atomic' and 'loop' (the walk of
-each head of a group), the consumers' dQ reductions, fp16. Varlen: tests/fa4/test_varlen_bwd_gpu.py.
+(partial last query tiles, ranges shorter than q_starts), causal with seqlen_q < seqlen_k (the
+unmasked runs left of the diagonal shifted, the masked tiles in place), GQA 'atomic' and 'loop' (the
+walk of each head of a group), the consumers' dQ reductions, fp16. Varlen:
+tests/fa4/test_varlen_bwd_gpu.py.
 """
 
 import dataclasses
@@ -36,17 +38,16 @@ def check_bwd():
     return mod
 
 
-def check_starts(check_bwd, shape, hd, starts, fp16=False, **change):
-    """The non-causal problem's default with q_starts and ``change``, feasible and changed, against
-    fp32 autograd."""
+def check_starts(check_bwd, shape, hd, starts, causal=False, fp16=False, **change):
+    """The problem's default with q_starts and ``change``, feasible and changed, against fp32 autograd."""
     import torch
 
     from fa4.sm90.bwd_config import violations
 
-    base = check_bwd.default_for(shape, hd, False, False, **change)
+    base = check_bwd.default_for(shape, hd, causal, False, **change)
     cfg = dataclasses.replace(base, q_starts=starts)
-    assert cfg != base and not violations(cfg, check_bwd.problem_for(shape, hd, False, False))
-    ok, info = check_bwd.check_case(*shape, hd, False, torch.float16 if fp16 else torch.bfloat16, cfg)
+    assert cfg != base and not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.float16 if fp16 else torch.bfloat16, cfg)
     assert ok, info
 
 
@@ -55,6 +56,15 @@ def check_starts(check_bwd, shape, hd, starts, fp16=False, **change):
 @pytest.mark.parametrize("shape", SHAPES)
 def test_shifted_walks_match_reference(check_bwd, hd, starts, shape):
     check_starts(check_bwd, shape, hd, starts)
+
+
+@pytest.mark.parametrize("hd", HDS, ids=_ID.get)
+@pytest.mark.parametrize("starts", [4, 64])
+@pytest.mark.parametrize("shape", [(1, 333, 777, 8, 2), (2, 1000, 4100, 4, 4), (1, 65, 1000, 2, 1)])
+def test_shifted_runs_left_of_the_diagonal(check_bwd, hd, starts, shape):
+    """Causal, seqlen_q < seqlen_k: the key tiles left of the diagonal walk every query tile unmasked
+    (their runs shifted), the others a masked diagonal first (in place) and a shorter run."""
+    check_starts(check_bwd, shape, hd, starts, causal=True)
 
 
 # The other dQ paths and walks: the consumers' reductions (hd64 at tile_m 64), GQA 'loop' (each
@@ -72,8 +82,9 @@ CHANGES = [
 
 @pytest.mark.parametrize("hd,change", CHANGES)
 @pytest.mark.parametrize("starts", [4, 16])
-def test_shifted_walks_beside_other_paths(check_bwd, hd, change, starts):
-    check_starts(check_bwd, (1, 1000, 1000, 8, 2), hd, starts, **change)
+@pytest.mark.parametrize("causal", [False, True])
+def test_shifted_walks_beside_other_paths(check_bwd, hd, change, starts, causal):
+    check_starts(check_bwd, (1, 1000, 1000 if not causal else 2500, 8, 2), hd, starts, causal=causal, **change)
 
 
 @pytest.mark.parametrize("hd", [128, 256], ids=_ID.get)

@@ -420,11 +420,12 @@ def test_compact_grid_deterministic_bitwise(spt):
                                        (256, dict(cluster_exchange=False)), (192, QM_VARLEN[192])],
                          ids=["hd64", "hd128", "hd128-compact", "hd192", "hd256", "hd192-qm"])
 @pytest.mark.parametrize("starts", [4, 64])
-def test_shifted_walks(hd, change, starts):
-    """q_starts (fa4.common.bwd_schedule.walk_tile) over each document's own query tiles: documents
-    of 0 and 1 tokens, fewer query tiles than starts, Sq != Sk per document, GQA, the LSE's gradient,
-    non-causal (where the knob applies)."""
-    c = Case([300, 1, 0, 700, 97, 2100], [350, 1, 2, 700, 95, 1900], hq=8, hkv=2, hd=hd, causal=False, dlse=True)
+@pytest.mark.parametrize("causal", [False, True])
+def test_shifted_walks(hd, change, starts, causal):
+    """q_starts (fa4.common.bwd_schedule.walk_tile) over each document's own runs of unmasked query
+    tiles: documents of 0 and 1 tokens, fewer query tiles than starts, Sq != Sk per document (causal:
+    the longest document's keys outnumber its queries, where the knob applies), GQA, the LSE's gradient."""
+    c = Case([300, 1, 0, 700, 97, 1500], [350, 1, 2, 900, 95, 2100], hq=8, hkv=2, hd=hd, causal=causal, dlse=True)
     cfg = c.config(False, q_starts=starts, **change)
     ok, info = c.check(c.run(False, cfg))
     assert ok, info
