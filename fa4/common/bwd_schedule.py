@@ -83,7 +83,6 @@ def step_index(head, m_block, m_start, m_end):
     return head * (m_end - m_start) + m_block - m_start
 
 
-
 def walk_tile(m, lo, hi, key_tile, starts: int, within: bool = False):
     """The query tile a CTA visits at position m of its walk with q_starts ``starts``: over the
     walk's unmasked run [lo, hi) (m_block_segments' [m_masked_end, m_unmasked_end)), key tile n

@@ -476,6 +476,12 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
                if problem.deterministic else "the causal or window bound spreads the walks' unmasked runs already "
                "(q_starts applies without a bound, or under a right bound alone with seqlen_q < seqlen_k)")
         out.append(Violation("knob combination", f"q_starts {config.q_starts}: {why} (use 1)"))
+    if config.q_starts != 1 and config.gqa_reduce == "loop" and problem.head_dim in SPLIT_HEAD_DIMS:
+        # Compiled (session 28's CI, ptxas 13.0): hd256 non-causal GQA 'loop' with qm_tile_n 48 and
+        # q_starts 4 spilled 1 register (the shifted run beside the group's head loop); the head-dim
+        # split layouts run within a few registers of the budget, so 'loop' there keeps the plain walk.
+        out.append(Violation("registers", f"q_starts {config.q_starts} with gqa_reduce 'loop' at head_dim "
+                             f"{problem.head_dim} spills (hd256, qm_tile_n 48: 1 register)"))
     if config.varlen_grid != "padded" and not getattr(problem, "varlen", False):
         out.append(Violation("knob combination", "varlen_grid 'compact' is for varlen problems"))
     if getattr(problem, "varlen", False) and config.exp_pin:

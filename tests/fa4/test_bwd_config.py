@@ -517,7 +517,15 @@ def test_q_starts_is_for_coinciding_non_deterministic_runs():
         for prob in (Problem.standard(8192, hd, pass_="bwd"), dataclasses.replace(short_q, head_dim=hd, head_dim_v=hd)):
             assert default_config(prob).q_starts == 1
             for s in (4, 16, 64):
-                assert not violations(dataclasses.replace(default_config(prob), q_starts=s), prob), (hd, s, prob)
+                # (Under GQA the short query range's default walks the group's heads: 'loop', which at
+                # the head-dim split layouts keeps the plain walk, its registers measured at the limit.)
+                cfg = dataclasses.replace(default_config(prob), q_starts=s)
+                out = violations(cfg, prob)
+                if cfg.gqa_reduce == "loop" and hd in (192, 256):
+                    assert [v.kind for v in out] == ["registers"] and "'loop'" in out[0], out
+                    cfg = dataclasses.replace(cfg, gqa_reduce="atomic", dkv_store="direct")
+                    out = violations(cfg, prob)
+                assert not out, (hd, s, prob, out)
     for prob, why in ((Problem.standard(8192, 128, causal=True, pass_="bwd"), "spreads"),
                       (dataclasses.replace(free, window_left=256), "spreads"),
                       (dataclasses.replace(short_q, window_left=256), "spreads"),
