@@ -12,9 +12,7 @@ pairs with the other knobs; these are the shapes the device script measures.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -22,6 +20,7 @@ from fa4.problem import Problem
 from fa4.sm90.bwd_compile import compile_bwd_main, compile_bwd_post_dq, compile_key
 from fa4.sm90.bwd_config import REG_SPLIT, BwdConfigSm90, default_config, violations
 from fa4.sm90.compile import ensure_target
+from tests.fa4 import cpu_kernels
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
 EXCHANGE = ["cp.async.bulk.shared::cluster.shared::cta", "mbarrier.arrive.release.cluster.shared::cluster",
@@ -35,11 +34,7 @@ def problem(hd, hdv, causal, gqa) -> Problem:
 
 def exchanged(prob: Problem) -> BwdConfigSm90:
     """bench/check_bwd.py's: the default with the exchange (what the GPU tests and the bench run)."""
-    spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" /
-                                                  "check_bwd.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = mod.exchanged(prob)
+    cfg = cpu_kernels.check_bwd().exchanged(prob)
     assert cfg.cluster_exchange and not violations(cfg, prob)
     return cfg
 

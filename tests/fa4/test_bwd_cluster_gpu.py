@@ -6,14 +6,11 @@ pair's second CTA owns no key), Sq != Sk both ways under the causal mask, GQA an
 'atomic': 'loop' is refused), fp16, beside other knobs, a learnable sink with the LSE's gradient.
 """
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
 
 HDS = [192, (192, 128), 256]
 _ID = {192: "hd192", (192, 128): "hd192v128", 256: "hd256"}
@@ -21,13 +18,6 @@ _ID = {192: "hd192", (192, 128): "hd192v128", 256: "hd256"}
 # 65 (odd, a key past a 128 pair boundary), 10 (even, Sk a multiple of 128).
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1), (1, 129, 4097, 2, 2),
           (1, 1000, 640, 8, 8)]
-
-
-@pytest.fixture(scope="module")
-def check_bwd():
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
 
 
 def exchanged(check_bwd, shape, hd, causal, **change):

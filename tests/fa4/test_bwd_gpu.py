@@ -6,21 +6,10 @@ The same checks run as a script on the device: python bench/check_bwd.py.
 """
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-_spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
-
-
-@pytest.fixture(scope="module")
-def check_bwd():
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("hd", [64, 128])

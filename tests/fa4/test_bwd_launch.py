@@ -93,14 +93,11 @@ def test_dispatch_entry(monkeypatch):
 
 def test_check_script_reference_matches_sdpa():
     """bench/check_bwd.py's reference (the yardstick of the GPU checks) against PyTorch SDPA on CPU."""
-    import importlib.util
-    from pathlib import Path
-
     import torch.nn.functional as F
 
-    spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from tests.fa4 import cpu_kernels
+
+    mod = cpu_kernels.check_bwd()
     torch.manual_seed(0)
     for causal in (False, True):
         q, k, v = tensors(b=2, sq=37, sk=37, hq=4, hkv=2, d=16, dtype=torch.float64)

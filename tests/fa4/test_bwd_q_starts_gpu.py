@@ -13,29 +13,15 @@ tests/fa4/test_varlen_bwd_gpu.py.
 """
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
 
 HDS = [64, 96, 128, 192, (192, 128), 256]
 _ID = {64: "hd64", 96: "hd96", 128: "hd128", 192: "hd192", (192, 128): "hd192v128", 256: "hd256"}
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 8, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1), (1, 4100, 4100, 2, 2)]
-
-
-@pytest.fixture(scope="module")
-def check_bwd():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
 
 
 def check_starts(check_bwd, shape, hd, starts, causal=False, fp16=False, **change):

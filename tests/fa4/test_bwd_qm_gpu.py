@@ -9,14 +9,11 @@ the LSE's gradient).
 """
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.gpu
 
-_spec = importlib.util.spec_from_file_location("check_bwd", Path(__file__).resolve().parents[2] / "bench" / "check_bwd.py")
 
 # The layout's config per head dims, over each problem's default (fa4.sm90.bwd_config: the
 # exchange is not built with it).
@@ -29,17 +26,6 @@ QM = {
 OFF = dict(cluster_exchange=False, dp_first=False, dk_before_dq=False)
 _ID = {192: "hd192", (192, 128): "hd192v128", 256: "hd256"}
 SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 4, 2), (1, 777, 333, 4, 1), (3, 65, 1, 2, 1), (1, 1000, 1000, 8, 2)]
-
-
-@pytest.fixture(scope="module")
-def check_bwd():
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    mod = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(mod)
-    return mod
 
 
 def qm_config(check_bwd, shape, hd, causal, det, **change):
