@@ -203,24 +203,13 @@ class QmSteps:
         # accumulator, as the forward's P (fa4.sm90.bwd_split.publish_p_ds).
         self.publish_p_ds(sdp_mma, rP, rdS, sP, sdS, ds_buf, ctid, BAR_DS_FREE, BAR_DS_FULL,
                           NUM_CONSUMER_THREADS)
-        mma.gemm(dv_mma, acc_dV, tdVrdOt[None, None, None, do_state.index], tdVrPt[None, None, None, ds_buf],
-                 zero_init=False)
-        warpgroup.commit_group()
-        if cutlass.const_expr(self.dk_before_dq):
-            self.gemm_dkt(dkv_mma, acc_dK, tdKrQt, tdKrdSt, q_state, ds_buf)
-        mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt[None, None, None, 0], zero_init=True)
-        warpgroup.commit_group()
-        if cutlass.const_expr(not self.dk_before_dq):
-            self.gemm_dkt(dkv_mma, acc_dK, tdKrQt, tdKrdSt, q_state, ds_buf)
+        self.gemms_dv_dq_dk(
+            (dv_mma, acc_dV, tdVrdOt, do_state.index, tdVrPt, ds_buf),
+            (dkv_mma, acc_dK, tdKrQt, q_state.index, tdKrdSt, ds_buf),
+            (dq_mma, acc_dQ, tdQrdS, ds_buf, tdQrKt, 0),
+        )
         self.step_tail(acc_dQ, sdQ, mdQacc, mSemQ, pipe_q, q_state, pipe_do, do_state, None, ds_buf, ctid, i, m,
                        n_block, head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
-
-    @cute.jit
-    def gemm_dkt(self, dkv_mma, acc_dK, tdKrQt, tdKrdSt, q_state, ds_buf):
-        """dK^T += Q^T dS, one commit group."""
-        mma.gemm(dkv_mma, acc_dK, tdKrQt[None, None, None, q_state.index], tdKrdSt[None, None, None, ds_buf],
-                 zero_init=False)
-        warpgroup.commit_group()
 
     @cute.jit
     def apply_mask_qm(self, s_mn, c0_mn, row_base, key_base, seqlen_q, seqlen_k, win):

@@ -125,20 +125,31 @@ class DkvSplitSteps:
         _, _, acc_dV, acc_dK, acc_dQ, _, _, tdVrP_as_S, tdKrdS_as_S, _, _ = accs
         self.publish_p_ds(sdp_mma, tdVrP_as_S, tdKrdS_as_S, sP, sdSt, ds_buf, ctid, bar_ds_free, bar_ds_full,
                           num_consumer_threads)
-        mma.gemm(dv_mma, acc_dV, tdVsP[None, None, None, ds_buf], tdVrdOt[None, None, None, state.index],
-                 zero_init=False)
-        warpgroup.commit_group()
-        if cutlass.const_expr(self.dk_before_dq):
-            self.gemm_dk(dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state)
-        mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKt[None, None, None, 0], zero_init=True)
-        warpgroup.commit_group()
-        if cutlass.const_expr(not self.dk_before_dq):
-            self.gemm_dk(dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state)
+        self.gemms_dv_dq_dk(
+            (dv_mma, acc_dV, tdVsP, ds_buf, tdVrdOt, state.index),
+            (dkv_mma, acc_dK, tdKsdSt, ds_buf, tdKrQt, state.index),
+            (dq_mma, acc_dQ, tdQrdS, ds_buf, tdQrKt, 0),
+        )
 
     @cute.jit
-    def gemm_dk(self, dkv_mma, acc_dK, tdKsdSt, tdKrQt, ds_buf, state):
-        """dK += dS^T Q over this warpgroup's columns, one commit group. Last in a step (Q's slot
-        frees after it), or with dk_before_dq right after dV (dQ then runs while Q reloads)."""
-        mma.gemm(dkv_mma, acc_dK, tdKsdSt[None, None, None, ds_buf], tdKrQt[None, None, None, state.index],
-                 zero_init=False)
+    def gemms_dv_dq_dk(self, dv, dk, dq):
+        """dV += A B, dQ = A B and dK += A B of a step whose P and dS are published, one commit group
+        each, dV first; dk_before_dq issues dK before dQ (Q's slot frees while dQ runs). Each argument
+        is (tiled MMA, accumulator, A, A's stage, B, B's stage): the keys-on-M layouts pass dV = P^T dO
+        and dK = dS^T Q, the queries-on-M tiling (fa4.sm90.bwd_qm) dV^T = dO^T P and dK^T = Q^T dS.
+        (Each operand's stage is selected at its GEMM: selected up front, dK's moved the uniform
+        descriptor arithmetic of the dk_before_dq kernels.)"""
+        self.gemm_staged(dv, False)
+        if cutlass.const_expr(self.dk_before_dq):
+            self.gemm_staged(dk, False)
+        self.gemm_staged(dq, True)
+        if cutlass.const_expr(not self.dk_before_dq):
+            self.gemm_staged(dk, False)
+
+    @cute.jit
+    def gemm_staged(self, spec, zero_init: cutlass.Constexpr):
+        """One GEMM of (tiled MMA, acc, A, a_stage, B, b_stage), one commit group (gemms_dv_dq_dk's, and
+        the exchange's dV and dK: fa4.sm90.bwd_cluster)."""
+        tiled_mma, acc, a, a_stage, b, b_stage = spec
+        mma.gemm(tiled_mma, acc, a[None, None, None, a_stage], b[None, None, None, b_stage], zero_init=zero_init)
         warpgroup.commit_group()
