@@ -20,6 +20,15 @@ def gemm(tiled_mma, acc, tA, tB, zero_init: cutlass.Constexpr):
         cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
 
 
+@cute.jit
+def gemm_staged(spec, zero_init: cutlass.Constexpr):
+    """acc (+)= A[stage] B[stage], one commit group; ``spec`` is (tiled MMA, acc, A, A's stage, B,
+    B's stage), A and B fragments with their ring stages last. The stages are selected here, at
+    the GEMM: selected earlier, an operand's uniform descriptor arithmetic moves with them."""
+    tiled_mma, acc, a, a_stage, b, b_stage = spec
+    gemm(tiled_mma, acc, a[None, None, None, a_stage], b[None, None, None, b_stage], zero_init=zero_init)
+    warpgroup.commit_group()
+
 def wg_slices(tidx, *tiled_mmas):
     """Each tiled MMA's slice at the first thread of ``tidx``'s warpgroup, for shared-memory operand
     fragments (their descriptors are the same for all 128 threads of a warpgroup). The index is

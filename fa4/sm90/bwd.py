@@ -780,11 +780,9 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         i = m - step_base
         state = pipeline.PipelineState(self.q_stages, i, i % self.q_stages, (i // self.q_stages) % 2)
         ds_buf = i % self.ds_stages
+        dp = (sdp_mma, acc_dP, tdPrV, 0, tdPrdO, state.index)
         if cutlass.const_expr(self.dp_first):
-            pipe_do.consumer_wait(state)
-            mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index],
-                     zero_init=True)
-            warpgroup.commit_group()
+            self.gemm_dp(pipe_do, state, dp)
         pipe_q.consumer_wait(state)
         mma.gemm(sdp_mma, acc_S, tSrK[None, None, None, 0], tSrQ[None, None, None, state.index], zero_init=True)
         warpgroup.commit_group()
@@ -799,10 +797,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         for c in cutlass.range_constexpr(npre):
             tLSE[c] = sLSE[col0 + c0_mn[0, c][1], state.index]
         if cutlass.const_expr(not self.dp_first):
-            pipe_do.consumer_wait(state)
-            mma.gemm(sdp_mma, acc_dP, tdPrV[None, None, None, 0], tdPrdO[None, None, None, state.index],
-                     zero_init=True)
-            warpgroup.commit_group()
+            self.gemm_dp(pipe_do, state, dp)
         # S^T done (dp_first: the later of the two, so both).
         warpgroup.wait_group(0 if self.dp_first else 1)
         if cutlass.const_expr(self.has_softcap):
@@ -914,6 +909,14 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         if cutlass.const_expr(not self.dk_before_dq):
             warpgroup.wait_group(0)
             pipe_q.consumer_release(q_state)
+
+    @cute.jit
+    def gemm_dp(self, pipe_do, do_state, spec):
+        """dP^T = V dO^T (queries-on-M: dP = dO V^T) once dO's slot is full, one commit group: ahead
+        of S with dp_first, else after it (the exp then runs under dP). ``spec``: as
+        fa4.common.mma.gemm_staged's."""
+        pipe_do.consumer_wait(do_state)
+        mma.gemm_staged(spec, True)
 
     @cute.jit
     def wait_dp(self, s_mn, seqlen_k):

@@ -161,17 +161,17 @@ class ClusterSteps:
                 sdSp[None, None, ds_buf].iterator, sdS[None, None, ds_buf].iterator, nbytes, full, 1 - rank
             )
         dk = (dkv_mma, acc_dK, tdKsdSt, ds_buf, tdKrQt, state.index)
-        self.gemm_staged((dv_mma, acc_dV, tdVsP, ds_buf, tdVrdOt, state.index), False)
+        mma.gemm_staged((dv_mma, acc_dV, tdVsP, ds_buf, tdVrdOt, state.index), False)
         if cutlass.const_expr(self.dk_before_dq):
             # dK needs only this CTA's dS: issued before the wait for the peer's.
-            self.gemm_staged(dk, False)
+            mma.gemm_staged(dk, False)
         # The peer's dS of this step is in sdSp[ds_buf] (bytes delivered through the mbarrier).
         cute.arch.mbarrier_wait(full, j % 2)
         mma.gemm(dq_mma, acc_dQ, tdQrdS[None, None, None, ds_buf], tdQrKo, zero_init=True)
         mma.gemm(dq_mma, acc_dQ, tdQrdSp[None, None, None, ds_buf], tdQrKp[None, None, None, 0], zero_init=False)
         warpgroup.commit_group()
         if cutlass.const_expr(not self.dk_before_dq):
-            self.gemm_staged(dk, False)
+            mma.gemm_staged(dk, False)
 
     @cute.jit
     def release_peer(self, frag, ds_buf, ctid):

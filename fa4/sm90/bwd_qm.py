@@ -152,11 +152,9 @@ class QmSteps:
         if cutlass.const_expr(self.do_stages != self.q_stages):
             do_state = pipeline.PipelineState(self.do_stages, i, i % self.do_stages, (i // self.do_stages) % 2)
         ds_buf = i % self.ds_stages
+        dp = (sdp_mma, acc_dP, tdPrdO, do_state.index, tdPrV, 0)
         if cutlass.const_expr(self.dp_first):
-            pipe_do.consumer_wait(do_state)
-            mma.gemm(sdp_mma, acc_dP, tdPrdO[None, None, None, do_state.index], tdPrV[None, None, None, 0],
-                     zero_init=True)
-            warpgroup.commit_group()
+            self.gemm_dp(pipe_do, do_state, dp)
         pipe_q.consumer_wait(q_state)
         mma.gemm(sdp_mma, acc_S, tSrQ[None, None, None, q_state.index], tSrK[None, None, None, 0], zero_init=True)
         warpgroup.commit_group()
@@ -165,10 +163,7 @@ class QmSteps:
         for r in cutlass.range_constexpr(nrow):
             tLSE[r] = sLSE[q0 + c0_mn[r, 0][0], q_state.index]
         if cutlass.const_expr(not self.dp_first):
-            pipe_do.consumer_wait(do_state)
-            mma.gemm(sdp_mma, acc_dP, tdPrdO[None, None, None, do_state.index], tdPrV[None, None, None, 0],
-                     zero_init=True)
-            warpgroup.commit_group()
+            self.gemm_dp(pipe_do, do_state, dp)
         warpgroup.wait_group(0 if self.dp_first else 1)
         tDsum = cute.make_rmem_tensor((nrow,), Float32)
         for r in cutlass.range_constexpr(nrow):

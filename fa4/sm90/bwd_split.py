@@ -25,7 +25,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, tensor_utils
-from cutlass.cute.nvgpu import warp, warpgroup
+from cutlass.cute.nvgpu import warp
 
 from fa4.common import mma
 from fa4.common.regs import opaque
@@ -135,21 +135,12 @@ class DkvSplitSteps:
     def gemms_dv_dq_dk(self, dv, dk, dq):
         """dV += A B, dQ = A B and dK += A B of a step whose P and dS are published, one commit group
         each, dV first; dk_before_dq issues dK before dQ (Q's slot frees while dQ runs). Each argument
-        is (tiled MMA, accumulator, A, A's stage, B, B's stage): the keys-on-M layouts pass dV = P^T dO
-        and dK = dS^T Q, the queries-on-M tiling (fa4.sm90.bwd_qm) dV^T = dO^T P and dK^T = Q^T dS.
-        (Each operand's stage is selected at its GEMM: selected up front, dK's moved the uniform
-        descriptor arithmetic of the dk_before_dq kernels.)"""
-        self.gemm_staged(dv, False)
+        is fa4.common.mma.gemm_staged's (tiled MMA, acc, A, A's stage, B, B's stage): the keys-on-M
+        layouts pass dV = P^T dO and dK = dS^T Q, the queries-on-M tiling (fa4.sm90.bwd_qm) dV^T =
+        dO^T P and dK^T = Q^T dS."""
+        mma.gemm_staged(dv, False)
         if cutlass.const_expr(self.dk_before_dq):
-            self.gemm_staged(dk, False)
-        self.gemm_staged(dq, True)
+            mma.gemm_staged(dk, False)
+        mma.gemm_staged(dq, True)
         if cutlass.const_expr(not self.dk_before_dq):
-            self.gemm_staged(dk, False)
-
-    @cute.jit
-    def gemm_staged(self, spec, zero_init: cutlass.Constexpr):
-        """One GEMM of (tiled MMA, acc, A, a_stage, B, b_stage), one commit group (gemms_dv_dq_dk's, and
-        the exchange's dV and dK: fa4.sm90.bwd_cluster)."""
-        tiled_mma, acc, a, a_stage, b, b_stage = spec
-        mma.gemm(tiled_mma, acc, a[None, None, None, a_stage], b[None, None, None, b_stage], zero_init=zero_init)
-        warpgroup.commit_group()
+            mma.gemm_staged(dk, False)
