@@ -3,7 +3,7 @@
 # ~24 device minutes left after two refused starts. One phase a call:
 #  t: after README command (1) in the same call: the shifted query walks' GPU tests against fp32 autograd
 #     (tests/fa4/test_bwd_q_starts_gpu.py and the varlen cases, -k shifted).
-#  s: two runs, back to back, of q_starts 16 / 64 against the default and the reference at the three
+#  s, s2: runs 1 and 2 (one a call, or back to back in one) of q_starts 16 / 64 against the default and the reference at the three
 #     shapes of the prediction (bench/device_s28.sh s): hd256 non-causal (+4-10%: issue 17's 1.054 ->
 #     1.10), hd128 non-causal and causal Sq 2k / Sk 8k (+1-3%: issue 20's 0.968).
 #  r: hd192's default (the queries-on-M tiling) against the reference, causal and not, hd192 and
@@ -25,9 +25,8 @@ case "$phase" in
     TAILN=8 KEEP="passed|failed|FAILED|Error|error" step q_starts_tests "${LIMIT:-330}" python3 -m pytest -q -n 15 \
       -p no:cacheprovider --maxfail=10 tests/fa4/test_bwd_q_starts_gpu.py tests/fa4/test_varlen_bwd_gpu.py \
       -k "shifted" ;;
-  s)
-    three 1 300
-    three 2 240 ;;
+  s) three 1 "${LIMIT:-270}" ;;  # run 1
+  s2) three 2 "${LIMIT:-240}" ;;  # run 2 (the kernels compiled in run 1's process are compiled again)
   r)
     TAILN=10 step hd192_2 "${LIMIT:-280}" python3 bench/bwd_order.py --orders default --rounds 2 \
       --shapes hd192-8k,hd192v128-8k,hd192-8k-noncausal,hd192v128-8k-noncausal ;;
