@@ -29,6 +29,7 @@ def gemm_staged(spec, zero_init: cutlass.Constexpr):
     gemm(tiled_mma, acc, a[None, None, None, a_stage], b[None, None, None, b_stage], zero_init=zero_init)
     warpgroup.commit_group()
 
+
 def wg_slices(tidx, *tiled_mmas):
     """Each tiled MMA's slice at the first thread of ``tidx``'s warpgroup, for shared-memory operand
     fragments (their descriptors are the same for all 128 threads of a warpgroup). The index is

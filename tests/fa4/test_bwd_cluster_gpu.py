@@ -6,11 +6,9 @@ pair's second CTA owns no key), Sq != Sk both ways under the causal mask, GQA an
 'atomic': 'loop' is refused), fp16, beside other knobs, a learnable sink with the LSE's gradient.
 """
 
-
 import pytest
 
 pytestmark = pytest.mark.gpu
-
 
 HDS = [192, (192, 128), 256]
 _ID = {192: "hd192", (192, 128): "hd192v128", 256: "hd256"}

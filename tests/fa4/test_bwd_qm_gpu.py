@@ -14,7 +14,6 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-
 # The layout's config per head dims, over each problem's default (fa4.sm90.bwd_config: the
 # exchange is not built with it).
 QM = {
