@@ -24,6 +24,6 @@ case "$phase" in
     TAILN=8 step hd256_swizzle "${LIMIT:-200}" python3 bench/bwd_order.py --orders default,1:4,1:8 --rounds 2 \
       --shapes hd256-8k-noncausal ;;
   n)
-    SPECS="256:" OUT="$OUT/ncu" timeout "${LIMIT:-300}" bash bench/ncu_bwd.sh ;;
+    SPECS="256:" OUT="$out/ncu" timeout "${LIMIT:-300}" bash bench/ncu_bwd.sh ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac
