@@ -75,6 +75,18 @@ def test_walking_down_deterministic_bitwise(check_bwd, hd, change, shape):
     assert ok, info
 
 
+@pytest.mark.parametrize("shape", [(1, 8192, 8192, 8, 2), (1, 8192, 8192, 4, 4)], ids=["gqa", "mha"])
+def test_the_deterministic_default_walks_down_bitwise(check_bwd, shape):
+    """The default where it walks down (bwd_config.det_walk_down_pays: deterministic causal hd128, 64 key
+    tiles a head), with its launch order (longest first, 16 heads a group): ten runs bitwise equal and right."""
+    import torch
+
+    cfg = check_bwd.default_for(shape, 128, True, True)
+    assert (cfg.walk_down, cfg.spt_order, cfg.head_swizzle) == (True, False, 16)
+    ok, info = check_bwd.check_deterministic(*shape, 128, True, torch.bfloat16, cfg)
+    assert ok, info
+
+
 # The other dQ paths and layouts: the consumers' reductions (hd64 at tile_m 64), GQA 'loop' (each
 # head of the group walked down in turn), the keys-on-M split at 192 and 256 without the pair.
 CHANGES = [
