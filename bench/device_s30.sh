@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (Phases g, d, d2 and c run the walk_down / default code of branch session30-walk-down, e7b2bec: not on
+# main, see bench/RESULTS.md, session 30, "Landing".)
 # Session 30: what session 29 packed (bench/device_s29.sh t / s / s2 / r) plus one reading of the hd256
 # non-causal gap that needs no new kernel. One phase a call:
 #  w: hd256 non-causal, the default (one head a scheduling group) against 4 and 8 heads a group
