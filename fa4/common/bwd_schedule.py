@@ -102,3 +102,36 @@ def walk_tile(m, lo, hi, key_tile, starts: int, within: bool = False):
         return t - wrap * count
     inside = cutlass.min(cutlass.max(m - lo + 1, 0), 1) * cutlass.min(cutlass.max(hi - m, 0), 1)
     return m + inside * (t - wrap * count - m)
+
+
+def walk_down_tile(m, lo, hi):
+    """The query tile a CTA visits at position m of its walk with walk_down: over the walk's tiles
+    [lo, hi) (m_block_segments' [m_start, m_end)), the last first and the first (the diagonal's,
+    under a causal bound) last. Every key tile of a head then reaches a query tile q at position
+    hi - 1 - q, which does not depend on the key tile where hi does not (causal, and any right
+    bound without a left one), and comes earlier for a lower key tile where it does (a left
+    bound): with the dQ turns in launch order and the lowest key tiles launched first
+    (dq_turn's spt 0), no CTA reaches a tile before the CTAs whose turns come ahead of it."""
+    return lo + hi - 1 - m
+
+
+def walk_runs(segments, walk_down: bool, has_window_left: bool):
+    """The consumers' loops over walk positions, in walk order: (first, end, masked) each, from
+    m_block_segments' (m_start, m_masked_end, m_unmasked_end, m_end).
+
+    Up: the diagonal's masked tiles, the unmasked run, the window's left-bound masked tiles (only
+    with a left bound: the kernel without one has two loops). Down: position p is tile
+    walk_down_tile(p, m_start, m_end), so the same runs come mirrored and in reverse order. The
+    walk's order is the producer's and the dQ writers' too (they map each position through the
+    same function); the loops are separate because masked steps are compiled apart."""
+    m_start, m_masked_end, m_unmasked_end, m_end = segments
+    if not walk_down:
+        runs = [(m_start, m_masked_end, True), (m_masked_end, m_unmasked_end, False)]
+        if has_window_left:
+            runs.append((m_unmasked_end, m_end, True))
+        return runs
+    mirror = m_start + m_end
+    runs = [(m_start, mirror - m_unmasked_end, True)] if has_window_left else []
+    runs.append((mirror - m_unmasked_end, mirror - m_masked_end, False))
+    runs.append((mirror - m_masked_end, m_end, True))
+    return runs

@@ -143,6 +143,11 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         self.q_starts = config.q_starts
         if self.q_starts != 1 and deterministic:
             raise ValueError("q_starts shifts non-deterministic walks only (bwd_config.violations)")
+        # walk_down (causal, windowed): each CTA walks its query tiles from the last down, the same
+        # mirror (bwd_schedule.walk_down_tile) for every role; the dQ turns stay the launch order's.
+        self.walk_down = config.walk_down
+        if self.walk_down and self.q_starts != 1:
+            raise ValueError("walk_down and q_starts both order the walk (bwd_config.violations)")
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
@@ -488,7 +493,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
                 self.tile_coords(bidx, mQ, mK, head_swizzle, spt, win, vl)
             )
             seqlen_q, seqlen_k = seq[2], seq[3]
-            run = (m_masked_end, m_unmasked_end)  # the unmasked run (q_starts' walk)
+            run = self.walk_span((m_start, m_masked_end, m_unmasked_end, m_end))
             if warp_idx == 0:
                 self.producer(
                     tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE2, tma_dsum, mDsum,
@@ -579,22 +584,36 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
                 seq)
 
-    def walked(self, m, step_base, run, n_block):
-        """(query tile, step base) at position m of the unmasked loop: with q_starts the tile of
-        bwd_schedule.walk_tile, and the base moved with it so that step() still counts m - base
-        steps (its ring position). Unchanged, nothing traced, at q_starts 1."""
-        if cutlass.const_expr(self.q_starts == 1):
+    def walk_span(self, segments):
+        """The query tiles the walk reorders, from (m_start, m_masked_end, m_unmasked_end, m_end):
+        all of them walking down, else the unmasked run (q_starts' shifts)."""
+        m_start, m_masked_end, m_unmasked_end, m_end = segments
+        if cutlass.const_expr(self.walk_down):
+            return (m_start, m_end)
+        return (m_masked_end, m_unmasked_end)
+
+    def walk_segments(self, segments):
+        """The consumers' loops over walk positions, in walk order (bwd_schedule.walk_runs)."""
+        return bwd_schedule.walk_runs(segments, self.walk_down, self.has_window_left)
+
+    def walked(self, m, step_base, span, n_block, masked):
+        """(query tile, step base) at position m of a consumer loop: the tile of walk(), and the
+        base moved with it so that step() still counts m - base steps (its ring position).
+        Unchanged, nothing traced, walking up without q_starts and in the up walk's masked runs."""
+        if cutlass.const_expr(not self.walk_down and (self.q_starts == 1 or masked)):
             return m, step_base
-        mq = self.walk(m, run, n_block, within=True)
+        mq = self.walk(m, span, n_block, within=True)
         return mq, step_base + (mq - m)
 
-    def walk(self, m, run, n_block, within=False):
-        """The query tile at walk position m, ``run`` the walk's unmasked (m_masked_end,
-        m_unmasked_end) (bwd_schedule.walk_tile; a cluster pair walks as one)."""
+    def walk(self, m, span, n_block, within=False):
+        """The query tile at walk position m, ``span`` the walk_span (bwd_schedule.walk_down_tile or
+        walk_tile; a cluster pair walks as one)."""
+        if cutlass.const_expr(self.walk_down):
+            return bwd_schedule.walk_down_tile(m, span[0], span[1])
         if cutlass.const_expr(self.q_starts == 1):
             return m
         key_tile = n_block // bwd_pair.PAIR if self.cluster else n_block
-        return bwd_schedule.walk_tile(m, run[0], run[1], key_tile, self.q_starts, within)
+        return bwd_schedule.walk_tile(m, span[0], span[1], key_tile, self.q_starts, within)
 
     def acc_rows(self, mAcc, batch, head, offset):
         """(rows, d) of one (batch, head) of an fp32 side buffer (batch, heads, rows, d); varlen:
@@ -635,27 +654,15 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             step_base = m_start
             if cutlass.const_expr(self.gqa_loop):
                 step_base = m_start - hl * (m_end - m_start)
-            for m in cutlass.range(m_start, m_masked_end, unroll=1):
-                step(
-                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
-                )
-            for m in cutlass.range(m_masked_end, m_unmasked_end, unroll=1):
-                # (q_starts: the unmasked run's tiles in a shifted order, bwd_schedule.walk_tile.)
-                mq, base = self.walked(m, step_base, (m_masked_end, m_unmasked_end), n_block)
-                step(
-                    sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                    mSemQ, pipe_q, pipe_do, base, ctid, mq, n_block, head + hl, batch, num_n,
-                    seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, False,
-                )
-            if cutlass.const_expr(self.has_window_left):
-                # The window's left bound cuts the key tile from here on.
-                for m in cutlass.range(m_unmasked_end, m_end, unroll=1):
+            span = self.walk_span(m_segments)
+            for first, end, masked in self.walk_segments(m_segments):
+                for m in cutlass.range(first, end, unroll=1):
+                    # (q_starts: the unmasked run's tiles in a shifted order; walk_down: mirrored.)
+                    mq, base = self.walked(m, step_base, span, n_block, masked)
                     step(
-                        sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum, mdQacc,
-                        mSemQ, pipe_q, pipe_do, step_base, ctid, m, n_block, head + hl, batch, num_n,
-                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, True,
+                        sdp_mma, dkv_mma, dv_mma, dq_mma, dq_thr, frag, accs, c0_mn, col0, limits, sLSE, sDsum,
+                        mdQacc, mSemQ, pipe_q, pipe_do, base, ctid, mq, n_block, head + hl, batch, num_n,
+                        seqlen_q, seqlen_k, scale_log2, spt, win, softcap_args, seq, masked,
                     )
         # The tile coordinates again, from the block index: recomputing them here is a few
         # integer ops, holding them through the mainloop cost registers the loop needs.

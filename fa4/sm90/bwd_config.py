@@ -12,6 +12,7 @@ and dV over all of head_dim) the two consumers share a 64-row key tile and split
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -96,6 +97,26 @@ DS_EARLY_HEAD_DIMS = (64,)
 # 16 heads 0.962 / 0.980 / 0.965 / 0.969, 32 heads 0.959 / 0.956 / 0.955 (three runs). Deterministic
 # (shortest first) 8 against 1: 1.044 / 1.038 of the reference's deterministic, one run: kept at 1.
 VARLEN_HEAD_SWIZZLE = 8
+# q_starts 16 by default where its runs coincide (q_starts_applies) at the head dims measured. H200,
+# session 30, bench/bwd_order.py (default / q_starts 16 / 64 of the reference, three runs at hd256):
+# hd256 non-causal 1.045 -> 1.152 / 1.147, 1.053 -> 1.157 / 1.155, 1.053 -> 1.174 (16); hd128
+# non-causal 0.930 -> 0.952 / 0.954, 0.926 -> 0.941 / 0.940, 0.926 -> 0.951; Sq 2k / Sk 8k causal (GQA
+# 'loop') 0.943 -> 0.955 / 0.961, 0.937 -> 0.954 / 0.954, 0.959 -> 0.961. hd64, 96 and 192 and varlen
+# unmeasured (varlen's GPU tests pass with it).
+Q_STARTS_DEFAULT = 16
+Q_STARTS_HEAD_DIMS = (128, 256)
+# walk_down with the longest key tiles first and 16 heads a group by default for the deterministic
+# causal backward where it won (det_walk_down_pays). H200, session 30, bench/det_ratio.py, our
+# deterministic / our non-deterministic, two runs, today's default (shortest first, walking up, one
+# head a group) -> walking down with 8 / 16 / 32 heads a group: causal 8k (B2 H16 hd128) 0.941 ->
+# 1.010 / 0.983 and 0.931 -> 0.951 / 0.972 / 0.969; Llama-3-8B 8k (GQA 4:1 'atomic') 0.898 -> 0.912 /
+# 0.933 and 0.908 -> 0.915 / 0.937 / 0.909. It lost where a head has fewer key tiles, so that the
+# one dQ hand-off per CTA of a wave weighs more against a CTA's walk: Qwen2.5-7B 4k (32 key tiles)
+# 0.909 -> 0.858 / 0.863, 0.915 -> 0.861 / 0.869 / 0.821; GPT-2 1k 0.933 -> 0.783 / 0.797 (one run);
+# hd64 8k (B2 H32) even: 0.941 -> 0.914 / 0.942 / 0.943 (one run). One head a group walking down lost
+# everywhere (causal 8k 0.816).
+DET_WALK_DOWN_SWIZZLE = 16
+DET_WALK_DOWN_MIN_KEY_TILES = 64
 
 
 @dataclass(frozen=True)
@@ -278,8 +299,24 @@ class BwdConfigSm90:
         "pair) starts (n mod s) / s of the way into its run and wraps (fa4.common.bwd_schedule.walk_tile), so "
         "the adds of a step land on s tiles; masked tiles keep their places. Elsewhere a causal or window "
         "bound spreads the runs already. Deterministic dQ turns follow the launch order, which a shifted "
-        "start would serialize: not there.",
+        "start would serialize: not there. default_config takes 16 at head_dim 128 and 256 (H200: hd256 "
+        "non-causal +10-11%, hd128 +1.6-2.7%, Sq 2k / Sk 8k causal +0.2-1.8%; Q_STARTS_DEFAULT).",
         applies=lambda problem: q_starts_applies(problem),
+    )
+    walk_down: bool = knob(
+        (False, True), False,
+        "Causal or windowed: each CTA walks its query tiles from the last down to the first (the diagonal's "
+        "masked tiles last) instead of up from the diagonal. Meant for the deterministic backward with the "
+        "longest key tiles first (spt_order False): its dQ turns follow the launch order (fa4.common."
+        "bwd_schedule.dq_turn), and walking down every key tile of a head reaches a query tile at the same "
+        "walk position; walking up, a shorter key tile reaches it steps before the longer ones whose turns "
+        "come first, and waits (so today's deterministic default launches the shortest first, 4-6% slower "
+        "than longest-first in the non-deterministic kernels). Not with q_starts, which permutes the walk too. "
+        "default_config walks down, longest first with 16 heads a group, where it won on the H200 "
+        "(det_walk_down_pays: deterministic causal hd128 with >= 64 key tiles a head, +3-5%); with fewer key "
+        "tiles the one dQ hand-off per CTA of a wave weighs more and it lost (Qwen2.5-7B 4k -5%).",
+        applies=lambda problem: problem.causal or problem.has_window,
+        requires=lambda k: k["q_starts"] == 1,
     )
     head_swizzle: int = knob(
         (1, 2, 4, 8, 16, 32), 1,
@@ -482,6 +519,12 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         # split layouts run within a few registers of the budget, so 'loop' there keeps the plain walk.
         out.append(Violation("registers", f"q_starts {config.q_starts} with gqa_reduce 'loop' at head_dim "
                              f"{problem.head_dim} spills (hd256, qm_tile_n 48: 1 register)"))
+    if config.walk_down and not (problem.causal or problem.has_window):
+        out.append(Violation("knob combination",
+            "walk_down applies to causal and windowed problems only (unmasked walks are alike either way)"))
+    if config.walk_down and config.q_starts != 1:
+        out.append(Violation("knob combination", f"walk_down with q_starts {config.q_starts}: both order the walk "
+                             "(use one)"))
     if config.varlen_grid != "padded" and not getattr(problem, "varlen", False):
         out.append(Violation("knob combination", "varlen_grid 'compact' is for varlen problems"))
     if getattr(problem, "varlen", False) and config.exp_pin:
@@ -615,7 +658,39 @@ def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violatio
     return out
 
 
+def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
+    """Where the deterministic backward walks down with the longest key tiles first (the comment at
+    DET_WALK_DOWN_SWIZZLE): causal at head_dim 128 with seqlen_q = seqlen_k, no window, not varlen,
+    one CTA a query head (not gqa_reduce 'loop', whose head-major walk would wait at every head after
+    the first), and at least DET_WALK_DOWN_MIN_KEY_TILES key tiles a head."""
+    return (problem.deterministic and problem.causal and not problem.has_window and problem.head_dim == 128
+            and problem.head_dim_v == 128 and problem.seqlen_q == problem.seqlen_k
+            and not getattr(problem, "varlen", False) and gqa_reduce != "loop"
+            and problem.seqlen_k // TILE_N >= DET_WALK_DOWN_MIN_KEY_TILES)
+
+
+def _measured_walks(config: BwdConfigSm90, problem: Problem, arch: Arch) -> BwdConfigSm90:
+    """The walk orders measured to pay, on top of a default config, where feasible: q_starts
+    (Q_STARTS_DEFAULT) and the deterministic walk down (det_walk_down_pays)."""
+    if (q_starts_applies(problem) and problem.head_dim in Q_STARTS_HEAD_DIMS
+            and not getattr(problem, "varlen", False)):
+        cand = dataclasses.replace(config, q_starts=Q_STARTS_DEFAULT)
+        if not violations(cand, problem, arch):
+            config = cand
+    if det_walk_down_pays(problem, config.gqa_reduce):
+        cand = dataclasses.replace(config, walk_down=True, spt_order=False, head_swizzle=DET_WALK_DOWN_SWIZZLE)
+        if not violations(cand, problem, arch):
+            config = cand
+    return config
+
+
 def default_config(problem: Problem, arch: Arch = SM90, *, queries_on_m: bool = True) -> BwdConfigSm90:
+    """The problem's default: the tiles, rings and launch order of _default_layout, then the walk
+    orders measured to pay (_measured_walks)."""
+    return _measured_walks(_default_layout(problem, arch, queries_on_m), problem, arch)
+
+
+def _default_layout(problem: Problem, arch: Arch = SM90, queries_on_m: bool = True) -> BwdConfigSm90:
     """Two-deep Q/dO ring, P^T from registers, dS^T by stmatrix, bulk dQ adds, dK/dV out by TMA
     where a CTA stores finished tiles (no GQA, or GQA with gqa_reduce 'loop', which
     default_gqa_reduce picks where its grid fills the machine); query tile 128 at

@@ -384,10 +384,43 @@ LAUNCH_ORDER = [
     ((256, True, -1, False, 16), (False, 1)),
     ((128, False, 0, False, 16), (False, 4)),  # a window's right bound masks like causal
     ((128, False, -1, False, 16), (True, 1)),  # unmasked: more heads per group lost
-    ((128, True, -1, True, 16), (True, 1)),  # deterministic: shortest first, its turns never wait
+    # deterministic: walking down, longest first with 16 heads a group at causal hd128 with 64 key
+    # tiles (session 30, det_walk_down_pays), else shortest first walking up; either way its turns never wait
+    ((128, True, -1, True, 16), (False, 16)),
+    ((128, False, 0, True, 16), (True, 8)),  # a window: not walked down (unmeasured)
+    ((96, True, -1, True, 16), (True, 1)),
     ((64, False, -1, True, 16), (True, 4)),
     ((128, False, -1, True, 16), (True, 8)),
 ]
+
+
+def _walks(hd=128, causal=False, det=False, sq=8192, sk=8192, hq=16, hkv=16, varlen=False, **kw):
+    prob = Problem(batch=2, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
+                   causal=causal, deterministic=det, pass_="bwd", dtype="bf16", varlen=varlen,
+                   varlen_mean_q=sq // 2 if varlen else 0, varlen_mean_k=sk // 2 if varlen else 0, **kw)
+    cfg = default_config(prob)
+    assert not violations(cfg, prob)
+    return cfg.q_starts, cfg.walk_down
+
+
+@pytest.mark.parametrize("kw,want", [
+    # q_starts 16 where CTAs' unmasked runs coincide, at the head dims measured (hd128, hd256).
+    (dict(), (16, False)), (dict(hd=256), (16, False)), (dict(hd=96), (1, False)), (dict(hd=64), (1, False)),
+    (dict(hd=192), (1, False)),
+    (dict(causal=True, sq=2048, hq=64, hkv=8), (16, False)),  # left of the diagonal (Sq 2k / Sk 8k)
+    (dict(causal=True), (1, False)),  # the diagonal spreads the runs
+    (dict(det=True), (1, False)),  # turns in launch order
+    (dict(varlen=True), (1, False)),  # unmeasured
+    (dict(window_left=1023, window_right=0), (1, False)),
+    # walk_down for the deterministic causal hd128 backward with >= 64 key tiles a head, 'atomic' or MHA.
+    (dict(det=True, causal=True), (1, True)), (dict(det=True, causal=True, hq=32, hkv=8), (1, True)),
+    (dict(det=True, causal=True, sq=4096, sk=4096, hq=28, hkv=4), (1, False)),  # Qwen 4k: it lost
+    (dict(det=True, causal=True, hd=64), (1, False)),  # even at hd64
+    (dict(det=True, causal=True, sq=2048, hq=64, hkv=8), (1, False)),  # 'loop', Sq != Sk
+    (dict(det=True, window_left=1023, window_right=0), (1, False)),  # unmeasured
+])
+def test_measured_walk_defaults(kw, want):
+    assert _walks(**kw) == want
 
 
 @pytest.mark.parametrize("key,want", LAUNCH_ORDER)
@@ -510,12 +543,15 @@ def test_q_starts_walks_are_permutations_that_spread_a_wave(m_start, lo, hi, m_e
 def test_q_starts_is_for_coinciding_non_deterministic_runs():
     """q_starts' other values run where CTAs' unmasked runs coincide and dQ adds are not ordered: no
     bound, or causal (a right bound) with seqlen_q < seqlen_k; refused causal at seqlen_q = seqlen_k,
-    with a left window bound and deterministic, each with its reason; off by default."""
+    with a left window bound and deterministic, each with its reason; the default at head_dim 128 and
+    256 only (Q_STARTS_HEAD_DIMS: where it was measured, test_measured_walk_defaults)."""
     free = Problem.standard(8192, 128, pass_="bwd")
     short_q = Problem(1, 2048, 8192, 64, 8, 128, 128, causal=True, pass_="bwd")
     for hd in (64, 96, 128, 192, 256):
         for prob in (Problem.standard(8192, hd, pass_="bwd"), dataclasses.replace(short_q, head_dim=hd, head_dim_v=hd)):
-            assert default_config(prob).q_starts == 1
+            # (hd256's short query range under GQA runs 'loop', which keeps the plain walk there.)
+            loop = default_config(prob).gqa_reduce == "loop" and hd in (192, 256)
+            assert default_config(prob).q_starts == (16 if hd in (128, 256) and not loop else 1)
             for s in (4, 16, 64):
                 # (Under GQA the short query range's default walks the group's heads: 'loop', which at
                 # the head-dim split layouts keeps the plain walk, its registers measured at the limit.)

@@ -17,13 +17,15 @@ import itertools
 
 import pytest
 
-from fa4.common.bwd_schedule import dq_turn, group_step, m_block_segments, step_index
+from fa4.common.bwd_schedule import dq_turn, group_step, m_block_segments, step_index, walk_down_tile, walk_runs
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import (
+    DET_WALK_DOWN_SWIZZLE,
     GQA_LOOP_MIN_CTAS,
     BwdConfigSm90,
     default_config,
     default_gqa_reduce,
+    det_walk_down_pays,
     loop_ctas,
     violations,
 )
@@ -43,41 +45,46 @@ def segments(n, tile_m, tile_n, sq, sk, causal, left, right):
                             max(left, 0), max(right, 0))
 
 
-def producer_walk(group, seg):
-    """fa4.sm90.bwd producer: for each head of the group, the query tiles [m_start, m_end); the
-    ring slot advances once per load."""
+def tile_at(m, seg, down):
+    """fa4.sm90.bwd walk(): the query tile at walk position m (walk_down: mirrored)."""
+    return walk_down_tile(m, seg[0], seg[3]) if down else m
+
+
+def producer_walk(group, seg, down=False):
+    """fa4.sm90.bwd producer: for each head of the group, the walk positions [m_start, m_end)
+    mapped to their query tiles; the ring slot advances once per load."""
     m_start, _, _, m_end = seg
     out, slot = [], 0
     for hl in range(group):
         for m in range(m_start, m_end):
-            out.append((hl, m, slot))
+            out.append((hl, tile_at(m, seg, down), slot))
             slot += 1
     return out
 
 
-def consumer_walk(group, seg, has_left):
-    """fa4.sm90.bwd consumer: per head the masked, unmasked and (window left) masked loops; the
-    step index (ring slot, ds buffer, dQ writer parity) is m - step_base."""
-    m_start, m_masked_end, m_unmasked_end, m_end = seg
+def consumer_walk(group, seg, has_left, down=False):
+    """fa4.sm90.bwd consumer: per head the loops of walk_runs (masked, unmasked and, with a left
+    bound, masked again; mirrored and reversed walking down); the step index (ring slot, ds
+    buffer, dQ writer parity) is m - base, base moved with the mirrored tile as walked() does."""
+    m_start, _, _, m_end = seg
     out = []
     for hl in range(group):
         step_base = m_start - hl * (m_end - m_start)
-        runs = [(m_start, m_masked_end, True), (m_masked_end, m_unmasked_end, False)]
-        if has_left:
-            runs.append((m_unmasked_end, m_end, True))
-        for lo, hi, masked in runs:
-            for m in range(lo, hi):
-                out.append((hl, m, m - step_base, masked))
+        for lo, hi, masked in walk_runs(seg, down, has_left):
+            for p in range(lo, hi):
+                m = tile_at(p, seg, down)
+                base = step_base + (m - p)
+                out.append((hl, m, m - base, masked))
     return out
 
 
-def writer_walk(group, seg, parity):
+def writer_walk(group, seg, parity, down=False):
     """fa4.sm90.bwd dq_writer of one parity: steps parity, parity + 2, ... of the walk."""
     m_start, _, _, m_end = seg
     out = []
     for t in range(parity, group * (m_end - m_start), 2):
         hl, m = group_step(t, m_start, m_end)
-        out.append((hl, m, t))
+        out.append((hl, tile_at(m, seg, down), t))
     return out
 
 
@@ -89,7 +96,8 @@ WINDOWS = [(-1, -1), (100, -1), (-1, 37), (250, 70)]
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("left,right", WINDOWS)
 @pytest.mark.parametrize("tile_m,tile_n", [(64, 128), (128, 128), (64, 64)])
-def test_walk_visits_each_visible_pair_once_in_one_order(sq, sk, causal, left, right, tile_m, tile_n):
+@pytest.mark.parametrize("down", [False, True], ids=["up", "walk_down"])
+def test_walk_visits_each_visible_pair_once_in_one_order(sq, sk, causal, left, right, tile_m, tile_n, down):
     for n in range(-(-sk // tile_n)):
         seg = segments(n, tile_m, tile_n, sq, sk, causal, left, right)
         keys = range(n * tile_n, (n + 1) * tile_n)
@@ -103,16 +111,16 @@ def test_walk_visits_each_visible_pair_once_in_one_order(sq, sk, causal, left, r
             if any(i < sq and not visible(i, j, sq, sk, causal, left, right) for i in rows for j in keys):
                 hidden.add(m)
         for group in (1, 2, 7):
-            prod = producer_walk(group, seg)
-            cons = consumer_walk(group, seg, left >= 0)
+            prod = producer_walk(group, seg, down)
+            cons = consumer_walk(group, seg, left >= 0, down)
             # The same (head, m_block) sequence, each pair once, in the same ring slot.
             assert [(h, m) for h, m, _ in prod] == [(h, m) for h, m, _, _ in cons]
             assert [s for _, _, s in prod] == [s for _, _, s, _ in cons] == list(range(len(prod)))
             assert len({(h, m) for h, m, _ in prod}) == len(prod)
             # The writers' steps interleave to the same walk, and step_index inverts group_step.
-            writers = sorted(writer_walk(group, seg, 0) + writer_walk(group, seg, 1), key=lambda x: x[2])
+            writers = sorted(writer_walk(group, seg, 0, down) + writer_walk(group, seg, 1, down), key=lambda x: x[2])
             assert [(h, m) for h, m, _ in writers] == [(h, m) for h, m, _ in prod]
-            assert all(step_index(h, m, seg[0], seg[3]) == t for h, m, t in writers)
+            assert all(step_index(h, tile_at(m, seg, down), seg[0], seg[3]) == t for h, m, t in writers)
             # Every visible query tile for every head of the group; hidden pairs only in masked steps.
             for m in seen:
                 assert sorted(h for h, mm, *_ in cons if mm == m) == list(range(group)), (n, m)
@@ -139,7 +147,8 @@ def launch_order(num_n, heads, batch, swizzle, spt):
 @pytest.mark.parametrize("spt", [0, 1])
 @pytest.mark.parametrize("left,right", [(-1, -1), (250, -1)])
 @pytest.mark.parametrize("sms", [1, 3])
-def test_deterministic_turns_complete_with_few_sms(sq, sk, causal, spt, left, right, sms):
+@pytest.mark.parametrize("down", [False, True], ids=["up", "walk_down"])
+def test_deterministic_turns_complete_with_few_sms(sq, sk, causal, spt, left, right, sms, down):
     """Each CTA walks its group's heads in order and adds each dQ tile at its key tile's turn
     (dq_turn, by key tile only: one contributor per key tile and query head). Simulated on
     `sms` SMs, CTAs resident in launch order: every turn is taken (no CTA waits on a later
@@ -151,7 +160,7 @@ def test_deterministic_turns_complete_with_few_sms(sq, sk, causal, spt, left, ri
     walks = []
     for n, hkv, b in order:
         seg = segments(n, tile_m, tile_n, sq, sk, causal, left, right)
-        steps = [(hkv * group + hl, m) for hl, m, _ in producer_walk(group, seg)]
+        steps = [(hkv * group + hl, m) for hl, m, _ in producer_walk(group, seg, down)]
         walks.append((n, b, steps))
     next_turn: dict = {}
     pos = [0] * len(walks)
@@ -238,8 +247,12 @@ def test_default_rule_at_the_issue_shapes(name, det):
     assert cfg.dkv_store == ("tma" if want == "loop" else "direct")
     # Causal: the longest key tiles first unless deterministic (default_launch_order), 'loop' with
     # one K/V head per scheduling group.
-    assert cfg.spt_order == det
-    assert cfg.head_swizzle == (1 if det or want == "loop" else 4)
+    # Deterministic: walking down, longest first with DET_WALK_DOWN_SWIZZLE heads a group where
+    # det_walk_down_pays (Llama-3-8B 8k), else shortest first walking up.
+    down = det_walk_down_pays(prob, want)
+    assert cfg.walk_down == down
+    assert cfg.spt_order == (det and not down)
+    assert cfg.head_swizzle == (DET_WALK_DOWN_SWIZZLE if down else 1 if det or want == "loop" else 4)
 
 
 def test_default_rule_is_a_pure_function_of_the_grid():
@@ -348,3 +361,42 @@ def test_bench_harness_on_cpu(monkeypatch):
     assert row["max_rel_diff_loop_vs_atomic"] == 0.0 and row["loop_det_bitwise"] is True
     flops = Problem(1, 40, 300, 8, 2, 64, 64, causal=True, pass_="bwd").flops
     assert row["loop"] == pytest.approx(flops / 1e9) and "ref" not in row
+
+
+def lockstep_waits(sq, sk, causal, left, spt, down, tile_m=64, tile_n=128):
+    """Steps lost to dQ turns when every CTA of one head starts together and a step's add is
+    handed on within the step (in launch order): the CTAs advance one tile a tick, a CTA whose
+    turn on its tile has not come waits the tick. The sum over CTAs of the ticks spent waiting (the kernel's model:
+    bench/RESULTS.md, session 30)."""
+    num_n = -(-sk // tile_n)
+    walks = [producer_walk(1, segments(n, tile_m, tile_n, sq, sk, causal, left, -1), down) for n in range(num_n)]
+    pos, next_turn, waits = [0] * num_n, {}, 0
+    while any(pos[n] < len(walks[n]) for n in range(num_n)):
+        taken = {}
+        for n in (reversed(range(num_n)) if spt else range(num_n)):  # launch order
+            if pos[n] == len(walks[n]):
+                continue
+            m = walks[n][pos[n]][1]
+            turn = dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt, left >= 0, False, max(left, 0), 0)
+            # Turns already taken this tick count: the previous turn's add is handed on in-step.
+            if next_turn.get(m, 0) + taken.get(m, 0) == turn:
+                taken[m] = taken.get(m, 0) + 1
+                pos[n] += 1
+            else:
+                waits += 1
+        for m, k in taken.items():
+            next_turn[m] = next_turn.get(m, 0) + k
+    return waits
+
+
+@pytest.mark.parametrize("sq,sk", [(1024, 1024), (512, 2048), (2048, 1024), (1000, 1000)])
+@pytest.mark.parametrize("left", [-1, 300])
+def test_walking_down_lets_longest_first_take_its_turns_without_waiting(sq, sk, left):
+    """walk_down's reason (bwd_config): the dQ turns follow the launch order. Longest key tiles first
+    (spt 0) walking down, every CTA of a head reaches each query tile no earlier than the CTAs whose
+    turns come first, as shortest-first (spt 1) walking up does: no step waits. Longest-first
+    walking up, the shorter tiles reach each tile first and wait (the reason today's deterministic
+    default launches the shortest first)."""
+    assert lockstep_waits(sq, sk, True, left, spt=0, down=True) == 0
+    assert lockstep_waits(sq, sk, True, left, spt=1, down=False) == 0
+    assert lockstep_waits(sq, sk, True, left, spt=0, down=False) > 0
