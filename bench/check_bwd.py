@@ -29,7 +29,7 @@ import torch
 
 import fa4
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import default_config, default_launch_order, violations
+from fa4.sm90.bwd_config import BwdConfigSm90, default_config, default_launch_order, violations
 from fa4.sm90.bwd_launch import flash_attn_bwd
 from fa4.tensors import problem_of
 
@@ -169,6 +169,21 @@ def default_for(sh, D, causal, det, **change):
     """The default config of this very problem (GQA changes it: dK/dV by reductions, not TMA),
     with the knob ``change`` applied."""
     return dataclasses.replace(default_config(problem_for(sh, D, causal, det)), **change)
+
+
+def with_knob(sh, D, causal, det, knob, value, **change):
+    """The problem's default with ``change`` and ``knob`` at ``value``, where the default's own value of
+    the knob is its declared one (a measured default may already set it, e.g. q_starts 16 at hd128):
+    a knob's test must run a config that the knob changes and violations() accepts, else ValueError."""
+    declared = {f.name: f.default for f in dataclasses.fields(BwdConfigSm90)}
+    base = default_for(sh, D, causal, det, **{**change, knob: declared[knob]})
+    cfg = dataclasses.replace(base, **{knob: value})
+    if cfg == base:
+        raise ValueError(f"{knob}={value!r} is the default of {sh} hd{label(D)}: the test would not run the knob")
+    bad = violations(cfg, problem_for(sh, D, causal, det))
+    if bad:
+        raise ValueError(f"{knob}={value!r} on {sh} hd{label(D)} is infeasible: {bad}")
+    return cfg
 
 
 def exchanged(prob: Problem, **change):

@@ -12,8 +12,6 @@ walk of each head of a group), the consumers' dQ reductions, fp16. Varlen:
 tests/fa4/test_varlen_bwd_gpu.py.
 """
 
-import dataclasses
-
 import pytest
 
 pytestmark = pytest.mark.gpu
@@ -24,15 +22,11 @@ SHAPES = [(2, 1000, 1000, 4, 4), (1, 333, 777, 8, 2), (1, 777, 333, 4, 1), (3, 6
 
 
 def check_starts(check_bwd, shape, hd, starts, causal=False, fp16=False, **change):
-    """The problem's default (its own walk: q_starts 1) with q_starts and ``change``, feasible and
-    changed, against fp32 autograd."""
+    """The problem's default with q_starts ``starts`` and ``change`` (bench/check_bwd.py: with_knob)
+    against fp32 autograd."""
     import torch
 
-    from fa4.sm90.bwd_config import violations
-
-    base = check_bwd.default_for(shape, hd, causal, False, **{**change, "q_starts": 1})
-    cfg = dataclasses.replace(base, q_starts=starts)
-    assert cfg != base and not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
+    cfg = check_bwd.with_knob(shape, hd, causal, False, "q_starts", starts, **change)
     ok, info = check_bwd.check_case(*shape, hd, causal, torch.float16 if fp16 else torch.bfloat16, cfg)
     assert ok, info
 
