@@ -184,7 +184,7 @@ def served_overrides(db, problem, config):
     return {k: v for k, v in verdict["measurement"]["config"].items() if default.get(k) != v}
 
 
-def bench_shape(name, orders, rounds=2, det=False, served_db=None):
+def bench_shape(name, orders, rounds=2, det=False, served_db=None, variant_tol=1e-3):
     import triton.testing as tt
 
     def timed(fn):
@@ -211,7 +211,7 @@ def bench_shape(name, orders, rounds=2, det=False, served_db=None):
                 skipped[label(o)] = "; ".join(bad)[:300]
                 continue
             vdiff = max_rel_diff(ours(variant_config(config, o)), b)
-            if not vdiff <= 2 * diff + 1e-3:
+            if not vdiff <= 2 * diff + variant_tol:
                 skipped[label(o)] = f"gradients off the reference: {vdiff:.3g} against the default's {diff:.3g}"
     run = [o for o in orders if label(o) not in skipped]
     times = {label(o): [] for o in run}
@@ -242,6 +242,10 @@ def main():
     ap.add_argument("--variants", default="[]",
                     help='JSON list of knob overrides of the default config, each timed beside the orders, '
                          'e.g. \'[{"ds_early": true}]\'')
+    ap.add_argument("--variant-tol", type=float, default=1e-3,
+                    help="a variant's allowance beyond twice the default's max relative difference from the "
+                         "reference's gradients (bf16 outputs: one rounding flip near the largest gradient "
+                         "moves it by up to 2^-8); widen it only beside an fp32 check of the variant")
     ap.add_argument("--served", default=None, metavar="DB",
                     help="also time the config this results DB serves for each shape (fa4-tune's verdict)")
     a = ap.parse_args()
@@ -254,7 +258,7 @@ def main():
     rows = []
     for name in a.shapes.split(","):
         try:
-            row = bench_shape(name, orders, a.rounds, a.det, a.served)
+            row = bench_shape(name, orders, a.rounds, a.det, a.served, a.variant_tol)
         except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
             row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
         rows.append(row)

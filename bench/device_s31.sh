@@ -41,6 +41,31 @@ case "$phase" in
         {"gqa_reduce": "atomic", "dkv_store": "direct", "walk_down": true, "spt_order": false, "head_swizzle": 16}]'
     TAILN=10 step issue20 200 python3 bench/bwd_order.py --orders default --rounds 2 \
       --shapes llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k ;;
+  r)  # the second runs of what moved in q and d, the window tests fixed (q_starts 1), host cost
+    TAILN=4 KEEP="passed|failed|FAILED|Error|error" step window_tests 120 python3 -m pytest -q -n 15 \
+      -p no:cacheprovider tests/fa4/test_bwd_walk_down_gpu.py -k under_a_window
+    TAILN=8 step hd96_orders2 120 python3 bench/bwd_order.py --orders default,0:1,0:2,0:4,1:2 --rounds 3 \
+      --shapes hd96-8k
+    TAILN=4 step hd96_q16_fp32 60 python3 -c "
+import sys, dataclasses, torch; sys.path.insert(0, 'bench'); import check_bwd as c
+for sh in ((1, 8192, 8192, 8, 8), (1, 4100, 4100, 8, 8)):
+    cfg = dataclasses.replace(c.default_for(sh, 96, False, False), q_starts=16)
+    print(sh, c.check_case(*sh, 96, False, torch.bfloat16, cfg))"
+    TAILN=8 step hd96_q16 90 python3 bench/bwd_order.py --orders default --rounds 3 --variant-tol 0.004 \
+      --variants '[{"q_starts": 16}]' --shapes hd96-8k-noncausal,hd64-8k-noncausal
+    TAILN=12 step det_loop_down 120 python3 bench/det_ratio.py --rounds 3 --shapes sq2k-sk8k,llama3.2-1b-8k \
+      --det-variants '[{"walk_down": true, "spt_order": false, "head_swizzle": 16},
+        {"walk_down": true, "spt_order": false, "head_swizzle": 8}, {"walk_down": true, "spt_order": false}]'
+    (cd bench && TAILN=12 step host_floor 90 python3 host_floor.py) ;;
+  s)  # after the default change (the deterministic walk down under 'loop' at Sq < Sk): its tests, the
+      # third runs of sq2k's and Llama-3.2-1B's det ratios (the old default as a variant), hd96/hd64 q16.
+    TAILN=6 KEEP="passed|failed|FAILED|Error|error" step det_default_tests 200 python3 -m pytest -q -n 8 \
+      -p no:cacheprovider tests/fa4/test_bwd_walk_down_gpu.py -k "deterministic_default or deterministic_bitwise"
+    TAILN=12 step det_loop_down3 120 python3 bench/det_ratio.py --rounds 3 --shapes sq2k-sk8k,llama3.2-1b-8k \
+      --det-variants '[{"walk_down": false, "spt_order": true, "head_swizzle": 1},
+        {"walk_down": true, "spt_order": false, "head_swizzle": 16}]'
+    TAILN=8 step hd96_q16_2 90 python3 bench/bwd_order.py --orders default,0:1,0:2 --rounds 3 --variant-tol 0.004 \
+      --variants '[{"q_starts": 16}]' --shapes hd96-8k-noncausal,hd64-8k-noncausal,hd96-8k ;;
   h)
     (cd bench && TAILN=12 step host_floor "${LIMIT:-120}" python3 host_floor.py)
     (cd bench && TAILN=12 step host_floor2 120 python3 host_floor.py) ;;

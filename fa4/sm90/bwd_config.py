@@ -114,7 +114,9 @@ Q_STARTS_HEAD_DIMS = (128, 256)
 # one dQ hand-off per CTA of a wave weighs more against a CTA's walk: Qwen2.5-7B 4k (32 key tiles)
 # 0.909 -> 0.858 / 0.863, 0.915 -> 0.861 / 0.869 / 0.821; GPT-2 1k 0.933 -> 0.783 / 0.797 (one run);
 # hd64 8k (B2 H32) even: 0.941 -> 0.914 / 0.942 / 0.943 (one run). One head a group walking down lost
-# everywhere (causal 8k 0.816).
+# everywhere (causal 8k 0.816). Under GQA 'loop' with seqlen_q < seqlen_k (session 31, three interleaved
+# rounds each): Sq 2k / Sk 8k (H64/KV8, each CTA walks the 8 query heads of its K/V head in turn)
+# 0.939 -> 0.953 (16 heads a group) / 0.955 (8), 0.967 -> 0.987 / 0.974, one head a group 0.910.
 DET_WALK_DOWN_SWIZZLE = 16
 DET_WALK_DOWN_MIN_KEY_TILES = 64
 
@@ -660,12 +662,14 @@ def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violatio
 
 def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
     """Where the deterministic backward walks down with the longest key tiles first (the comment at
-    DET_WALK_DOWN_SWIZZLE): causal at head_dim 128 with seqlen_q = seqlen_k, no window, not varlen,
-    one CTA a query head (not gqa_reduce 'loop', whose head-major walk would wait at every head after
-    the first), and at least DET_WALK_DOWN_MIN_KEY_TILES key tiles a head."""
+    DET_WALK_DOWN_SWIZZLE): causal at head_dim 128, no window, not varlen, at least
+    DET_WALK_DOWN_MIN_KEY_TILES key tiles a head, and the layouts it was measured to win with: one
+    CTA a query head at seqlen_q = seqlen_k (MHA, GQA 'atomic'), or gqa_reduce 'loop' at seqlen_q <
+    seqlen_k (Sq 2k / Sk 8k). 'loop' at seqlen_q = seqlen_k is unmeasured (its default is 'atomic'
+    there unless the grid is short, default_gqa_reduce)."""
+    shapes = (problem.seqlen_q < problem.seqlen_k) if gqa_reduce == "loop" else (problem.seqlen_q == problem.seqlen_k)
     return (problem.deterministic and problem.causal and not problem.has_window and problem.head_dim == 128
-            and problem.head_dim_v == 128 and problem.seqlen_q == problem.seqlen_k
-            and not getattr(problem, "varlen", False) and gqa_reduce != "loop"
+            and problem.head_dim_v == 128 and shapes and not getattr(problem, "varlen", False)
             and problem.seqlen_k // TILE_N >= DET_WALK_DOWN_MIN_KEY_TILES)
 
 

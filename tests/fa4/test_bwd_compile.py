@@ -570,7 +570,8 @@ LOOP_CASES = [
     (64, 64, True, False, None, dict(tile_m=64, dq_split="head_dim", dkv_store="direct")),
     (64, 64, False, True, None, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2", dv_operand="smem")),
     (128, 128, False, False, None, {}), (128, 128, True, False, None, {}),
-    (128, 128, False, True, None, {}), (128, 128, True, True, None, {}),
+    (128, 128, False, True, None, {}), (128, 128, True, True, None, {}),  # (the latter walks down)
+    (128, 128, True, True, None, dict(walk_down=False, spt_order=True)),
     (128, 128, True, True, None, dict(dkv_store="direct", ds_stages=1)),
     (128, 128, True, False, None, dict(dv_operand="smem", ds_store="sts")),
     (128, 128, True, True, "all", {}), (128, 128, False, False, "softcap", {}), (64, 64, False, True, "wlr", {}),

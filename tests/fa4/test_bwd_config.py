@@ -412,11 +412,13 @@ def _walks(hd=128, causal=False, det=False, sq=8192, sk=8192, hq=16, hkv=16, var
     (dict(det=True), (1, False)),  # turns in launch order
     (dict(varlen=True), (1, False)),  # unmeasured
     (dict(window_left=1023, window_right=0), (1, False)),
-    # walk_down for the deterministic causal hd128 backward with >= 64 key tiles a head, 'atomic' or MHA.
+    # walk_down for the deterministic causal hd128 backward with >= 64 key tiles a head: 'atomic' or MHA
+    # at Sq = Sk, 'loop' at Sq < Sk.
     (dict(det=True, causal=True), (1, True)), (dict(det=True, causal=True, hq=32, hkv=8), (1, True)),
     (dict(det=True, causal=True, sq=4096, sk=4096, hq=28, hkv=4), (1, False)),  # Qwen 4k: it lost
     (dict(det=True, causal=True, hd=64), (1, False)),  # even at hd64
-    (dict(det=True, causal=True, sq=2048, hq=64, hkv=8), (1, False)),  # 'loop', Sq != Sk
+    (dict(det=True, causal=True, sq=2048, hq=64, hkv=8), (1, True)),  # 'loop', Sq 2k / Sk 8k
+    (dict(det=True, causal=True, sq=2048, sk=4096, hq=64, hkv=8), (1, False)),  # 32 key tiles a head
     (dict(det=True, window_left=1023, window_right=0), (1, False)),  # unmeasured
 ])
 def test_measured_walk_defaults(kw, want):
