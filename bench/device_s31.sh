@@ -66,6 +66,13 @@ for sh in ((1, 8192, 8192, 8, 8), (1, 4100, 4100, 8, 8)):
         {"walk_down": true, "spt_order": false, "head_swizzle": 16}]'
     TAILN=8 step hd96_q16_2 90 python3 bench/bwd_order.py --orders default,0:1,0:2 --rounds 3 --variant-tol 0.004 \
       --variants '[{"q_starts": 16}]' --shapes hd96-8k-noncausal,hd64-8k-noncausal,hd96-8k ;;
+  e)  # the defaults of the last change (hd96 causal 2 heads a group; the deterministic walk down at
+      # hd64 under GQA): the default test (hd64 GQA added) and both defaults timed once more.
+    TAILN=6 KEEP="passed|failed|FAILED|Error|error" step det_default_tests2 120 python3 -m pytest -q -n 8 \
+      -p no:cacheprovider tests/fa4/test_bwd_walk_down_gpu.py -k "deterministic_default"
+    TAILN=6 step hd96_default 60 python3 bench/bwd_order.py --orders default,0:4 --rounds 3 --shapes hd96-8k
+    TAILN=8 step l1b_default 60 python3 bench/det_ratio.py --rounds 3 --shapes llama3.2-1b-8k \
+      --det-variants '[{"walk_down": false, "spt_order": true, "head_swizzle": 1}]' ;;
   h)
     (cd bench && TAILN=12 step host_floor "${LIMIT:-120}" python3 host_floor.py)
     (cd bench && TAILN=12 step host_floor2 120 python3 host_floor.py) ;;

@@ -116,7 +116,9 @@ Q_STARTS_HEAD_DIMS = (128, 256)
 # hd64 8k (B2 H32) even: 0.941 -> 0.914 / 0.942 / 0.943 (one run). One head a group walking down lost
 # everywhere (causal 8k 0.816). Under GQA 'loop' with seqlen_q < seqlen_k (session 31, three interleaved
 # rounds each): Sq 2k / Sk 8k (H64/KV8, each CTA walks the 8 query heads of its K/V head in turn)
-# 0.939 -> 0.953 (16 heads a group) / 0.955 (8), 0.967 -> 0.987 / 0.974, one head a group 0.910.
+# 0.939 -> 0.953 (16 heads a group) / 0.955 (8), 0.967 -> 0.987 / 0.974, one head a group 0.910; an
+# H100 0.908 -> 0.933. hd64 under GQA 'atomic', Llama-3.2-1B 8k (H32/KV8): H200 0.899 -> 0.902, 0.891
+# -> 0.931, H100 0.876 -> 0.916 (16 heads a group; 8 lost: 0.866, 0.871); hd64 MHA was even (above).
 DET_WALK_DOWN_SWIZZLE = 16
 DET_WALK_DOWN_MIN_KEY_TILES = 64
 
@@ -662,14 +664,16 @@ def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violatio
 
 def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
     """Where the deterministic backward walks down with the longest key tiles first (the comment at
-    DET_WALK_DOWN_SWIZZLE): causal at head_dim 128, no window, not varlen, at least
+    DET_WALK_DOWN_SWIZZLE): causal at head_dim 128 (64 under GQA), no window, not varlen, at least
     DET_WALK_DOWN_MIN_KEY_TILES key tiles a head, and the layouts it was measured to win with: one
     CTA a query head at seqlen_q = seqlen_k (MHA, GQA 'atomic'), or gqa_reduce 'loop' at seqlen_q <
     seqlen_k (Sq 2k / Sk 8k). 'loop' at seqlen_q = seqlen_k is unmeasured (its default is 'atomic'
     there unless the grid is short, default_gqa_reduce)."""
     shapes = (problem.seqlen_q < problem.seqlen_k) if gqa_reduce == "loop" else (problem.seqlen_q == problem.seqlen_k)
-    return (problem.deterministic and problem.causal and not problem.has_window and problem.head_dim == 128
-            and problem.head_dim_v == 128 and shapes and not getattr(problem, "varlen", False)
+    dims = problem.head_dim == problem.head_dim_v and (
+        problem.head_dim == 128 or (problem.head_dim == 64 and problem.heads_q != problem.heads_kv))
+    return (problem.deterministic and problem.causal and not problem.has_window and dims
+            and shapes and not getattr(problem, "varlen", False)
             and problem.seqlen_k // TILE_N >= DET_WALK_DOWN_MIN_KEY_TILES)
 
 
@@ -745,13 +749,15 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
     """(spt_order, head_swizzle) of the default config.
 
     Non-deterministic and masked (causal or a window's right bound): the longest key tiles first
-    (spt_order False) with 4 heads per scheduling group at head_dim 96/128, 2 at 64 and 1 with
+    (spt_order False) with 4 heads per scheduling group at head_dim 128, 2 at 64 and 96, 1 with
     dkv_split 'head_dim' (192/256) and under gqa_reduce 'loop' (its groups are K/V heads, each a
     group factor times the work). Measured on the H200 (bench/RESULTS.md, session 11, two runs,
     against spt_order True / head_swizzle 1): causal S8k +4%, Llama-3-8B 8k +4%, Qwen2.5-7B 4k
     +6%, sink +4%, window +1-2%, varlen causal +0.5-1.5% at hd128; hd64 +2%; hd192/256 +3-4%
     (spt alone); Sq 2k / Sk 8k 'loop' loses 3.5% with 4 heads per group. The session 8 finding
-    that this was noise (and head_swizzle 4 a 7-14% loss) was an older kernel's.
+    that this was noise (and head_swizzle 4 a 7-14% loss) was an older kernel's. hd96 causal (B2 H21
+    S8k, ours / the reference, session 31, three interleaved rounds each): 4 heads a group 0.938 /
+    0.953 (H200) / 0.946 (H100), 2 heads 0.966 / 0.957 / 0.953, 1 head 0.962 / 0.961 (the last two).
 
     Deterministic, 'loop' included: shortest key tiles first (its dQ turns then never wait: the
     first turn of each tile goes to the CTA launched first, while longest-first makes key tile n
@@ -775,7 +781,7 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
         return False, 1
     if getattr(problem, "varlen", False) and problem.head_dim == 128:
         return False, VARLEN_HEAD_SWIZZLE
-    return False, (2 if problem.head_dim == 64 else 4)
+    return False, (2 if problem.head_dim in (64, 96) else 4)
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:

@@ -71,17 +71,18 @@ def test_walking_down_deterministic_bitwise(check_bwd, hd, change, shape):
     assert ok, info
 
 
-@pytest.mark.parametrize("shape", [(1, 8192, 8192, 8, 2), (1, 8192, 8192, 4, 4), (1, 2048, 8192, 64, 8)],
-                         ids=["gqa", "mha", "loop-sq2k"])
-def test_the_deterministic_default_walks_down_bitwise(check_bwd, shape):
-    """The default where it walks down (bwd_config.det_walk_down_pays: deterministic causal hd128, 64 key
-    tiles a head; GQA 'loop' at Sq < Sk), with its launch order (longest first, 16 heads a group): ten
-    runs bitwise equal and right."""
+@pytest.mark.parametrize("hd,shape", [(128, (1, 8192, 8192, 8, 2)), (128, (1, 8192, 8192, 4, 4)),
+                                      (128, (1, 2048, 8192, 64, 8)), (64, (1, 8192, 8192, 8, 2))],
+                         ids=["gqa", "mha", "loop-sq2k", "hd64-gqa"])
+def test_the_deterministic_default_walks_down_bitwise(check_bwd, hd, shape):
+    """The default where it walks down (bwd_config.det_walk_down_pays: deterministic causal hd128 or hd64
+    under GQA, 64 key tiles a head; GQA 'loop' at Sq < Sk), with its launch order (longest first, 16
+    heads a group): ten runs bitwise equal and right."""
     import torch
 
-    cfg = check_bwd.default_for(shape, 128, True, True)
+    cfg = check_bwd.default_for(shape, hd, True, True)
     assert (cfg.walk_down, cfg.spt_order, cfg.head_swizzle) == (True, False, 16)
-    ok, info = check_bwd.check_deterministic(*shape, 128, True, torch.bfloat16, cfg)
+    ok, info = check_bwd.check_deterministic(*shape, hd, True, torch.bfloat16, cfg)
     assert ok, info
 
 
