@@ -664,16 +664,18 @@ def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violatio
 
 def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
     """Where the deterministic backward walks down with the longest key tiles first (the comment at
-    DET_WALK_DOWN_SWIZZLE): causal at head_dim 128 (64 under GQA), no window, not varlen, at least
-    DET_WALK_DOWN_MIN_KEY_TILES key tiles a head, and the layouts it was measured to win with: one
-    CTA a query head at seqlen_q = seqlen_k (MHA, GQA 'atomic'), or gqa_reduce 'loop' at seqlen_q <
-    seqlen_k (Sq 2k / Sk 8k). 'loop' at seqlen_q = seqlen_k is unmeasured (its default is 'atomic'
-    there unless the grid is short, default_gqa_reduce)."""
-    shapes = (problem.seqlen_q < problem.seqlen_k) if gqa_reduce == "loop" else (problem.seqlen_q == problem.seqlen_k)
-    dims = problem.head_dim == problem.head_dim_v and (
-        problem.head_dim == 128 or (problem.head_dim == 64 and problem.heads_q != problem.heads_kv))
-    return (problem.deterministic and problem.causal and not problem.has_window and dims
-            and shapes and not getattr(problem, "varlen", False)
+    DET_WALK_DOWN_SWIZZLE): causal, no window, not varlen, at least DET_WALK_DOWN_MIN_KEY_TILES key
+    tiles a head, and the layouts it was measured to win with: one CTA a query head at seqlen_q =
+    seqlen_k at head_dim 128 (MHA, GQA 'atomic') or 64 under GQA (MHA was even), or gqa_reduce 'loop'
+    at seqlen_q < seqlen_k at head_dim 128 (Sq 2k / Sk 8k). 'loop' at seqlen_q = seqlen_k or at hd64
+    is unmeasured."""
+    d, gqa = (problem.head_dim if problem.head_dim == problem.head_dim_v else 0), problem.heads_q != problem.heads_kv
+    if gqa_reduce == "loop":
+        measured = d == 128 and problem.seqlen_q < problem.seqlen_k
+    else:
+        measured = (d == 128 or (d == 64 and gqa)) and problem.seqlen_q == problem.seqlen_k
+    return (problem.deterministic and problem.causal and not problem.has_window and measured
+            and not getattr(problem, "varlen", False)
             and problem.seqlen_k // TILE_N >= DET_WALK_DOWN_MIN_KEY_TILES)
 
 
