@@ -317,8 +317,9 @@ class BwdConfigSm90:
         "come first, and waits (so today's deterministic default launches the shortest first, 4-6% slower "
         "than longest-first in the non-deterministic kernels). Not with q_starts, which permutes the walk too. "
         "default_config walks down, longest first with 16 heads a group, where it won on the H200 "
-        "(det_walk_down_pays: deterministic causal hd128 with >= 64 key tiles a head, +3-5%); with fewer key "
-        "tiles the one dQ hand-off per CTA of a wave weighs more and it lost (Qwen2.5-7B 4k -5%).",
+        "(det_walk_down_pays: deterministic causal with >= 64 key tiles a head at hd128 or hd64 under GQA "
+        "'atomic' with seqlen_q = seqlen_k, and hd128 'loop' with seqlen_q < seqlen_k; +2-5%); with fewer "
+        "key tiles the one dQ hand-off per CTA of a wave weighs more and it lost (Qwen2.5-7B 4k -5%).",
         applies=lambda problem: problem.causal or problem.has_window,
         requires=lambda k: k["q_starts"] == 1,
     )
