@@ -121,6 +121,7 @@ Q_STARTS_HEAD_DIMS = (128, 256)
 # -> 0.931, H100 0.876 -> 0.916 (16 heads a group; 8 lost: 0.866, 0.871); hd64 MHA was even (above).
 DET_WALK_DOWN_SWIZZLE = 16
 DET_WALK_DOWN_MIN_KEY_TILES = 64
+DET_WALK_DOWN_LOOP_MIN_Q = 2048  # 'loop': measured at Sq 2k only
 
 
 @dataclass(frozen=True)
@@ -668,11 +669,11 @@ def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
     DET_WALK_DOWN_SWIZZLE): causal, no window, not varlen, at least DET_WALK_DOWN_MIN_KEY_TILES key
     tiles a head, and the layouts it was measured to win with: one CTA a query head at seqlen_q =
     seqlen_k at head_dim 128 (MHA, GQA 'atomic') or 64 under GQA (MHA was even), or gqa_reduce 'loop'
-    at seqlen_q < seqlen_k at head_dim 128 (Sq 2k / Sk 8k). 'loop' at seqlen_q = seqlen_k or at hd64
-    is unmeasured."""
+    at DET_WALK_DOWN_LOOP_MIN_Q <= seqlen_q < seqlen_k at head_dim 128 (Sq 2k / Sk 8k). 'loop' at
+    seqlen_q = seqlen_k, below 2k queries or at hd64 is unmeasured."""
     d, gqa = (problem.head_dim if problem.head_dim == problem.head_dim_v else 0), problem.heads_q != problem.heads_kv
-    if gqa_reduce == "loop":
-        measured = d == 128 and problem.seqlen_q < problem.seqlen_k
+    if gqa_reduce == "loop":  # (a short query range, e.g. Sq 128 / Sk 8k, is unmeasured)
+        measured = d == 128 and DET_WALK_DOWN_LOOP_MIN_Q <= problem.seqlen_q < problem.seqlen_k
     else:
         measured = (d == 128 or (d == 64 and gqa)) and problem.seqlen_q == problem.seqlen_k
     return (problem.deterministic and problem.causal and not problem.has_window and measured

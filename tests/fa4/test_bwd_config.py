@@ -421,6 +421,7 @@ def _walks(hd=128, causal=False, det=False, sq=8192, sk=8192, hq=16, hkv=16, var
     (dict(det=True, causal=True, sq=2048, hq=64, hkv=8), (1, True)),  # 'loop', Sq 2k / Sk 8k
     (dict(det=True, causal=True, sq=2048, sk=4096, hq=64, hkv=8), (1, False)),  # 32 key tiles a head
     (dict(det=True, causal=True, hd=64, sq=2048, hq=64, hkv=8), (1, False)),  # hd64 'loop': unmeasured
+    (dict(det=True, causal=True, sq=128, hq=32, hkv=8), (1, False)),  # Sq 128 / Sk 8k 'loop': unmeasured
     (dict(det=True, window_left=1023, window_right=0), (1, False)),  # unmeasured
 ])
 def test_measured_walk_defaults(kw, want):
