@@ -38,9 +38,12 @@ def test_shifted_walks_match_reference(check_bwd, hd, starts, shape):
     check_starts(check_bwd, shape, hd, starts)
 
 
+LEFT_SHAPES = [(1, 333, 777, 8, 2), (2, 1000, 4100, 4, 4), (1, 65, 1000, 2, 1)]
+
+
 @pytest.mark.parametrize("hd", HDS, ids=_ID.get)
 @pytest.mark.parametrize("starts", [4, 64])
-@pytest.mark.parametrize("shape", [(1, 333, 777, 8, 2), (2, 1000, 4100, 4, 4), (1, 65, 1000, 2, 1)])
+@pytest.mark.parametrize("shape", LEFT_SHAPES)
 def test_shifted_runs_left_of_the_diagonal(check_bwd, hd, starts, shape):
     """Causal, seqlen_q < seqlen_k: the key tiles left of the diagonal walk every query tile unmasked
     (their runs shifted), the others a masked diagonal first (in place) and a shorter run."""

@@ -16,17 +16,15 @@ from tests.fa4 import cpu_kernels
 from tests.fa4 import test_bwd_q_starts_gpu as qs
 from tests.fa4 import test_bwd_walk_down_gpu as wd
 
-DET_SHAPES = [(2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 1333, 777, 8, 2)]
-
 
 def walk_down_cases():
     for hd, shape in itertools.product(wd.HDS, wd.SHAPES):
         yield shape, hd, False, {}
-    for (hd, change), shape in itertools.product(wd.DET_CHANGES, DET_SHAPES):
+    for (hd, change), shape in itertools.product(wd.DET_CHANGES, wd.DET_SHAPES):
         if change.get("gqa_reduce") == "loop" and shape[3] == shape[4]:
             shape = (shape[0], shape[1], shape[2], shape[3], shape[3] // 2)
         yield shape, hd, True, change
-    for (hd, change), shape in itertools.product(wd.CHANGES, [(1, 1000, 2500, 8, 2), (1, 2500, 1000, 8, 2)]):
+    for (hd, change), shape in itertools.product(wd.CHANGES, wd.BESIDE_SHAPES):
         yield shape, hd, False, change
     for hd in (128, 256):
         yield (1, 777, 1333, 8, 2), hd, False, {}
@@ -35,8 +33,7 @@ def walk_down_cases():
 def q_starts_cases():
     for hd, starts, shape in itertools.product(qs.HDS, (4, 64), qs.SHAPES):
         yield shape, hd, False, starts, {}
-    for hd, starts, shape in itertools.product(qs.HDS, (4, 64), [(1, 333, 777, 8, 2), (2, 1000, 4100, 4, 4),
-                                                                  (1, 65, 1000, 2, 1)]):
+    for hd, starts, shape in itertools.product(qs.HDS, (4, 64), qs.LEFT_SHAPES):
         yield shape, hd, True, starts, {}
     for (hd, change), starts, causal in itertools.product(qs.CHANGES, (4, 16), (False, True)):
         yield (1, 1000, 1000 if not causal else 2500, 8, 2), hd, causal, starts, change

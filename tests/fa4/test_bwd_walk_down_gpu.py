@@ -44,6 +44,7 @@ def test_walking_down_matches_reference(check_bwd, hd, shape):
 # The deterministic backward the knob is for: longest key tiles first (spt_order False, whose dQ
 # turns then follow walk_down's order), with GQA 'atomic' (dK/dV turns too) and 'loop', the
 # consumers' own dQ adds at hd64, and the wider head dims.
+DET_SHAPES = [(2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 1333, 777, 8, 2)]
 DET_CHANGES = [
     (64, dict(spt_order=False)),
     (64, dict(spt_order=False, tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
@@ -59,7 +60,7 @@ DET_CHANGES = [
 
 @pytest.mark.parametrize("hd,change", DET_CHANGES, ids=lambda x: _ID.get(x) if not isinstance(x, dict) else
                          "-".join(f"{k}={v}" for k, v in x.items()) or "default")
-@pytest.mark.parametrize("shape", [(2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 1333, 777, 8, 2)])
+@pytest.mark.parametrize("shape", DET_SHAPES)
 def test_walking_down_deterministic_bitwise(check_bwd, hd, change, shape):
     """Ten backwards on the same inputs are bitwise identical, and right (against fp32 autograd)."""
     import torch
@@ -88,6 +89,7 @@ def test_the_deterministic_default_walks_down_bitwise(check_bwd, hd, shape):
 
 # The other dQ paths and layouts: the consumers' reductions (hd64 at tile_m 64), GQA 'loop' (each
 # head of the group walked down in turn), the keys-on-M split at 192 and 256 without the pair.
+BESIDE_SHAPES = [(1, 1000, 2500, 8, 2), (1, 2500, 1000, 8, 2)]
 CHANGES = [
     (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
     (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red")),
@@ -98,7 +100,7 @@ CHANGES = [
 
 
 @pytest.mark.parametrize("hd,change", CHANGES)
-@pytest.mark.parametrize("shape", [(1, 1000, 2500, 8, 2), (1, 2500, 1000, 8, 2)])
+@pytest.mark.parametrize("shape", BESIDE_SHAPES)
 def test_walking_down_beside_other_paths(check_bwd, hd, change, shape):
     import torch
 
