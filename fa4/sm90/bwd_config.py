@@ -56,6 +56,13 @@ SMEM_RESERVED = 2048
 # 132 SMs, causal CTAs of unequal length leave SMs idle at the tail: default_config keeps
 # 'atomic' there (more, shorter CTAs).
 GQA_LOOP_MIN_CTAS = 2 * 132
+# One wave of those SMs (one backward CTA an SM): default_launch_order's scheduling groups of a
+# short sequence hold about this many CTAs (wave_head_swizzle).
+WAVE_CTAS = 132
+WAVE_MAX_HEADS = 16  # the most measured
+# Deterministic causal hd64 takes wave-sized groups up to this many key tiles a head (S 2k at
+# tile_n 128); measured at 8 and 16 (session 32), at 32 it lost.
+DET_WAVE_MAX_KEY_TILES = 16
 # ... and only where the query range is short against the keys. Measured on the H200 (session 10,
 # bench/bench_gqa_loop.py, causal hd128, loop / atomic): Sq = Sk: Llama-3-8B 8k 0.945, Qwen2.5-7B 4k
 # 0.758 (a key tile sees many query tiles: 'atomic''s many short CTAs balance better, and its fp32
@@ -327,7 +334,9 @@ class BwdConfigSm90:
     head_swizzle: int = knob(
         (1, 2, 4, 8, 16, 32), 1,
         "Heads per scheduling group: consecutive CTAs walk the key tiles of this many heads together so "
-        "their Q/dO stay resident in L2.",
+        "their Q/dO stay resident in L2. A group launches key tile by key tile, so spt_order's order holds "
+        "within it: with few key tiles a head default_config takes a group of about a wave "
+        "(wave_head_swizzle; GPT-2 1k +3-4%).",
         runtime=True,
     )
 
@@ -762,12 +771,19 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
     that this was noise (and head_swizzle 4 a 7-14% loss) was an older kernel's. hd96 causal (B2 H21
     S8k, ours / the reference, session 31, three interleaved rounds each): 4 heads a group 0.938 /
     0.953 (H200) / 0.946 (H100), 2 heads 0.966 / 0.957 / 0.953, 1 head 0.962 / 0.961 (the last two).
+    Causal with few key tiles a head (not varlen): at least wave_head_swizzle heads, a group of about
+    a wave (its docstring has the session 32 measurements: GPT-2 1k +3-4%, hd64 2k +5%).
 
     Deterministic, 'loop' included: shortest key tiles first (its dQ turns then never wait: the
     first turn of each tile goes to the CTA launched first, while longest-first makes key tile n
     wait ~2n steps per head for key tile 0's adds); non-causal, where every key tile of a head adds
     into the same dQ tiles in turn, 4 (hd64) or 8 (hd >= 96) heads per group (hd64 0.89 -> 0.99 of
-    the non-deterministic kernel, hd128 0.947 -> 0.974), causal 1 (8 lost 10% at hd128).
+    the non-deterministic kernel, hd128 0.947 -> 0.974), causal 1 (8 lost 10% at hd128). Causal hd64
+    without GQA at up to DET_WAVE_MAX_KEY_TILES key tiles a head: wave_head_swizzle heads (session 32,
+    H200, deterministic / our non-deterministic default, three rounds a run: GPT-2 1k 0.938 -> 0.958,
+    0.936 -> 0.955 with 16 heads, and the tuner's study +1.9%; hd64 2k (B8 H16) 0.956 -> 0.975, 0.960 ->
+    0.970 with 8). Not at hd96/128 (1k, 2k: +0.1-0.8%) nor at 32 key tiles (hd64 4k, 4 heads: -1.3%),
+    and GQA is unmeasured.
 
     Varlen, non-deterministic, masked, hd128: VARLEN_HEAD_SWIZZLE heads a group (its comment has the
     session 18 measurements).
@@ -775,17 +791,47 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
     Non-deterministic, unmasked: the order only moves L2 reuse; more heads per group lost 1.5-2.5%
     non-causal at S8k: (True, 1), as before (spt_order has no effect there).
     """
+    varlen = getattr(problem, "varlen", False)
     if problem.deterministic:
         if problem.causal:
+            if (problem.head_dim == 64 and problem.heads_q == problem.heads_kv and not varlen
+                    and key_tiles(problem, TILE_N) <= DET_WAVE_MAX_KEY_TILES):
+                return True, wave_head_swizzle(problem, TILE_N)
             return True, 1
         return True, (4 if problem.head_dim == 64 else 8)
     if not right_bounded(problem):
         return True, 1
     if gqa_reduce == "loop" or problem.head_dim in SPLIT_HEAD_DIMS:
         return False, 1
-    if getattr(problem, "varlen", False) and problem.head_dim == 128:
+    if varlen and problem.head_dim == 128:
         return False, VARLEN_HEAD_SWIZZLE
-    return False, (2 if problem.head_dim in (64, 96) else 4)
+    heads = 2 if problem.head_dim in (64, 96) else 4
+    if problem.causal and not varlen:
+        heads = max(heads, wave_head_swizzle(problem, TILE_N))
+    return False, heads
+
+
+def key_tiles(problem: Problem, tile_n: int) -> int:
+    """Key tiles a head: the CTAs of one head in the 'atomic' grid."""
+    return -(-problem.seqlen_k // tile_n)
+
+
+def wave_head_swizzle(problem: Problem, tile_n: int) -> int:
+    """The most heads, a power of two (and a head_swizzle choice), whose key tiles fit one wave
+    (WAVE_CTAS): 16 at 8 key tiles a head, 8 at 16, 4 at 32, 2 at 64.
+
+    A scheduling group launches its CTAs key tile by key tile, so the launch order (longest first,
+    or shortest first when deterministic) holds within a group only. With a few key tiles a head,
+    groups of 2-4 heads interleave long and short CTAs over the whole grid and the last wave ends
+    on the long ones; a group of about a wave orders each wave as a whole. Measured on the H200
+    (session 32, ours / the reference, three interleaved rounds a run) against the old 2 heads at
+    hd64/96 and 4 at hd128: GPT-2 1k (B16 H12 hd64) +3.9, +3.2, +2.9, +3.1% (16 heads); hd64 2k
+    (B8 H16) +4.9, +5.0% (8); hd64 4k (B4 H16) +4.8% (4); hd96 1k (B16 H16) +3.1, +1.8% (16);
+    hd128 1k +1.5, +0.4% (16); hd128 2k +1.8%, and GQA 4:1 +0.5% (8). At 64 key tiles a head it
+    gives 2, no more than before; below 8 key tiles it stays at WAVE_MAX_HEADS (32 measured as 16 at
+    8 key tiles: 0.968 / 0.961 against 0.970 / 0.964)."""
+    heads = max(1, WAVE_CTAS // key_tiles(problem, tile_n))
+    return min(1 << (heads.bit_length() - 1), WAVE_MAX_HEADS)
 
 
 def default_gqa_reduce(problem: Problem, tile_n: int) -> str:

@@ -18,12 +18,17 @@ from fa4.common.bwd_schedule import dq_turn, m_block_range, walk_tile
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, random_configs
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import (
+    TILE_N,
     VARLEN_HEAD_SWIZZLE,
+    WAVE_CTAS,
+    WAVE_MAX_HEADS,
     BwdConfigSm90,
     consumer_registers,
     default_config,
+    key_tiles,
     smem_bytes,
     violations,
+    wave_head_swizzle,
 )
 from fa4.sm90.fwd_config import FwdConfigSm90
 
@@ -392,6 +397,51 @@ LAUNCH_ORDER = [
     ((64, False, -1, True, 16), (True, 4)),
     ((128, False, -1, True, 16), (True, 8)),
 ]
+
+
+# Short causal sequences: scheduling groups of about a wave (wave_head_swizzle, session 32):
+# (head_dim, seqlen, heads_q, heads_kv, deterministic) -> (spt_order, head_swizzle).
+SHORT_LAUNCH_ORDER = [
+    ((64, 1024, 12, 12, False), (False, 16)),  # GPT-2 1k: 8 key tiles a head, +3-4% over 2
+    ((64, 2048, 16, 16, False), (False, 8)),  # +5% over 2
+    ((64, 4096, 16, 16, False), (False, 4)),  # +4.8% over 2
+    ((64, 8192, 32, 8, False), (False, 2)),  # 64 key tiles: as before
+    ((96, 1024, 16, 16, False), (False, 16)),
+    ((128, 1024, 16, 16, False), (False, 16)),
+    ((128, 2048, 32, 8, False), (False, 8)),  # GQA 'atomic'
+    ((128, 4096, 28, 4, False), (False, 4)),  # Qwen2.5-7B: 32 key tiles, the hd128 base
+    ((64, 512, 16, 16, False), (False, 16)),  # 4 key tiles: capped at the most measured
+    ((64, 1024, 12, 12, True), (True, 16)),  # deterministic GPT-2: +2%, shortest first still
+    ((64, 2048, 16, 16, True), (True, 8)),
+    ((64, 4096, 16, 16, True), (True, 1)),  # 32 key tiles: 4 heads lost
+    ((64, 1024, 16, 4, True), (True, 1)),  # deterministic GQA: unmeasured
+    ((128, 1024, 16, 16, True), (True, 1)),  # hd128: +0.1-0.8%, not taken
+]
+
+
+@pytest.mark.parametrize("key,want", SHORT_LAUNCH_ORDER)
+def test_short_causal_sequences_launch_a_wave_a_group(key, want):
+    hd, s, hq, hkv, det = key
+    prob = Problem(batch=8, seqlen_q=s, seqlen_k=s, heads_q=hq, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
+                   causal=True, deterministic=det, pass_="bwd", dtype="bf16")
+    cfg = default_config(prob)
+    assert (cfg.spt_order, cfg.head_swizzle) == want
+    assert cfg.gqa_reduce == "atomic" and not cfg.walk_down
+    assert not violations(cfg, prob)
+    # Non-causal keeps its order: every key tile of a head does the same work.
+    flat = default_config(dataclasses.replace(prob, causal=False))
+    assert (flat.spt_order, flat.head_swizzle) == ((True, 1) if not det else (True, 4 if hd == 64 else 8))
+
+
+def test_a_wave_a_group_counts_the_key_tiles_of_a_head():
+    """16 heads of 8 key tiles, 8 of 16, ... 2 of 64: the most heads, a power of two, whose key tiles
+    fit WAVE_CTAS; never above WAVE_MAX_HEADS, never below 1."""
+    for s, want in [(128, 16), (1024, 16), (1025, 8), (2048, 8), (4096, 4), (8192, 2), (16384, 1), (65536, 1)]:
+        prob = Problem(batch=1, seqlen_q=s, seqlen_k=s, heads_q=4, heads_kv=4, head_dim=64, head_dim_v=64,
+                       causal=True, pass_="bwd", dtype="bf16")
+        assert wave_head_swizzle(prob, TILE_N) == want, s
+        assert want * key_tiles(prob, TILE_N) <= max(WAVE_CTAS, key_tiles(prob, TILE_N))
+        assert want == WAVE_MAX_HEADS or 2 * want * key_tiles(prob, TILE_N) > WAVE_CTAS
 
 
 def _walks(hd=128, causal=False, det=False, sq=8192, sk=8192, hq=16, hkv=16, varlen=False, **kw):

@@ -190,6 +190,46 @@ def test_deterministic_turns_complete_with_few_sms(sq, sk, causal, spt, left, ri
         assert k == contributors
 
 
+@pytest.mark.parametrize("sq,sk", [(1000, 1000), (2048, 2048), (333, 777)])
+@pytest.mark.parametrize("swizzle", [1, 4, 16])
+@pytest.mark.parametrize("sms", [1, 3, 132])
+def test_deterministic_atomic_turns_complete_in_wave_sized_groups(sq, sk, swizzle, sms):
+    """The deterministic 'atomic' grid (one CTA per key tile, head and batch) with the scheduling
+    groups default_launch_order takes for short causal sequences (wave_head_swizzle: up to 16 heads,
+    launched key tile by key tile, shortest first): simulated on `sms` SMs, CTAs resident in launch
+    order, every dQ turn is taken, in turn order, and every CTA finishes."""
+    tile_m, tile_n, heads, batch = 128, 128, 12, 2
+    num_n = -(-sk // tile_n)
+    walks = []
+    for n, h, b in launch_order(num_n, heads, batch, swizzle, 1):
+        seg = segments(n, tile_m, tile_n, sq, sk, True, -1, -1)
+        walks.append((n, b, [(h, m) for _, m, _ in producer_walk(1, seg)]))
+    next_turn: dict = {}
+    pos = [0] * len(walks)
+    resident, launched, done = [], 0, 0
+    while done < len(walks):
+        while len(resident) < sms and launched < len(walks):
+            resident.append(launched)
+            launched += 1
+        progressed = False
+        for c in list(resident):
+            n, b, steps = walks[c]
+            if pos[c] < len(steps):
+                h, m = steps[pos[c]]
+                turn = dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, True, 1)
+                if next_turn.get((b, h, m), 0) == turn:
+                    next_turn[(b, h, m)] = turn + 1
+                    pos[c] += 1
+                    progressed = True
+            if pos[c] == len(steps):
+                resident.remove(c)
+                done += 1
+                progressed = True
+        assert progressed, "deadlock: every resident CTA waits for a turn"
+    for (b, h, m), k in next_turn.items():
+        assert k == sum(1 for n, bb, steps in walks if bb == b and (h, m) in steps)
+
+
 def gqa(b, sq, sk, hq, hkv, hd=128, causal=True, det=False) -> Problem:
     return Problem(batch=b, seqlen_q=sq, seqlen_k=sk, heads_q=hq, heads_kv=hkv, head_dim=hd, head_dim_v=hd,
                    causal=causal, deterministic=det, pass_="bwd", dtype="bf16")
