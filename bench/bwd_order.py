@@ -62,6 +62,13 @@ SHAPES = {
     "sq2k-sk8k": ((1, 2048, 8192, 64, 8, 128), True, {}, {}),
     "sq128-sk8k": ((8, 128, 8192, 32, 8, 128), True, {}, {}),
     "noncausal-8k": ((2, 8192, 8192, 16, 16, 128), False, {}, {}),
+    # Short causal sequences (session 32's launch-order study: 8-32 key tiles a head).
+    "hd64-2k": ((8, 2048, 2048, 16, 16, 64), True, {}, {}),
+    "hd64-4k": ((4, 4096, 4096, 16, 16, 64), True, {}, {}),
+    "hd96-1k": ((16, 1024, 1024, 16, 16, 96), True, {}, {}),
+    "hd128-1k": ((16, 1024, 1024, 16, 16, 128), True, {}, {}),
+    "hd128-2k": ((8, 2048, 2048, 16, 16, 128), True, {}, {}),
+    "hd128-2k-gqa": ((8, 2048, 2048, 32, 8, 128), True, {}, {}),
 }
 ORDERS = [(spt, swz) for spt in (True, False) for swz in (1, 2, 4, 8, 16)]
 DEFAULT = ("default", 0)  # the shape's default config as it is
