@@ -56,13 +56,6 @@ SMEM_RESERVED = 2048
 # 132 SMs, causal CTAs of unequal length leave SMs idle at the tail: default_config keeps
 # 'atomic' there (more, shorter CTAs).
 GQA_LOOP_MIN_CTAS = 2 * 132
-# One wave of those SMs (one backward CTA an SM): default_launch_order's scheduling groups of a
-# short sequence hold about this many CTAs (wave_head_swizzle).
-WAVE_CTAS = 132
-WAVE_MAX_HEADS = 16  # the most measured
-# Deterministic causal hd64 takes wave-sized groups up to this many key tiles a head (S 2k at
-# tile_n 128); measured at 8 and 16 (session 32), at 32 it lost.
-DET_WAVE_MAX_KEY_TILES = 16
 # ... and only where the query range is short against the keys. Measured on the H200 (session 10,
 # bench/bench_gqa_loop.py, causal hd128, loop / atomic): Sq = Sk: Llama-3-8B 8k 0.945, Qwen2.5-7B 4k
 # 0.758 (a key tile sees many query tiles: 'atomic''s many short CTAs balance better, and its fp32
@@ -75,6 +68,13 @@ GQA_LOOP_MAX_Q_OVER_K = 0.5
 # at 128 beats 'loop' at 128 at Sq = Sk: H200, session 13, bench/bench_gqa_loop.py, causal, two
 # runs, TFLOP/s: Llama-3.2-1B 8k 438 / 427 and 447 / 425 against 405 / 405; B2 4k 376 / 387 and
 # 375 / 385 against 375 / 373. The rule above holds again at hd64.)
+# One wave of the 132 SMs (one backward CTA an SM): default_launch_order's scheduling groups of a
+# short sequence hold about this many CTAs (wave_head_swizzle).
+WAVE_CTAS = 132
+WAVE_MAX_HEADS = 16  # the most measured
+# Deterministic causal hd64 takes wave-sized groups up to this many key tiles a head (S 2k at
+# tile_n 128); measured at 8 and 16 (session 32), at 32 it lost.
+DET_WAVE_MAX_KEY_TILES = 16
 # dk_before_dq by default (session 27, H200, causal S8k, its knob doc): hd256 +19-22%, where one Q/dO
 # stage leaves Q's load exposed; at 192 (two stages) within 2%.
 DK_BEFORE_DQ_HEAD_DIMS = (256,)
