@@ -142,6 +142,38 @@ def launch_order(num_n, heads, batch, swizzle, spt):
     return out
 
 
+def run_turns(walks, sms, turn_of):
+    """Simulate deterministic dQ adds on ``sms`` SMs: ``walks`` lists each CTA's (key tile, batch,
+    [(query head, m_block), ...]) in launch order; CTAs become resident in that order as SMs free,
+    and a resident CTA takes its next step only when ``turn_of(m_block, key tile)`` is the tile's
+    next turn. Asserts that no state has every resident CTA waiting (a deadlock) and that each dQ
+    tile received exactly its contributors' adds."""
+    next_turn: dict = {}
+    pos = [0] * len(walks)
+    resident, launched, done = [], 0, 0
+    while done < len(walks):
+        while len(resident) < sms and launched < len(walks):
+            resident.append(launched)
+            launched += 1
+        progressed = False
+        for c in list(resident):
+            n, b, steps = walks[c]
+            if pos[c] < len(steps):
+                h, m = steps[pos[c]]
+                turn = turn_of(m, n)
+                if next_turn.get((b, h, m), 0) == turn:
+                    next_turn[(b, h, m)] = turn + 1
+                    pos[c] += 1
+                    progressed = True
+            if pos[c] == len(steps):
+                resident.remove(c)
+                done += 1
+                progressed = True
+        assert progressed, "deadlock: every resident CTA waits for a turn"
+    for (b, h, m), k in next_turn.items():
+        assert k == sum(1 for n, bb, steps in walks if bb == b and (h, m) in steps)
+
+
 @pytest.mark.parametrize("sq,sk", [(333, 777), (777, 333), (1000, 1000), (128, 1024), (200, 200)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("spt", [0, 1])
@@ -162,32 +194,8 @@ def test_deterministic_turns_complete_with_few_sms(sq, sk, causal, spt, left, ri
         seg = segments(n, tile_m, tile_n, sq, sk, causal, left, right)
         steps = [(hkv * group + hl, m) for hl, m, _ in producer_walk(group, seg, down)]
         walks.append((n, b, steps))
-    next_turn: dict = {}
-    pos = [0] * len(walks)
-    resident, launched, done = [], 0, 0
-    while done < len(walks):
-        while len(resident) < sms and launched < len(walks):
-            resident.append(launched)
-            launched += 1
-        progressed = False
-        for c in list(resident):
-            n, b, steps = walks[c]
-            if pos[c] < len(steps):
-                h, m = steps[pos[c]]
-                turn = dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt, wl, wr, max(left, 0), 0)
-                if next_turn.get((b, h, m), 0) == turn:
-                    next_turn[(b, h, m)] = turn + 1
-                    pos[c] += 1
-                    progressed = True
-            if pos[c] == len(steps):
-                resident.remove(c)
-                done += 1
-                progressed = True
-        assert progressed, "deadlock: every resident CTA waits for a turn"
-    # Every tile got exactly its number of contributors' adds.
-    for (b, h, m), k in next_turn.items():
-        contributors = sum(1 for n, bb, steps in walks if bb == b and (h, m) in steps)
-        assert k == contributors
+    run_turns(walks, sms, lambda m, n: dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt, wl, wr,
+                                               max(left, 0), 0))
 
 
 @pytest.mark.parametrize("sq,sk", [(1000, 1000), (2048, 2048), (333, 777)])
@@ -204,30 +212,7 @@ def test_deterministic_atomic_turns_complete_in_wave_sized_groups(sq, sk, swizzl
     for n, h, b in launch_order(num_n, heads, batch, swizzle, 1):
         seg = segments(n, tile_m, tile_n, sq, sk, True, -1, -1)
         walks.append((n, b, [(h, m) for _, m, _ in producer_walk(1, seg)]))
-    next_turn: dict = {}
-    pos = [0] * len(walks)
-    resident, launched, done = [], 0, 0
-    while done < len(walks):
-        while len(resident) < sms and launched < len(walks):
-            resident.append(launched)
-            launched += 1
-        progressed = False
-        for c in list(resident):
-            n, b, steps = walks[c]
-            if pos[c] < len(steps):
-                h, m = steps[pos[c]]
-                turn = dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, True, 1)
-                if next_turn.get((b, h, m), 0) == turn:
-                    next_turn[(b, h, m)] = turn + 1
-                    pos[c] += 1
-                    progressed = True
-            if pos[c] == len(steps):
-                resident.remove(c)
-                done += 1
-                progressed = True
-        assert progressed, "deadlock: every resident CTA waits for a turn"
-    for (b, h, m), k in next_turn.items():
-        assert k == sum(1 for n, bb, steps in walks if bb == b and (h, m) in steps)
+    run_turns(walks, sms, lambda m, n: dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, True, 1))
 
 
 def gqa(b, sq, sk, hq, hkv, hd=128, causal=True, det=False) -> Problem:
