@@ -747,9 +747,14 @@ def _default_layout(problem: Problem, arch: Arch = SM90, queries_on_m: bool = Tr
                          ds_early=problem.head_dim in DS_EARLY_HEAD_DIMS)
 
 
+def key_tiles(problem: Problem, tile_n: int) -> int:
+    """Key tiles a head: the CTAs of one head in the 'atomic' grid."""
+    return -(-problem.seqlen_k // tile_n)
+
+
 def loop_ctas(problem: Problem, tile_n: int) -> int:
     """CTAs of the gqa_reduce 'loop' grid: key tiles x K/V heads x batch."""
-    return -(-problem.seqlen_k // tile_n) * problem.heads_kv * problem.batch
+    return key_tiles(problem, tile_n) * problem.heads_kv * problem.batch
 
 
 def right_bounded(problem: Problem) -> bool:
@@ -809,11 +814,6 @@ def default_launch_order(problem: Problem, gqa_reduce: str) -> tuple[bool, int]:
     if problem.causal and not varlen:
         heads = max(heads, wave_head_swizzle(problem, TILE_N))
     return False, heads
-
-
-def key_tiles(problem: Problem, tile_n: int) -> int:
-    """Key tiles a head: the CTAs of one head in the 'atomic' grid."""
-    return -(-problem.seqlen_k // tile_n)
 
 
 def wave_head_swizzle(problem: Problem, tile_n: int) -> int:
