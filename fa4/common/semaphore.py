@@ -97,3 +97,58 @@ def pass_turn(ptr: cute.Pointer, is_leader) -> None:
     if is_leader:
         fence_acq_rel_gpu()
         red_release_add(ptr, Int32(1))
+
+
+# ---------------------------------------------------------------- tickets (gqa_finish 'last_cta')
+# One int32 a tile, zeroed: the low 16 bits count the CTAs that arrived (each takes the old
+# count as its ticket), the high bits those that are done with the tile.
+TICKET_MASK = 0xFFFF
+DONE = 1 << 16
+
+
+@dsl_user_op
+def atom_add_acq_rel(ptr: cute.Pointer, val: Int32, *, loc=None, ip=None) -> Int32:
+    """atom.acq_rel.gpu add: the old value (this thread's ticket)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(), [_addr(ptr, loc, ip), Int32(val).ir_value(loc=loc, ip=ip)],
+            "atom.acq_rel.gpu.global.add.s32 $0, [$1], $2;", "=r,l,r",
+            has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def barrier_or(barrier_id: int, number_of_threads: int, pred: Int32, *, loc=None, ip=None) -> Int32:
+    """bar.red.or on a named barrier: 1 in every participating thread if any thread's ``pred`` is
+    non-zero, else 0 (a barrier that also broadcasts one bit, e.g. the leader's verdict)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(), [Int32(pred).ir_value(loc=loc, ip=ip)],
+            "{\n .reg .pred q, p;\n setp.ne.s32 q, $1, 0;\n"
+            f" bar.red.or.pred p, {int(barrier_id)}, {int(number_of_threads)}, q;\n"
+            " selp.s32 $0, 1, 0, p;\n}",
+            "=r,r",
+            has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@cute.jit
+def take_ticket(ptr: cute.Pointer, group: Int32, is_leader) -> Int32:
+    """The leader takes this CTA's ticket among the ``group`` CTAs of a tile, and waits for what
+    its ticket needs: the first (ticket 0) nothing, the last (group - 1) every other CTA done, the
+    ones between the first done (its store is what they add to). Every CTA waited for took its
+    ticket earlier, so it is running or finished: no wait on a CTA that has not launched. Returns
+    the ticket in the leader (-1 elsewhere); the caller broadcasts what it needs with barrier_or."""
+    ticket = Int32(-1)
+    if is_leader:
+        ticket = atom_add_acq_rel(ptr, Int32(1)) & TICKET_MASK
+        if ticket > 0:
+            need = Int32(1)
+            if ticket == group - 1:
+                need = group - 1
+            seen = ld_acquire(ptr) >> 16
+            while seen < need:
+                seen = ld_acquire(ptr) >> 16
+    return ticket

@@ -153,6 +153,9 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
         self.gqa_atomic = gqa and not self.gqa_loop
         self.dkv_tma = config.dkv_store == "tma" and not self.gqa_atomic
+        # gqa_finish 'last_cta': the first CTA of a group stores its fp32 dK/dV tile, the last
+        # writes the output (fa4.sm90.bwd_epilogue): no zeroed accumulators, no dK/dV postprocess.
+        self.gqa_last = self.gqa_atomic and config.gqa_finish == "last_cta"
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for (qm_tile_n:
         # a thread's adjacent dK^T values are adjacent keys, rows apart in the accumulator).
         self.kv_v2 = config.dq_accum != "red" and not self.qm
@@ -169,10 +172,12 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         mLSE2: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: LSE * log2(e), +inf where no key
         mDsum: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: rowsum(dO * O)
         mdQacc: cute.Tensor,  # (batch, heads_q, seqlen_q_pad, d) fp32, zeroed
-        mdK: cute.Tensor,  # gqa 'atomic': (batch, heads_kv, seqlen_k_pad, d) fp32 zeroed; else like mK
+        mdK: cute.Tensor,  # gqa 'atomic': (batch, heads_kv, seqlen_k_pad, d) fp32 (zeroed unless 'last_cta'); else like mK
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
+        mdKout: cute.Tensor,  # gqa_finish 'last_cta': dK like mK, written by a group's last CTA; else None
+        mdVout: cute.Tensor,  # ... and dV like mV
         mCuSeqlensQ: cute.Tensor,  # varlen: (B+1,) int32 row offsets of the sequences in q, else None
         mCuSeqlensK: cute.Tensor,  # varlen: (B+1,) int32 in k/v, else None
         mSeqUsedQ: cute.Tensor,  # varlen: (B,) int32 rows used per sequence, or None
@@ -293,6 +298,10 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         mdK_rows = mdV_rows = None
         if cutlass.const_expr(self.dkv_tma and self.varlen):
             mdK_rows, mdV_rows = mdK, mdV
+        # gqa_finish 'last_cta' (never with dkv_store 'tma', which GQA 'atomic' does not take): the
+        # outputs ride in the same slots to the epilogue.
+        if cutlass.const_expr(self.gqa_last):
+            mdK_rows, mdV_rows = mdKout, mdVout
         if cutlass.const_expr(self.dkv_tma):
             # dK/dV leave from the K/V shared tiles (same shape, same swizzle) as TMA stores; the
             # store clips the rows past seqlen_k.
@@ -396,7 +405,8 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         mSeqUsedQ: cute.Tensor,
         mSeqUsedK: cute.Tensor,
         max_seqlen_k: Int32,
-        mdK_rows: cute.Tensor,  # varlen with dkv_store 'tma': mdK as given (the partial tiles' stores), else None
+        mdK_rows: cute.Tensor,  # varlen with dkv_store 'tma': mdK as given (the partial tiles' stores);
+        # gqa_finish 'last_cta': the dK output (mdK is the fp32 sum); else None
         mdV_rows: cute.Tensor,
         tma_kp: cute.CopyAtom,  # cluster_exchange: the peer's K columns (else None)
         mKp: cute.Tensor,

@@ -118,7 +118,11 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
         dv_ = _fake(dt, (None, None, None, dv))
     det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
-    sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det and atomic else None
+    # gqa_finish 'last_cta': the tiles' ticket counters (turns when deterministic), and the outputs.
+    last = atomic and key.config.gqa_finish == "last_cta"
+    sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if (det or last) and atomic else None
+    dk_out = _fake(dt, (None, None, None, d)) if last else None
+    dv_out = _fake(dt, (None, None, None, dv)) if last else None
     kernel = FlashBwdSm90(dt, d, key.causal, key.gqa, key.deterministic, key.config, head_dim_v=dv,
                           has_window_left=key.has_window_left, has_window_right=key.has_window_right,
                           has_softcap=key.has_softcap, has_sink=key.has_sink, varlen=key.varlen)
@@ -126,7 +130,7 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     i32 = cutlass.Int32
     cu_q, cu_k, used_q, used_k = _varlen_fakes(key.varlen, key.seqused_q, key.seqused_k)
     return cute.compile(
-        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv_, sem_q, sem_kv, cu_q, cu_k, used_q, used_k,
+        kernel, q, k, v, do, lse2, dsum, dqacc, dk, dv_, sem_q, sem_kv, dk_out, dv_out, cu_q, cu_k, used_q, used_k,
         # scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, max_seqlen_k, the
         # runtime knobs.
         f32(1.0), f32(1.0), i32(0), i32(0), f32(0.0), f32(0.0), i32(0), i32(1), i32(1), stream,

@@ -207,6 +207,20 @@ class BwdConfigSm90:
         "'atomic' spreads a small grid over more SMs. Not a knob without GQA (one head per group).",
         applies=lambda problem: problem.heads_q != problem.heads_kv,
     )
+    gqa_finish: str = knob(
+        ("postprocess", "last_cta"), "postprocess",
+        "GQA with gqa_reduce 'atomic': who turns the fp32 dK/dV sums into the output. 'postprocess': the "
+        "accumulators are zeroed before the main kernel (a memset of batch x heads_kv x seqlen_k x (d + dv) x 4 "
+        "B), every CTA of a group adds its tile, and two postprocess kernels convert them. 'last_cta': per "
+        "(key tile, K/V head) the first CTA of the group to finish stores its tile (no zeroing), the later ones "
+        "add theirs, and the last reads the sum, adds its own in registers and writes dK/dV in the output dtype: "
+        "no memset, no postprocess, no launches for them. Non-deterministic: the order is the CTAs' arrival "
+        "(one int32 ticket counter a tile, zeroed); deterministic: the head order of the semaphore turns. "
+        "A CTA waits only for CTAs that took a ticket (or turn) before it, so it cannot wait on one that "
+        "has not launched. Not with qm_tile_n (transposed accumulators) or varlen (not built).",
+        applies=lambda problem: problem.heads_q != problem.heads_kv,
+        requires=lambda k: k["gqa_reduce"] == "atomic",
+    )
     dkv_split: str = knob(
         ("keys", "head_dim"), "keys",
         "How the two consumer warpgroups share the dK and dV GEMMs: 'keys' each owns 64 rows of a 128-key "
@@ -480,6 +494,22 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("knob combination",
             "dkv_store 'tma' stores finished dK/dV tiles: under GQA with gqa_reduce 'atomic' they are fp32 "
                    "sums over the query heads, added with reductions (gqa_reduce 'loop' stores them)"))
+    if config.gqa_finish != "postprocess":
+        if not gqa or config.gqa_reduce != "atomic":
+            out.append(Violation("knob combination",
+                                 f"gqa_finish '{config.gqa_finish}' finishes the fp32 dK/dV sums of GQA with gqa_reduce "
+                                 "'atomic'; without them there is nothing to finish"))
+        if config.qm_tile_n:
+            out.append(Violation("knob combination",
+                                 f"gqa_finish '{config.gqa_finish}' with qm_tile_n: not built (its dK^T/dV^T fragments "
+                                 "and partial key tiles take the postprocess)"))
+        if getattr(problem, "varlen", False):
+            out.append(Violation("knob combination", f"gqa_finish '{config.gqa_finish}' with varlen: not built"))
+        if config.dkv_split == "head_dim" and config.dq_accum != "bulk":
+            # The compile sweep (ptxas 13.0, session 33): hd256 with the per-thread dQ reductions spilled
+            # 1 register in 3 of its 3 kernels (the finish's branches beside the reduction addresses).
+            out.append(Violation("registers", f"gqa_finish '{config.gqa_finish}' with dkv_split 'head_dim' and dq_accum "
+                                 f"'{config.dq_accum}' spills (use dq_accum 'bulk')"))
     if config.gqa_reduce == "loop" and not gqa:
         out.append(Violation("knob combination",
             "gqa_reduce 'loop' walks the query heads of a K/V head: without GQA there is one ('atomic' "

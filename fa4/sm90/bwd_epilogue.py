@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass import Int32
 from cutlass.cute.nvgpu import warp
 
 from fa4.common import semaphore
@@ -42,26 +43,12 @@ class DkvStores:
             # Varlen: the sequence's padded region (its tiles' rows past seqlen_k add zeros there).
             gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
             gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
-            if cutlass.const_expr(self.deterministic):
-                sem = mSemKV[batch, head_kv, None].iterator + n_block
-                semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
-                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            if cutlass.const_expr(self.qm):
-                # dK^T / dV^T fragments (qm_tile_n): a key tile of 96 or 48 rows can run past the
-                # accumulator's rows (padded to SEQ_PAD, not to the tile): keys past seqlen_k are
-                # left out.
-                cK = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
-                cV = cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
-                self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(gdK))),
-                              False, acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(cK))), seqlen_k)
-                self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(self.kv_view(gdV))),
-                              False, acc_as_rows_cols(dv_thr.partition_C(self.kv_view(cV))), seqlen_k)
+            if cutlass.const_expr(self.gqa_last):
+                self.finish_in_kernel(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, tma_dkv[2], tma_dkv[3], mSemKV,
+                                      ctid, n_block, head, head_kv, batch, qhead_per_kvhead, seq)
             else:
-                self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
-                self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
-            if cutlass.const_expr(self.deterministic):
-                cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-                semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
+                self.add_to_sums(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mSemKV, ctid, n_block, head, head_kv,
+                                 batch, qhead_per_kvhead, seqlen_k, d, dv)
         elif cutlass.const_expr(self.dkv_tma):
             if cutlass.const_expr(self.varlen):
                 # Whole key tiles of the sequence by TMA at its offset; its last, partial tile by
@@ -80,6 +67,81 @@ class DkvStores:
                 )
         else:
             self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq)
+
+    @cute.jit
+    def add_to_sums(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mSemKV, ctid, n_block, head, head_kv, batch,
+                    qhead_per_kvhead, seqlen_k, d: cutlass.Constexpr, dv: cutlass.Constexpr):
+        """gqa_finish 'postprocess': add this CTA's tiles into the zeroed fp32 sums (deterministic:
+        in head order, behind the tile's semaphore)."""
+        if cutlass.const_expr(self.deterministic):
+            sem = mSemKV[batch, head_kv, None].iterator + n_block
+            semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+        if cutlass.const_expr(self.qm):
+            # dK^T / dV^T fragments (qm_tile_n): a key tile of 96 or 48 rows can run past the
+            # accumulator's rows (padded to SEQ_PAD, not to the tile): keys past seqlen_k are
+            # left out.
+            cK = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
+            cV = cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(gdK))),
+                          False, acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(cK))), seqlen_k)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(self.kv_view(gdV))),
+                          False, acc_as_rows_cols(dv_thr.partition_C(self.kv_view(cV))), seqlen_k)
+        else:
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
+        if cutlass.const_expr(self.deterministic):
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
+
+    @cute.jit
+    def finish_in_kernel(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mdKout, mdVout, mSemKV, ctid, n_block,
+                         head, head_kv, batch, qhead_per_kvhead, seq):
+        """gqa_finish 'last_cta': of the group's CTAs on this (key tile, K/V head), the first stores its
+        fp32 tiles (the sums are not zeroed), the middle ones add theirs, the last reads the sums, adds
+        its own in registers and writes dK/dV in the output dtype (rows past seqlen_k dropped). The
+        order is the arrival order (a ticket), or deterministic the head order of the turns: one fixed
+        order of fp32 additions, as the postprocess path's."""
+        sem = mSemKV[batch, head_kv, None].iterator + n_block
+        leader = ctid == 0
+        first = Int32(0)
+        last = Int32(0)
+        if cutlass.const_expr(self.deterministic):
+            turn = head - head_kv * qhead_per_kvhead
+            semaphore.wait_turn(sem, turn, leader)
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            first = Int32(turn == 0)
+            last = Int32(turn == qhead_per_kvhead - 1)
+        else:
+            ticket = semaphore.take_ticket(sem, qhead_per_kvhead, leader)
+            # Two barriers that carry the leader's verdicts to the consumers: the second also
+            # orders every thread's accesses after the leader's wait.
+            first = semaphore.barrier_or(BAR_SEM, NUM_CONSUMER_THREADS, Int32(ticket == 0))
+            last = semaphore.barrier_or(BAR_SEM, NUM_CONSUMER_THREADS, Int32(ticket == qhead_per_kvhead - 1))
+        tdKg = dkv_thr.partition_C(gdK)
+        tdVg = dv_thr.partition_C(gdV)
+        if first != 0:
+            for i in cutlass.range_constexpr(cute.size(acc_dK)):
+                tdKg[i] = acc_dK[i]
+            for i in cutlass.range_constexpr(cute.size(acc_dV)):
+                tdVg[i] = acc_dV[i]
+        elif last != 0:
+            for i in cutlass.range_constexpr(cute.size(acc_dK)):
+                acc_dK[i] = acc_dK[i] + tdKg[i]
+            for i in cutlass.range_constexpr(cute.size(acc_dV)):
+                acc_dV[i] = acc_dV[i] + tdVg[i]
+            self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdKout, mdVout, n_block, head_kv, batch, seq)
+        else:
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(tdKg), self.kv_v2)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(tdVg), self.kv_v2)
+        if last == 0:
+            # Every thread's stores or adds precede the leader's release (pass_turn's fence).
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            if cutlass.const_expr(self.deterministic):
+                semaphore.pass_turn(sem, leader)
+            elif leader:
+                semaphore.fence_acq_rel_gpu()
+                semaphore.red_release_add(sem, Int32(semaphore.DONE))
 
     def kv_view(self, t: cute.Tensor) -> cute.Tensor:
         """A (keys, head dim) tile as the dK/dV accumulators index it: transposed with qm_tile_n,

@@ -107,8 +107,10 @@ class _Plan:
     once per key; a launch with a plan allocates its buffers (three allocations at most) and calls
     the kernels."""
 
-    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "ws", "acc", "sems", "f32")
+    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "last", "ws", "acc", "sems",
+                 "f32")
     # gqa: dK/dV are fp32 accumulators (GQA with gqa_reduce 'atomic'); 'loop' stores them like MHA.
+    # last: gqa_finish 'last_cta', the main kernel finishes them (not zeroed, no postprocess).
 
     def __init__(self, q, k, v, softmax_scale, causal, deterministic, config, has_dlse, window_left,
                  window_right, softcap, has_sink):
@@ -117,6 +119,7 @@ class _Plan:
         sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
         gqa = hq != hkv
         self.gqa = atomic = gqa and config.gqa_reduce == "atomic"
+        self.last = last = atomic and config.gqa_finish == "last_cta"
         causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
         has_softcap = bool(softcap) and softcap > 0
         softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
@@ -149,12 +152,15 @@ class _Plan:
         # GQA 'atomic': dK and dV accumulate in fp32 over a group's query heads (zeroed), then are
         # converted; 'loop' CTAs own a (key tile, K/V head) and store the finished tiles.
         self.acc = (b * hkv * sk_pad * (d + dv), _layout(((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv)))) if atomic else None
+        # int32 semaphores, zeroed: deterministic dQ turns; GQA 'atomic' dK/dV turns (deterministic) or
+        # 'last_cta''s ticket counters.
         self.sems = None
-        if deterministic:
-            nq = b * hq * _round4(-(-sq // config.tile_m))
-            nkv = b * hkv * _round4(-(-sk // config.tile_n)) if atomic else 0
-            self.sems = (nq + nkv, nq, (b, hq, _round4(-(-sq // config.tile_m))),
-                         (b, hkv, _round4(-(-sk // config.tile_n))) if atomic else None)
+        if deterministic or last:
+            nq = b * hq * _round4(-(-sq // config.tile_m)) if deterministic else 0
+            kv = atomic and (deterministic or last)
+            nkv = b * hkv * _round4(-(-sk // config.tile_n)) if kv else 0
+            self.sems = (nq + nkv, nq, (b, hq, _round4(-(-sq // config.tile_m))) if deterministic else None,
+                         (b, hkv, _round4(-(-sk // config.tile_n))) if kv else None)
         self.f32 = torch.float32
 
 
@@ -183,7 +189,7 @@ def _semaphores(sems, dev):
         return None, None
     buf = torch.zeros(sems[0], device=dev, dtype=torch.int32)
     sem_kv = buf[sems[1]:].view(sems[3]) if sems[3] is not None else None
-    return buf[:sems[1]].view(sems[2]), sem_kv
+    return (buf[:sems[1]].view(sems[2]) if sems[2] is not None else None), sem_kv
 
 
 def _row_stats(lse, dlse):
@@ -225,7 +231,12 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     lse2, dsum, dq_acc, *sink_term = _views(torch.empty(plan.ws[0], device=dev, dtype=f32), plan.ws[1])
     sink_term = sink_term[0] if sink_term else None
     dq = torch.empty_like(q)
-    if plan.gqa:
+    dk = dv_ = None
+    if plan.last:
+        # The first CTA of each group stores its tiles: the sums need no zeros.
+        dk_out, dv_out = _views(torch.empty(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
+        dk, dv_ = torch.empty_like(k), torch.empty_like(v)
+    elif plan.gqa:
         dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
     else:
         dk_out = torch.empty_like(k)
@@ -234,10 +245,12 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     lse, dlse = _row_stats(lse, dlse)
     with _on_device(q):
         plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, _sink_arg(sink), sink_term, 0)
-        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, None, None,
+        plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, dk, dv_, None, None, None, None,
                   *plan.main_scalars)
         plan.post_dq(dq_acc, dq, softmax_scale, None, None, 0)
-        if plan.gqa:
+        if plan.last:
+            dk_out, dv_out = dk, dv_
+        elif plan.gqa:
             dk = torch.empty_like(k)
             dv_ = torch.empty_like(v)
             # dK was scaled in the main kernel; dV needs none.
@@ -370,7 +383,8 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
     with _on_device(q):
         plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, _sink_arg(sink),
                  sink_term, max_seqlen_q)
-        plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_seqlens_q, cu_seqlens_k,
+        plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, cu_seqlens_q,
+                  cu_seqlens_k,
                   seqused_q, seqused_k, *plan.main_scalars)
         plan.post_dq(dq_acc, dq.unsqueeze(0), softmax_scale, cu_seqlens_q, seqused_q, max_seqlen_q)
         if plan.gqa:

@@ -167,24 +167,31 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
         (hd + hdv) // halves // 16 if tma and not qm else 0)
     assert ops["STSM.16.M88.4"] == stsm, ops
     assert ops["STSM.16.MT88.4"] == ((hd + hdv) * config.tile_n * 2 // 256 // 16 if tma and qm else 0), ops
-    # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA, or GQA 'loop') the element stores.
+    # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA, GQA 'loop', or GQA 'atomic' whose
+    # last CTA writes the output, gqa_finish 'last_cta') the element stores.
     atomic = gqa and config.gqa_reduce == "atomic"
+    last = atomic and config.gqa_finish == "last_cta"
     assert (ops["UTMASTG.4D"] > 0) == tma, ops
     # (Element stores: 2-byte, or 4-byte where ptxas pairs two columns of a row, as it does with dK
     # and dV in separate loops at head_dim_v != head_dim.)
-    assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma and not atomic), ops
+    assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma and (not atomic or last)), ops
     assert ops["STG.E.U16"] == 0 or not tma, ops
 
     pops = cc.count_ops(
         cc.ptx_opcodes(ptx),
         ["ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu", "cp.reduce.async.bulk",
-         "red.relaxed.gpu.global.add.v2.f32", "red.relaxed.gpu.global.add.f32"],
+         "red.relaxed.gpu.global.add.v2.f32", "red.relaxed.gpu.global.add.f32", "atom.acq_rel.gpu",
+         "bar.red.or.pred"],
     )
+    # Locks: the deterministic turns; gqa_finish 'last_cta' hands its tiles on by the same release and
+    # acquire (non-deterministic: a ticket taken with one atom, its verdicts broadcast by bar.red.or).
     lock = ("ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu")
-    if det:
+    if det or last:
         assert all(pops[p] > 0 for p in lock), pops
     else:
         assert all(pops[p] == 0 for p in lock), pops
+    tickets = last and not det
+    assert (pops["atom.acq_rel.gpu"], pops["bar.red.or.pred"]) == ((1, 2) if tickets else (0, 0)), pops
     bulk = config.dq_accum == "bulk"
     assert (pops["cp.reduce.async.bulk"] > 0) == bulk, pops
     # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them):

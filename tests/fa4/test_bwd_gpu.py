@@ -92,6 +92,44 @@ def test_deterministic_bitwise(check_bwd, hd, causal, change, shape):
     assert ok, info
 
 
+# gqa_finish 'last_cta': per (key tile, K/V head) the first CTA of the group stores its fp32 tiles,
+# the ones between add theirs, the last writes dK/dV. Groups of 4, 2 (a first and a last only) and 7,
+# Sq < Sk and Sq > Sk (tiles past a short side), and a single key (every CTA on one key tile).
+LAST_SHAPES = [(2, 1000, 1000, 8, 2), (1, 777, 1333, 8, 4), (1, 1333, 777, 28, 4), (3, 65, 1, 4, 1)]
+LAST = dict(gqa_reduce="atomic", gqa_finish="last_cta")
+
+
+@pytest.mark.parametrize("hd", [64, 96, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", LAST_SHAPES)
+def test_gqa_finish_in_the_main_kernel(check_bwd, hd, causal, shape):
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    cfg = check_bwd.default_for(shape, hd, causal, False, **LAST)
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
+    # Three runs on fresh inputs: the arrival order, and with it each CTA's part, changes between them.
+    for _ in range(3):
+        ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
+        assert ok, info
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", LAST_SHAPES[:3])
+def test_gqa_finish_in_the_main_kernel_deterministic_bitwise(check_bwd, hd, causal, shape):
+    """The head order of the turns fixes the order of the additions: ten runs bitwise alike."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    cfg = check_bwd.default_for(shape, hd, causal, True, **LAST)
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, True))
+    ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
+    assert ok, info
+
+
 # -- the later head dims: 96 (dkv_split 'keys'), 192, 192/128 and 256 (dkv_split 'head_dim') --
 
 NEW_HDS = [96, 192, (192, 128), 256]

@@ -228,6 +228,57 @@ def test_lse_gradient_reaches_the_preprocess(monkeypatch):
     assert key == ("bwd_pre", "bf16", 64) and args[6] is None
 
 
+@pytest.mark.parametrize("det", [False, True])
+def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(monkeypatch, det):
+    """gqa_finish 'last_cta': the fp32 sums are not zeroed and no dK/dV postprocess runs; the main
+    kernel gets the outputs the call returns and one zeroed int32 a (batch, K/V head, key tile),
+    the ticket counters (deterministic: the turns beside the dQ ones). The default path zeroes
+    the sums and converts them in two postprocess launches. The launches are recorded, not run."""
+    import contextlib
+    import dataclasses
+
+    seen = []
+
+    def fake_compiled(key, build):
+        name = key[0] if isinstance(key, tuple) else "main"
+        return lambda *args: seen.append((name, args))
+
+    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
+    monkeypatch.setattr(bwd_launch, "_on_device", lambda t: contextlib.nullcontext())
+    # The accumulators come from torch.empty: a sentinel shows they are left as allocated.
+    real_empty = torch.empty
+    monkeypatch.setattr(bwd_launch.torch, "empty",
+                        lambda *a, **kw: real_empty(*a, **kw).fill_(7) if kw.get("dtype") == torch.float32
+                        else real_empty(*a, **kw))
+    b, sq, sk, hq, hkv, d = 2, 70, 300, 8, 2, 64
+    q, k, v = tensors(b, sq, sk, hq, hkv, d)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
+    base = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd", deterministic=det), None)
+    assert base.gqa_reduce == "atomic" and base.gqa_finish == "postprocess"
+    tiles = -(-sk // base.tile_n)
+    for finish in ("postprocess", "last_cta"):
+        seen.clear()
+        cfg = dataclasses.replace(base, gqa_finish=finish)
+        dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, det, cfg)
+        names = [n for n, _ in seen]
+        (main,) = [a for n, a in seen if n == "main"]
+        dk_acc, dv_acc, sem_q, sem_kv, dk_out, dv_out = main[7:13]
+        assert dk_acc.dtype == torch.float32 and dk_acc.shape == (b, hkv, padded(sk), d) and dv_acc.shape == dk_acc.shape
+        assert (sem_q is not None) == det
+        if finish == "last_cta":
+            assert names == ["bwd_pre", "main", "bwd_post_dq"]
+            assert dk_out is dk and dv_out is dv and dk.dtype == k.dtype and dk.shape == k.shape
+            assert bool((dk_acc == 7).all()) and bool((dv_acc == 7).all())
+            assert sem_kv.dtype == torch.int32 and sem_kv.shape[:2] == (b, hkv) and sem_kv.shape[2] >= tiles
+            assert not sem_kv.any()
+        else:
+            assert names == ["bwd_pre", "main", "bwd_post_dq", "bwd_post", "bwd_post"]
+            assert dk_out is None and dv_out is None and not dk_acc.any() and not dv_acc.any()
+            assert (sem_kv is not None) == det
+            post_dk, post_dv = [a for n, a in seen if n == "bwd_post"]
+            assert post_dk[0] is dk_acc and post_dk[1] is dk and post_dv[0] is dv_acc and post_dv[1] is dv
+
+
 def test_window_flags():
     from fa4.sm90.bwd_launch import window_flags
 
@@ -286,10 +337,11 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
         key, args = seen["main"]
         assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True,) * 4
         assert seen["bwd_pre"][0][-1] == "sink"
-        # (q, k, v, dout, lse2, dsum, dq_acc, dk, dv, sem_q, sem_kv, 4 varlen tensors: none dense,
-        # scale_log2, scale, window_left, window_right, softcap_inv, softcap_log2, max_seqlen_k, ...)
-        assert args[11:15] == (None,) * 4 and args[21] == 0
-        assert args[17:21] == (33, 4, 0.125 / 20.0, 20.0 * math.log2(math.e))
+        # (q, k, v, dout, lse2, dsum, dq_acc, dk, dv, sem_q, sem_kv, dk/dv outputs of gqa_finish
+        # 'last_cta' (none without GQA), 4 varlen tensors: none dense, scale_log2, scale, window_left,
+        # window_right, softcap_inv, softcap_log2, max_seqlen_k, ...)
+        assert args[11:17] == (None,) * 6 and args[23] == 0
+        assert args[19:23] == (33, 4, 0.125 / 20.0, 20.0 * math.log2(math.e))
         assert len(res) == 4 and res[3].dtype == dt and res[3].shape == (4,)
         want = -(torch.exp(sink.float()[None, :, None] - lse2_val[..., :70] / math.log2(math.e))
                  * dsum_val[..., :70]).sum((0, 2))
@@ -298,7 +350,7 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
     key, args = seen["main"]
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
     assert seen["bwd_pre"][1][9:11] == (None, None)
-    assert args[17:21] == (0, 0, 0.0, 0.0)
+    assert args[19:23] == (0, 0, 0.0, 0.0)
 
 
 def sink_terms(sink, lse2, dsum, seqlen):

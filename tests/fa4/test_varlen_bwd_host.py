@@ -135,11 +135,12 @@ def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_ter
                 * dsum[0, :, pad:pad + rows]
 
 
-def main_model(key: BwdKernelKey, q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, cu_q, cu_k,
-               used_q, used_k, scale_log2, scale, wl, wr, softcap_inv, softcap_log2, max_k, *runtime):
+def main_model(key: BwdKernelKey, q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, dk_last,
+               dv_last, cu_q, cu_k, used_q, used_k, scale_log2, scale, wl, wr, softcap_inv, softcap_log2, max_k, *runtime):
     assert key.varlen and key.seqused_q == (used_q is not None) and key.seqused_k == (used_k is not None)
     assert len(runtime) == 2 and max_k == max(n for _, n in _seqs(cu_k, used_k))
     assert (sem_q is not None) == key.deterministic and (sem_kv is not None) == (key.deterministic and key.gqa)
+    assert dk_last is None and dv_last is None  # gqa_finish 'last_cta' is not built for varlen
     if sem_q is not None:
         assert sem_q.shape[:2] == (cu_q.shape[0] - 1, q4.shape[2]) and not sem_q.any()
     hq, hkv = q4.shape[2], k4.shape[2]
