@@ -23,8 +23,13 @@ case "$phase" in
     TAILN=25 step gpu_tests 420 python3 -m pytest -q -n 8 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
       -k "deterministic_bitwise or gqa_finish" ;;
   b)
-    TAILN=14 step order 260 python3 bench/bwd_order.py --orders default --rounds 3 --variants "$LAST" --shapes "$GQA"
-    TAILN=14 step det 240 python3 bench/det_ratio.py --rounds 2 --det-variants "$LAST" --shapes "$GQA" ;;
+    TAILN=14 step order 250 python3 bench/bwd_order.py --orders default --rounds 3 --variants "$LAST" --shapes "$GQA"
+    # Sq 2k / Sk 8k takes 'loop' by default; 'atomic' was even with it in session 32 (0.952 / 0.958
+    # against 0.939 / 0.958, 4 heads a group, q_starts 1): with and without last_cta beside it.
+    AT='"gqa_reduce": "atomic", "q_starts": 1, "head_swizzle": 4'
+    TAILN=10 step sq2k 150 python3 bench/bwd_order.py --orders default --rounds 2 --shapes sq2k-sk8k \
+      --variants "[{$AT}, {$AT, \"gqa_finish\": \"last_cta\"}]"
+    TAILN=14 step det 200 python3 bench/det_ratio.py --rounds 2 --det-variants "$LAST" --shapes "$GQA" ;;
   c)
     TAILN=12 step confirm 300 python3 bench/bwd_order.py --orders default --rounds 3 ${DET:+--det} \
       --variants "${VARIANTS:?}" --shapes "${SHAPES:?}"
