@@ -20,8 +20,9 @@ GQA="llama3-8b-8k,qwen2.5-7b-4k,llama3.2-1b-8k"
 LAST='[{"gqa_finish": "last_cta"}]'
 case "$phase" in
   t)
-    TAILN=25 step gpu_tests 420 python3 -m pytest -q -n 8 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
-      -k "deterministic_bitwise or gqa_finish" ;;
+    # (The later head dims' bitwise tests are left out: session 32's default changed hd64 only.)
+    TAILN=25 step gpu_tests 300 python3 -m pytest -q -n 8 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+      -k "gqa_finish or test_deterministic_bitwise or test_autograd_deterministic_bitwise" ;;
   b)
     TAILN=14 step order 250 python3 bench/bwd_order.py --orders default --rounds 3 --variants "$LAST" --shapes "$GQA"
     # Sq 2k / Sk 8k takes 'loop' by default; 'atomic' was even with it in session 32 (0.952 / 0.958
