@@ -127,6 +127,17 @@ Q_STARTS_HEAD_DIMS = (128, 256)
 # H100 0.908 -> 0.933. hd64 under GQA 'atomic', Llama-3.2-1B 8k (H32/KV8): H200 0.899 -> 0.902, 0.891
 # -> 0.931, H100 0.876 -> 0.916 (16 heads a group; 8 lost: 0.866, 0.871); hd64 MHA was even (above).
 DET_WALK_DOWN_SWIZZLE = 16
+# gqa_finish 'last_cta' by default where it won: deterministic GQA 'atomic' at head_dim 128. H100, session
+# 33, bench/det_ratio.py --det-variants, two runs, deterministic TFLOP/s with the postprocess -> last_cta:
+# Llama-3-8B 8k 496.8 -> 506.0 and 494.6 -> 505.3 (+1.9%, +2.2%), Qwen2.5-7B 4k 439.7 -> 447.1 and 437.7 ->
+# 444.8 (+1.7%, +1.6%); at hd64 it lost, Llama-3.2-1B 8k 459.5 -> 443.0 and 450.0 -> 440.9 (-3.6%, -2.0%).
+# Non-deterministic it lost everywhere (bench/bwd_order.py, ours/ref, two runs): Llama-3-8B 0.991 -> 0.962
+# and 0.981 -> 0.948, Qwen2.5-7B 0.969 -> 0.945 and 0.972 -> 0.946, Llama-3.2-1B 0.989 -> 0.976 and 0.974
+# -> 0.969. A reading, not measured apart: the waits it adds (the CTAs between for the first's store, the
+# last for all the others) cost more than the memset and the two postprocess passes it saves, where the
+# group's CTAs on a key tile finish together; the deterministic turns wait in head order anyway. hd96 and
+# the wide head dims are unmeasured.
+GQA_FINISH_DET_HEAD_DIMS = (128,)
 DET_WALK_DOWN_MIN_KEY_TILES = 64
 DET_WALK_DOWN_LOOP_MIN_Q = 2048  # 'loop': measured at Sq 2k only
 
@@ -217,9 +228,13 @@ class BwdConfigSm90:
         "no memset, no postprocess, no launches for them. Non-deterministic: the order is the CTAs' arrival "
         "(one int32 ticket counter a tile, zeroed); deterministic: the head order of the semaphore turns. "
         "A CTA waits only for CTAs that took a ticket (or turn) before it, so it cannot wait on one that "
-        "has not launched. Not with qm_tile_n (transposed accumulators) or varlen (not built).",
+        "has not launched. Not with qm_tile_n (transposed accumulators) or varlen (not built). The default "
+        "for deterministic GQA 'atomic' at head_dim 128, where it won 1.6-2.2%; non-deterministic it lost 0.5-3.4% "
+        "(GQA_FINISH_DET_HEAD_DIMS).",
         applies=lambda problem: problem.heads_q != problem.heads_kv,
-        requires=lambda k: k["gqa_reduce"] == "atomic",
+        # gqa_reduce 'loop' stores finished tiles: no sums to finish (a default's 'last_cta' carried
+        # over to 'loop' stays feasible, the same kernel).
+        inert=lambda config: config.gqa_reduce == "loop",
     )
     dkv_split: str = knob(
         ("keys", "head_dim"), "keys",
@@ -494,11 +509,11 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("knob combination",
             "dkv_store 'tma' stores finished dK/dV tiles: under GQA with gqa_reduce 'atomic' they are fp32 "
                    "sums over the query heads, added with reductions (gqa_reduce 'loop' stores them)"))
-    if config.gqa_finish != "postprocess":
-        if not gqa or config.gqa_reduce != "atomic":
-            out.append(Violation("knob combination",
-                                 f"gqa_finish '{config.gqa_finish}' finishes the fp32 dK/dV sums of GQA with gqa_reduce "
-                                 "'atomic'; without them there is nothing to finish"))
+    if config.gqa_finish != "postprocess" and not gqa:
+        out.append(Violation("knob combination",
+                             f"gqa_finish '{config.gqa_finish}' finishes the fp32 dK/dV sums of GQA; without GQA "
+                             "there are none"))
+    if config.gqa_finish != "postprocess" and gqa and config.gqa_reduce == "atomic":
         if config.qm_tile_n:
             out.append(Violation("knob combination",
                                  f"gqa_finish '{config.gqa_finish}' with qm_tile_n: not built (its dK^T/dV^T fragments "
@@ -737,8 +752,19 @@ def _measured_walks(config: BwdConfigSm90, problem: Problem, arch: Arch) -> BwdC
 
 def default_config(problem: Problem, arch: Arch = SM90, *, queries_on_m: bool = True) -> BwdConfigSm90:
     """The problem's default: the tiles, rings and launch order of _default_layout, then the walk
-    orders measured to pay (_measured_walks)."""
-    return _measured_walks(_default_layout(problem, arch, queries_on_m), problem, arch)
+    orders measured to pay (_measured_walks) and the GQA finish (_measured_finish)."""
+    config = _measured_walks(_default_layout(problem, arch, queries_on_m), problem, arch)
+    return _measured_finish(config, problem, arch)
+
+
+def _measured_finish(config: BwdConfigSm90, problem: Problem, arch: Arch) -> BwdConfigSm90:
+    """gqa_finish 'last_cta' where it was measured to pay and is built (GQA_FINISH_DET_HEAD_DIMS)."""
+    if (problem.deterministic and problem.heads_q != problem.heads_kv and config.gqa_reduce == "atomic"
+            and problem.head_dim in GQA_FINISH_DET_HEAD_DIMS):
+        cand = dataclasses.replace(config, gqa_finish="last_cta")
+        if not violations(cand, problem, arch):
+            return cand
+    return config
 
 
 def _default_layout(problem: Problem, arch: Arch = SM90, queries_on_m: bool = True) -> BwdConfigSm90:

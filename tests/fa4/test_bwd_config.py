@@ -478,6 +478,36 @@ def test_measured_walk_defaults(kw, want):
     assert _walks(**kw) == want
 
 
+def _finish(**kw):
+    prob_kw = dict(kw)
+    hd = prob_kw.pop("hd", 128)
+    sq = prob_kw.pop("sq", 8192)
+    varlen = prob_kw.pop("varlen", False)
+    prob = Problem(batch=2, seqlen_q=sq, seqlen_k=8192, head_dim=hd, head_dim_v=hd, pass_="bwd", dtype="bf16",
+                   varlen=varlen, varlen_mean_q=sq // 2 if varlen else 0, varlen_mean_k=4096 if varlen else 0,
+                   **{"heads_q": 32, "heads_kv": 8, "causal": True, **prob_kw})
+    cfg = default_config(prob)
+    assert not violations(cfg, prob)
+    # (Feasible wherever the default is not taking it: the rule, not violations(), keeps it off.)
+    return cfg.gqa_finish
+
+
+@pytest.mark.parametrize("kw,want", [
+    (dict(deterministic=True), "last_cta"),  # Llama-3-8B 8k: +1.9%, +2.2%
+    (dict(deterministic=True, causal=False), "last_cta"),
+    (dict(deterministic=True, heads_q=28, heads_kv=4), "last_cta"),  # Qwen2.5-7B: +1.7%, +1.6%
+    (dict(), "postprocess"),  # non-deterministic: -2.7% to -3.4% at hd128
+    (dict(deterministic=True, hd=64), "postprocess"),  # Llama-3.2-1B: -3.6%, -2.0%
+    (dict(deterministic=True, hd=96), "postprocess"),  # unmeasured
+    (dict(deterministic=True, hd=256), "postprocess"),
+    (dict(deterministic=True, heads_q=8), "postprocess"),  # no GQA: nothing to finish
+    (dict(deterministic=True, sq=2048, heads_q=64), "postprocess"),  # 'loop' (Sq 2k / Sk 8k)
+    (dict(deterministic=True, varlen=True), "postprocess"),  # not built
+])
+def test_measured_gqa_finish_defaults(kw, want):
+    assert _finish(**kw) == want
+
+
 @pytest.mark.parametrize("key,want", LAUNCH_ORDER)
 def test_default_launch_order(key, want):
     hd, causal, right, det, hkv = key
