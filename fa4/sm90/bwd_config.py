@@ -554,8 +554,15 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
                 why = "P^T from registers, the per-element dS^T stores and the deterministic GQA dK/dV locks (use ds_store 'stmatrix')"
             elif config.stages < 2:
                 why = "P^T from registers with a one-deep Q/dO ring"
+            elif problem.deterministic and config.ds_store == "sts" and config.stages > 2:
+                # Session 33's CI (the cover moved with the new knob): hd64 MHA, non-causal, stages 3,
+                # ds_stages 1, 'sts', dq_split 'head_dim', 'direct': 1 register spilled.
+                why = "P^T from registers, deterministic, the per-element dS^T stores and a three-deep ring"
         elif config.ds_stages != 1 or config.stages != 1:
             why = "P^T through shared memory needs ds_stages 1 and stages 1 (the second buffers' offsets)"
+        elif problem.deterministic and config.ds_store == "sts" and config.ds_early:
+            # Session 33's CI: hd64 MHA causal, dq_split 'rows', dkv_store 'tma': 24-26 registers spilled.
+            why = "P^T through shared memory, deterministic, and the per-element dS^T stores issued early (ds_early)"
         elif config.ds_store == "stmatrix" and problem.deterministic and gqa and config.gqa_reduce == "atomic":
             # The one combination of the sweep with ds_store (756 kernels) that spills: 2 loads, 1 store.
             why = "the stmatrix dS store with P^T through shared memory and the deterministic GQA dK/dV locks"
