@@ -11,6 +11,7 @@ The fp32 reductions (red.global.add[.v2].f32) are the relaxed adds used for dQ, 
 accumulation; the semaphore is what fixes their order.
 """
 
+import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
@@ -92,11 +93,12 @@ def wait_turn(ptr: cute.Pointer, turn: Int32, is_leader) -> None:
 
 
 @cute.jit
-def pass_turn(ptr: cute.Pointer, is_leader) -> None:
-    """Called after a barrier that follows every thread's adds: fence, then release the next turn."""
+def pass_turn(ptr: cute.Pointer, is_leader, increment: cutlass.Constexpr = 1) -> None:
+    """Called after a barrier that follows every thread's adds: fence, then release the next turn
+    (``increment``: DONE where the counter is a ticket counter)."""
     if is_leader:
         fence_acq_rel_gpu()
-        red_release_add(ptr, Int32(1))
+        red_release_add(ptr, Int32(increment))
 
 
 # ---------------------------------------------------------------- tickets (gqa_finish 'last_cta')
@@ -152,3 +154,15 @@ def take_ticket(ptr: cute.Pointer, group: Int32, is_leader) -> Int32:
             while seen < need:
                 seen = ld_acquire(ptr) >> 16
     return ticket
+
+
+@cute.jit
+def count_done(ptr: cute.Pointer, is_leader) -> Int32:
+    """Called after a barrier that follows every thread's adds: the leader releases them and counts
+    this CTA done (atom.acq_rel: the count it reads also acquires every earlier CTA's adds). Returns
+    the number of CTAs done before this one in the leader (-1 elsewhere): no wait, whatever it is."""
+    done = Int32(-1)
+    if is_leader:
+        fence_acq_rel_gpu()
+        done = atom_add_acq_rel(ptr, Int32(1))
+    return done
