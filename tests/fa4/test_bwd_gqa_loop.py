@@ -322,36 +322,26 @@ def test_deterministic_hd64_gqa_tile_where_masked(shape, causal):
 
 
 @pytest.mark.parametrize("det", [False, True])
-def test_launch_with_loop_has_no_dkv_accumulators_or_postprocess(monkeypatch, det):
+def test_launch_with_loop_has_no_dkv_accumulators_or_postprocess(bwd_launches, det):
     """launch_bwd with the kernels replaced by recorders (the GPU faked): under 'loop' the main
     kernel gets dK/dV in k's and v's shape and dtype and no dK/dV semaphores, and no dK/dV
     postprocess runs; under 'atomic' it gets the zeroed fp32 accumulators (padded), then the
     postprocess converts them."""
-    import contextlib
-
     import torch
 
     from fa4.sm90 import bwd_launch
 
-    launched = []
-
-    def fake_compiled(key, build):
-        name = key[0] if isinstance(key, tuple) else "main"
-        return lambda *args: launched.append((name, args))
-
-    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
-    monkeypatch.setattr(bwd_launch, "_on_device", lambda t: contextlib.nullcontext())
     b, sq, sk, hq, hkv, d = 2, 70, 90, 8, 2, 64
     q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16)
     k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16)
     v = torch.randn_like(k)
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
     for reduce in ("atomic", "loop"):
-        launched.clear()
+        bwd_launches.calls.clear()
         cfg = BwdConfigSm90(gqa_reduce=reduce)
         dq, dk, dv = bwd_launch.launch_bwd(dout, q, k, v, out, lse, 0.125, True, det, cfg)
-        names = [n for n, _ in launched]
-        main = dict(launched)["main"]
+        names = bwd_launches.names()
+        (main,) = bwd_launches.args("main")
         dk_main, dv_main, sem_q, sem_kv = main[7], main[8], main[9], main[10]
         assert (sem_q is not None) == det
         if reduce == "loop":

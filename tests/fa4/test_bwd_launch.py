@@ -195,62 +195,37 @@ def test_feature_check_counts_the_pairs_its_mask_lets_through():
         assert feat.unmasked_pairs(S, causal, left, right) == want, (S, causal, left, right)
 
 
-def test_lse_gradient_reaches_the_preprocess(monkeypatch):
+def test_lse_gradient_reaches_the_preprocess(bwd_launches):
     """launch_bwd with dlse hands it (fp32, unit inner stride) to the preprocess compiled with
     has_dlse, and without dlse the plain preprocess gets None: the launches are recorded, not run."""
-    import contextlib
-
-    from fa4.sm90 import bwd_launch
-
-    seen = {}
-
-    def fake_compiled(key, build):
-        def launch(*args):
-            seen.setdefault(key[0] if isinstance(key, tuple) else "main", []).append((key, args))
-        return launch
-
-    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
-    monkeypatch.setattr(bwd_launch, "_on_device", lambda t: contextlib.nullcontext())
     q, k, v = tensors(sq=70, sk=90)
     out, dout = torch.randn_like(q), torch.randn_like(q)
     lse = torch.randn(1, 4, 70)
     cfg = resolve_config(problem_of(q, k, v, causal=False, pass_="bwd"), None)
     dlse = torch.randn(1, 70, 4).transpose(1, 2)  # strided: made contiguous on the way
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
-    (key, args), = seen["bwd_pre"]
+    (key,), (args,) = bwd_launches.keys("bwd_pre"), bwd_launches.args("bwd_pre")
     # (out, dout, lse, lse2, dsum, dq_acc, dlse, the varlen arguments (none dense), the sink and its
     # row terms (none without a sink), max_seqlen)
     assert key[-1] == "dlse" and args[6].stride(-1) == 1 and torch.equal(args[6], dlse)
     assert args[6].dtype == torch.float32 and args[7:] == (None, None, None, None, 0)
-    seen.clear()
+    bwd_launches.calls.clear()
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
-    (key, args), = seen["bwd_pre"]
+    (key,), (args,) = bwd_launches.keys("bwd_pre"), bwd_launches.args("bwd_pre")
     assert key == ("bwd_pre", "bf16", 64) and args[6] is None
 
 
 @pytest.mark.parametrize("det", [False, True])
-def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(monkeypatch, det):
+def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches, det):
     """gqa_finish 'last_cta': the fp32 sums are not zeroed and no dK/dV postprocess runs; the main
     kernel gets the outputs the call returns and one zeroed int32 a (batch, K/V head, key tile),
     the ticket counters (deterministic: the turns beside the dQ ones). 'last_add' (not
     deterministic) the same with the sums zeroed. The default path zeroes the sums and converts
     them in two postprocess launches. The launches are recorded, not run."""
-    import contextlib
     import dataclasses
 
-    seen = []
-
-    def fake_compiled(key, build):
-        name = key[0] if isinstance(key, tuple) else "main"
-        return lambda *args: seen.append((name, args))
-
-    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
-    monkeypatch.setattr(bwd_launch, "_on_device", lambda t: contextlib.nullcontext())
     # The accumulators come from torch.empty: a sentinel shows they are left as allocated.
-    real_empty = torch.empty
-    monkeypatch.setattr(bwd_launch.torch, "empty",
-                        lambda *a, **kw: real_empty(*a, **kw).fill_(7) if kw.get("dtype") == torch.float32
-                        else real_empty(*a, **kw))
+    bwd_launches.fill_uninitialized(7)
     b, sq, sk, hq, hkv, d = 2, 70, 300, 8, 2, 64
     q, k, v = tensors(b, sq, sk, hq, hkv, d)
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
@@ -258,11 +233,11 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(monkeypatch, 
     assert base.gqa_reduce == "atomic" and base.gqa_finish == "postprocess"
     tiles = -(-sk // base.tile_n)
     for finish in ("postprocess", "last_cta") + (() if det else ("last_add",)):
-        seen.clear()
+        bwd_launches.calls.clear()
         cfg = dataclasses.replace(base, gqa_finish=finish)
         dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, det, cfg)
-        names = [n for n, _ in seen]
-        (main,) = [a for n, a in seen if n == "main"]
+        names = bwd_launches.names()
+        (main,) = bwd_launches.args("main")
         dk_acc, dv_acc, sem_q, sem_kv, dk_out, dv_out = main[7:13]
         assert dk_acc.dtype == torch.float32 and dk_acc.shape == (b, hkv, padded(sk), d) and dv_acc.shape == dk_acc.shape
         assert (sem_q is not None) == det
@@ -279,7 +254,7 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(monkeypatch, 
             assert names == ["bwd_pre", "main", "bwd_post_dq", "bwd_post", "bwd_post"]
             assert dk_out is None and dv_out is None and not dk_acc.any() and not dv_acc.any()
             assert (sem_kv is not None) == det
-            post_dk, post_dv = [a for n, a in seen if n == "bwd_post"]
+            post_dk, post_dv = bwd_launches.args("bwd_post")
             assert post_dk[0] is dk_acc and post_dk[1] is dk and post_dv[0] is dv_acc and post_dv[1] is dv
 
 
@@ -302,35 +277,25 @@ def test_window_flags():
     assert window_flags(True, 2**40, 0, 70, 90) == (True, False, False, 0, 0)
 
 
-def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
+def test_features_reach_the_main_kernel_and_dsink_is_reduced(bwd_launches):
     """launch_bwd with a window, softcap and a sink: the main kernel's key carries the flags, its
     runtime arguments the bounds and softcap's pre-scaled values; the preprocess gets the sink in
     fp32 and a row-term buffer (here filled by a stand-in with the kernel's rule), and dsink, -sum
     exp(sink - LSE) D over the rows, is their sum, in the sink's dtype."""
-    import contextlib
-    import math
-
-    from fa4.sm90 import bwd_launch
-
-    seen = {}
     torch.manual_seed(0)
     lse2_val, dsum_val = torch.randn(1, 4, 128), torch.randn(1, 4, 128)
 
-    def fake_compiled(key, build):
-        name = key[0] if isinstance(key, tuple) else "main"
+    def preprocess(args):  # the preprocess's writes: LSE * log2(e), D and the sink's row terms
+        args[3].copy_(lse2_val)
+        args[4].copy_(dsum_val)
+        if args[10] is not None:
+            assert args[9].dtype == torch.float32 and args[10].shape == args[4].shape
+            args[10].copy_(sink_terms(args[9], lse2_val, dsum_val, seqlen=args[0].shape[1]))
 
-        def launch(*args):
-            seen[name] = (key, args)
-            if name == "bwd_pre":
-                args[3].copy_(lse2_val)
-                args[4].copy_(dsum_val)
-                if args[10] is not None:
-                    assert args[9].dtype == torch.float32 and args[10].shape == args[4].shape
-                    args[10].copy_(sink_terms(args[9], lse2_val, dsum_val, seqlen=args[0].shape[1]))
-        return launch
+    bwd_launches.hooks["bwd_pre"] = preprocess
 
-    monkeypatch.setattr(bwd_launch, "compiled", fake_compiled)
-    monkeypatch.setattr(bwd_launch, "_on_device", lambda t: contextlib.nullcontext())
+    def last(name):
+        return bwd_launches.keys(name)[-1], bwd_launches.args(name)[-1]
     q, k, v = tensors(sq=70, sk=90)
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 4, 70)
     cfg = resolve_config(problem_of(q, k, v, causal=False, pass_="bwd"), None)
@@ -338,9 +303,9 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
         sink = torch.randn(4).to(dt)
         res = launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, window_left=33, window_right=4,
                          softcap=20.0, sink=sink)
-        key, args = seen["main"]
+        key, args = last("main")
         assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (True,) * 4
-        assert seen["bwd_pre"][0][-1] == "sink"
+        assert last("bwd_pre")[0][-1] == "sink"
         # (q, k, v, dout, lse2, dsum, dq_acc, dk, dv, sem_q, sem_kv, dk/dv outputs of gqa_finish
         # 'last_cta' (none without GQA), 4 varlen tensors: none dense, scale_log2, scale, window_left,
         # window_right, softcap_inv, softcap_log2, max_seqlen_k, ...)
@@ -351,9 +316,9 @@ def test_features_reach_the_main_kernel_and_dsink_is_reduced(monkeypatch):
                  * dsum_val[..., :70]).sum((0, 2))
         torch.testing.assert_close(res[3].float(), want.to(dt).float(), rtol=1e-5, atol=1e-5)
     launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
-    key, args = seen["main"]
+    key, args = last("main")
     assert (key.has_window_left, key.has_window_right, key.has_softcap, key.has_sink) == (False,) * 4
-    assert seen["bwd_pre"][1][9:11] == (None, None)
+    assert last("bwd_pre")[1][9:11] == (None, None)
     assert args[19:23] == (0, 0, 0.0, 0.0)
 
 
