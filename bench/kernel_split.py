@@ -5,6 +5,7 @@ at 0.95 of the reference while the dense causal one is at 0.97-0.99 (session 16)
 whether the gap is in the main kernel or in the pre/post passes around it.
 
     python3 bench/kernel_split.py --shapes varlen-causal,causal-8k [--calls 20] [--out rows.json]
+        [--variants '[{"gqa_finish": "last_add"}]']   # ours again with each set of knob overrides
 """
 
 from __future__ import annotations
@@ -47,15 +48,23 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--det", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--variants", default="[]", help="JSON list of knob overrides of the default config")
     a = ap.parse_args(argv)
+    variants = json.loads(a.variants)
     rows = []
     for name in a.shapes.split(","):
         ours, ref, config, flops = bwd_order.setup(name, a.det)
         row = {"name": name, "config": repr(config), "flops": flops,
                "ours": kernel_times(lambda: ours(config), a.calls), "ref": kernel_times(ref, a.calls)}
+        sides = ["ours", "ref"]
+        for v in variants:
+            cfg = bwd_order.variant_config(config, v)
+            side = "ours " + ",".join(f"{k}={x}" for k, x in sorted(v.items()))
+            row[side] = kernel_times(lambda cfg=cfg: ours(cfg), a.calls)
+            sides.append(side)
         rows.append(row)
         print(f"\n{name} ({config})")
-        for side in ("ours", "ref"):
+        for side in sides:
             total = sum(row[side].values())
             print(f"  {side}: {total:8.1f} us per backward, {flops / total / 1e6:6.1f} TFLOP/s over all kernels")
             for n, t in row[side].items():
