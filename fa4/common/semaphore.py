@@ -154,15 +154,3 @@ def take_ticket(ptr: cute.Pointer, group: Int32, is_leader) -> Int32:
             while seen < need:
                 seen = ld_acquire(ptr) >> 16
     return ticket
-
-
-@cute.jit
-def count_done(ptr: cute.Pointer, is_leader) -> Int32:
-    """Called after a barrier that follows every thread's adds: the leader releases them and counts
-    this CTA done (atom.acq_rel: the count it reads also acquires every earlier CTA's adds). Returns
-    the number of CTAs done before this one in the leader (-1 elsewhere): no wait, whatever it is."""
-    done = Int32(-1)
-    if is_leader:
-        fence_acq_rel_gpu()
-        done = atom_add_acq_rel(ptr, Int32(1))
-    return done

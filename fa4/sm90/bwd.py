@@ -155,9 +155,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         self.dkv_tma = config.dkv_store == "tma" and not self.gqa_atomic
         # gqa_finish 'last_cta': the first CTA of a group stores its fp32 dK/dV tile, the last
         # writes the output (fa4.sm90.bwd_epilogue): no zeroed accumulators, no dK/dV postprocess.
-        self.gqa_last = self.gqa_atomic and config.gqa_finish != "postprocess"
-        # 'last_add': every CTA adds into the zeroed sums, the one that counts last converts.
-        self.gqa_last_add = self.gqa_atomic and config.gqa_finish == "last_add"
+        self.gqa_last = self.gqa_atomic and config.gqa_finish == "last_cta"
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for (qm_tile_n:
         # a thread's adjacent dK^T values are adjacent keys, rows apart in the accumulator).
         self.kv_v2 = config.dq_accum != "red" and not self.qm
@@ -178,7 +176,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
         mSemKV: cute.Tensor,  # (batch, heads_kv, num_n) int32 zeroed, or None
-        mdKout: cute.Tensor,  # gqa_finish 'last_cta' / 'last_add': dK like mK, written by a group's last CTA; else None
+        mdKout: cute.Tensor,  # gqa_finish 'last_cta': dK like mK, written by a group's last CTA; else None
         mdVout: cute.Tensor,  # ... and dV like mV
         mCuSeqlensQ: cute.Tensor,  # varlen: (B+1,) int32 row offsets of the sequences in q, else None
         mCuSeqlensK: cute.Tensor,  # varlen: (B+1,) int32 in k/v, else None

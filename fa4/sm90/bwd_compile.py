@@ -118,8 +118,8 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
         dv_ = _fake(dt, (None, None, None, dv))
     det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
-    # gqa_finish 'last_cta' / 'last_add': the tiles' ticket counters (turns when deterministic), and the outputs.
-    last = atomic and key.config.gqa_finish != "postprocess"
+    # gqa_finish 'last_cta': the tiles' ticket counters (turns when deterministic), and the outputs.
+    last = atomic and key.config.gqa_finish == "last_cta"
     sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if (det or last) and atomic else None
     dk_out = _fake(dt, (None, None, None, d)) if last else None
     dv_out = _fake(dt, (None, None, None, dv)) if last else None

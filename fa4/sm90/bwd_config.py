@@ -219,7 +219,7 @@ class BwdConfigSm90:
         applies=lambda problem: problem.heads_q != problem.heads_kv,
     )
     gqa_finish: str = knob(
-        ("postprocess", "last_cta", "last_add"), "postprocess",
+        ("postprocess", "last_cta"), "postprocess",
         "GQA with gqa_reduce 'atomic': who turns the fp32 dK/dV sums into the output. 'postprocess': the "
         "accumulators are zeroed before the main kernel (a memset of batch x heads_kv x seqlen_k x (d + dv) x 4 "
         "B), every CTA of a group adds its tile, and two postprocess kernels convert them. 'last_cta': per "
@@ -230,9 +230,7 @@ class BwdConfigSm90:
         "A CTA waits only for CTAs that took a ticket (or turn) before it, so it cannot wait on one that "
         "has not launched. Not with qm_tile_n (transposed accumulators) or varlen (not built). The default "
         "for deterministic GQA 'atomic' at head_dim 128, where it won 1.6-2.2%; non-deterministic it lost 0.5-3.4% "
-        "(GQA_FINISH_DET_HEAD_DIMS). 'last_add' (non-deterministic): the sums are zeroed and every CTA adds its "
-        "tile as with 'postprocess', then takes a ticket; the one that takes the group's last reads the sum and "
-        "writes dK/dV. No CTA waits for another (the memset stays, the two postprocess launches go).",
+        "(GQA_FINISH_DET_HEAD_DIMS).",
         applies=lambda problem: problem.heads_q != problem.heads_kv,
         # gqa_reduce 'loop' stores finished tiles: no sums to finish (a default's 'last_cta' carried
         # over to 'loop' stays feasible, the same kernel).
@@ -515,10 +513,6 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         out.append(Violation("knob combination",
                              f"gqa_finish '{config.gqa_finish}' finishes the fp32 dK/dV sums of GQA; without GQA "
                              "there are none"))
-    if config.gqa_finish == "last_add" and problem.deterministic:
-        out.append(Violation("knob combination",
-                             "gqa_finish 'last_add' finishes in arrival order; deterministic turns already name the "
-                             "last CTA, and 'last_cta' spares their zeroing too"))
     if config.gqa_finish != "postprocess" and gqa and config.gqa_reduce == "atomic":
         if config.qm_tile_n:
             out.append(Violation("knob combination",

@@ -43,10 +43,7 @@ class DkvStores:
             # Varlen: the sequence's padded region (its tiles' rows past seqlen_k add zeros there).
             gdK = cute.local_tile(self.acc_rows(mdK, batch, head_kv, off_k), (self.tile_n, d), (n_block, 0))
             gdV = cute.local_tile(self.acc_rows(mdV, batch, head_kv, off_k), (self.tile_n, dv), (n_block, 0))
-            if cutlass.const_expr(self.gqa_last_add):
-                self.add_then_finish(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, tma_dkv[2], tma_dkv[3], mSemKV,
-                                     ctid, n_block, head_kv, batch, qhead_per_kvhead, seq)
-            elif cutlass.const_expr(self.gqa_last):
+            if cutlass.const_expr(self.gqa_last):
                 self.finish_in_kernel(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, tma_dkv[2], tma_dkv[3], mSemKV,
                                       ctid, n_block, head, head_kv, batch, qhead_per_kvhead, seq)
             else:
@@ -141,28 +138,6 @@ class DkvStores:
             # Every thread's stores or adds precede the leader's release (pass_turn's fence).
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             semaphore.pass_turn(sem, leader, 1 if self.deterministic else semaphore.DONE)
-
-    @cute.jit
-    def add_then_finish(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mdKout, mdVout, mSemKV, ctid, n_block,
-                        head_kv, batch, qhead_per_kvhead, seq):
-        """gqa_finish 'last_add' (non-deterministic): add this CTA's tiles into the zeroed fp32 sums,
-        count the CTA done, and if it was the group's last on this (key tile, K/V head), read the
-        sums back (its own adds included) and write dK/dV in the output dtype. Nobody waits: the
-        last CTA's count acquires every other CTA's adds."""
-        tdKg = dkv_thr.partition_C(gdK)
-        tdVg = dv_thr.partition_C(gdV)
-        self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(tdKg), self.kv_v2)
-        self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(tdVg), self.kv_v2)
-        # Every thread's adds precede the leader's release; bar.red carries its verdict back, after
-        # its acquire, to every thread that reads the sums.
-        cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-        done = semaphore.count_done(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
-        if semaphore.barrier_or(BAR_SEM, NUM_CONSUMER_THREADS, Int32(done == qhead_per_kvhead - 1)) != 0:
-            for i in cutlass.range_constexpr(cute.size(acc_dK)):
-                acc_dK[i] = tdKg[i]
-            for i in cutlass.range_constexpr(cute.size(acc_dV)):
-                acc_dV[i] = tdVg[i]
-            self.store_dkv_rows(dkv_thr, dv_thr, acc_dK, acc_dV, mdKout, mdVout, n_block, head_kv, batch, seq)
 
     def kv_view(self, t: cute.Tensor) -> cute.Tensor:
         """A (keys, head dim) tile as the dK/dV accumulators index it: transposed with qm_tile_n,

@@ -107,11 +107,10 @@ class _Plan:
     once per key; a launch with a plan allocates its buffers (three allocations at most) and calls
     the kernels."""
 
-    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "last", "zero_acc", "ws", "acc",
-                 "sems", "f32")
+    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "last", "ws", "acc", "sems",
+                 "f32")
     # gqa: dK/dV are fp32 accumulators (GQA with gqa_reduce 'atomic'); 'loop' stores them like MHA.
-    # last: gqa_finish 'last_cta' or 'last_add', the main kernel finishes them (no postprocess).
-    # zero_acc: the accumulators start at zero ('postprocess', 'last_add'; 'last_cta''s first CTA stores).
+    # last: gqa_finish 'last_cta', the main kernel finishes them (not zeroed, no postprocess).
 
     def __init__(self, q, k, v, softmax_scale, causal, deterministic, config, has_dlse, window_left,
                  window_right, softcap, has_sink):
@@ -120,8 +119,7 @@ class _Plan:
         sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
         gqa = hq != hkv
         self.gqa = atomic = gqa and config.gqa_reduce == "atomic"
-        self.last = last = atomic and config.gqa_finish != "postprocess"
-        self.zero_acc = atomic and config.gqa_finish != "last_cta"
+        self.last = last = atomic and config.gqa_finish == "last_cta"
         causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
         has_softcap = bool(softcap) and softcap > 0
         softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
@@ -155,7 +153,7 @@ class _Plan:
         # converted; 'loop' CTAs own a (key tile, K/V head) and store the finished tiles.
         self.acc = (b * hkv * sk_pad * (d + dv), _layout(((b, hkv, sk_pad, d), (b, hkv, sk_pad, dv)))) if atomic else None
         # int32 semaphores, zeroed: deterministic dQ turns; GQA 'atomic' dK/dV turns (deterministic) or
-        # 'last_cta' / 'last_add''s ticket counters.
+        # 'last_cta''s ticket counters.
         self.sems = None
         if deterministic or last:
             nq = b * hq * _round4(-(-sq // config.tile_m)) if deterministic else 0
@@ -234,12 +232,12 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     sink_term = sink_term[0] if sink_term else None
     dq = torch.empty_like(q)
     dk = dv_ = None
-    if plan.gqa:
-        # 'last_cta': the first CTA of each group stores its tiles, the sums need no zeros.
-        alloc = torch.zeros if plan.zero_acc else torch.empty
-        dk_out, dv_out = _views(alloc(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
-        if plan.last:
-            dk, dv_ = torch.empty_like(k), torch.empty_like(v)
+    if plan.last:
+        # The first CTA of each group stores its tiles: the sums need no zeros.
+        dk_out, dv_out = _views(torch.empty(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
+        dk, dv_ = torch.empty_like(k), torch.empty_like(v)
+    elif plan.gqa:
+        dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
     else:
         dk_out = torch.empty_like(k)
         dv_out = torch.empty_like(v)

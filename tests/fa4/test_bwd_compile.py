@@ -168,10 +168,9 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     assert ops["STSM.16.M88.4"] == stsm, ops
     assert ops["STSM.16.MT88.4"] == ((hd + hdv) * config.tile_n * 2 // 256 // 16 if tma and qm else 0), ops
     # dK/dV out: TMA stores and no 2-byte element stores, or (no GQA, GQA 'loop', or GQA 'atomic' whose
-    # last CTA writes the output, gqa_finish 'last_cta' or 'last_add') the element stores.
+    # last CTA writes the output, gqa_finish 'last_cta') the element stores.
     atomic = gqa and config.gqa_reduce == "atomic"
-    finish = config.gqa_finish if atomic else "postprocess"
-    last = finish != "postprocess"
+    last = atomic and config.gqa_finish == "last_cta"
     assert (ops["UTMASTG.4D"] > 0) == tma, ops
     # (Element stores: 2-byte, or 4-byte where ptxas pairs two columns of a row, as it does with dK
     # and dV in separate loops at head_dim_v != head_dim.)
@@ -186,16 +185,13 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     )
     # Locks: the deterministic turns; gqa_finish 'last_cta' hands its tiles on by the same release and
     # acquire (non-deterministic: a ticket taken with one atom, its verdicts broadcast by bar.red.or).
-    # 'last_add' waits for nobody: a fence and one acq_rel atom that counts the CTA done, one verdict.
     lock = ("ld.acquire.gpu", "red.release.gpu", "fence.acq_rel.gpu")
-    if det or finish == "last_cta":
+    if det or last:
         assert all(pops[p] > 0 for p in lock), pops
-    elif finish == "last_add":
-        assert (pops["ld.acquire.gpu"], pops["red.release.gpu"]) == (0, 0) and pops["fence.acq_rel.gpu"] > 0, pops
     else:
         assert all(pops[p] == 0 for p in lock), pops
-    tickets = {"last_cta": (1, 2), "last_add": (1, 1)}.get(finish, (0, 0)) if not det else (0, 0)
-    assert (pops["atom.acq_rel.gpu"], pops["bar.red.or.pred"]) == tickets, pops
+    tickets = last and not det
+    assert (pops["atom.acq_rel.gpu"], pops["bar.red.or.pred"]) == ((1, 2) if tickets else (0, 0)), pops
     bulk = config.dq_accum == "bulk"
     assert (pops["cp.reduce.async.bulk"] > 0) == bulk, pops
     # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them):

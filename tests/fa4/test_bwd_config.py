@@ -655,18 +655,3 @@ def test_q_starts_is_for_coinciding_non_deterministic_runs():
         # (walk_down off: the deterministic short query range's default walks down, refused beside q_starts too.)
         out = violations(dataclasses.replace(default_config(prob), q_starts=16, walk_down=False), prob)
         assert [v.kind for v in out] == ["knob combination"] and why in out[0], out
-
-
-def test_last_add_is_refused_where_turns_order_the_sums():
-    """gqa_finish 'last_add' finishes in arrival order: a deterministic problem is refused with the
-    reason, the same config without determinism is feasible (GQA 'atomic', dense), and under
-    'loop' it stays the inert knob 'last_cta' is."""
-    base = dict(batch=2, seqlen_q=8192, seqlen_k=8192, heads_q=32, heads_kv=8, head_dim=128, head_dim_v=128,
-                causal=True, pass_="bwd", dtype="bf16")
-    det, plain = Problem(deterministic=True, **base), Problem(**base)
-    cfg = dataclasses.replace(default_config(plain), gqa_reduce="atomic", gqa_finish="last_add")
-    assert not violations(cfg, plain)
-    (v,) = violations(cfg, det)
-    assert v.kind == "knob combination" and "last_add" in v and "deterministic" in v
-    looped = dataclasses.replace(cfg, gqa_reduce="loop")
-    assert not violations(looped, plain)

@@ -219,9 +219,8 @@ def test_lse_gradient_reaches_the_preprocess(bwd_launches):
 def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches, det):
     """gqa_finish 'last_cta': the fp32 sums are not zeroed and no dK/dV postprocess runs; the main
     kernel gets the outputs the call returns and one zeroed int32 a (batch, K/V head, key tile),
-    the ticket counters (deterministic: the turns beside the dQ ones). 'last_add' (not
-    deterministic) the same with the sums zeroed. The default path zeroes the sums and converts
-    them in two postprocess launches. The launches are recorded, not run."""
+    the ticket counters (deterministic: the turns beside the dQ ones). The default path zeroes
+    the sums and converts them in two postprocess launches. The launches are recorded, not run."""
     import dataclasses
 
     # The accumulators come from torch.empty: a sentinel shows they are left as allocated.
@@ -232,7 +231,7 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches,
     base = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd", deterministic=det), None)
     assert base.gqa_reduce == "atomic" and base.gqa_finish == "postprocess"
     tiles = -(-sk // base.tile_n)
-    for finish in ("postprocess", "last_cta") + (() if det else ("last_add",)):
+    for finish in ("postprocess", "last_cta"):
         bwd_launches.calls.clear()
         cfg = dataclasses.replace(base, gqa_finish=finish)
         dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, det, cfg)
@@ -241,13 +240,10 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches,
         dk_acc, dv_acc, sem_q, sem_kv, dk_out, dv_out = main[7:13]
         assert dk_acc.dtype == torch.float32 and dk_acc.shape == (b, hkv, padded(sk), d) and dv_acc.shape == dk_acc.shape
         assert (sem_q is not None) == det
-        if finish != "postprocess":
+        if finish == "last_cta":
             assert names == ["bwd_pre", "main", "bwd_post_dq"]
             assert dk_out is dk and dv_out is dv and dk.dtype == k.dtype and dk.shape == k.shape
-            if finish == "last_cta":
-                assert bool((dk_acc == 7).all()) and bool((dv_acc == 7).all())
-            else:
-                assert not dk_acc.any() and not dv_acc.any()
+            assert bool((dk_acc == 7).all()) and bool((dv_acc == 7).all())
             assert sem_kv.dtype == torch.int32 and sem_kv.shape[:2] == (b, hkv) and sem_kv.shape[2] >= tiles
             assert not sem_kv.any()
         else:

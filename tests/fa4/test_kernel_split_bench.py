@@ -31,13 +31,13 @@ def test_variants_are_profiled_with_their_overrides(monkeypatch, tmp_path, capsy
                         lambda fn, calls: (fn(), {"main": 100.0 if ran[-1] == base else 90.0, "post": 5.0})[1])
     out = tmp_path / "rows.json"
     mod.main(["--shapes", "llama3-8b-8k", "--calls", "2", "--out", str(out),
-              "--variants", '[{"gqa_finish": "last_add"}, {"gqa_reduce": "loop", "head_swizzle": 1}]'])
-    assert ran == [base, "ref", dataclasses.replace(base, gqa_finish="last_add"),
+              "--variants", '[{"gqa_finish": "last_cta"}, {"gqa_reduce": "loop", "head_swizzle": 1}]'])
+    assert ran == [base, "ref", dataclasses.replace(base, gqa_finish="last_cta"),
                    dataclasses.replace(base, gqa_reduce="loop", head_swizzle=1)]
     (row,) = json.loads(out.read_text())
-    assert set(row) == {"name", "config", "flops", "ours", "ref", "ours gqa_finish=last_add",
+    assert set(row) == {"name", "config", "flops", "ours", "ref", "ours gqa_finish=last_cta",
                         "ours gqa_reduce=loop,head_swizzle=1"}
-    assert row["ours"] == {"main": 100.0, "post": 5.0} and row["ours gqa_finish=last_add"]["main"] == 90.0
+    assert row["ours"] == {"main": 100.0, "post": 5.0} and row["ours gqa_finish=last_cta"]["main"] == 90.0
     text = capsys.readouterr().out
     # 95 us for 2 TFLOP: 21052.6 TFLOP/s (the figure is flops / total, whatever the units' scale).
-    assert "ours gqa_finish=last_add:     95.0 us per backward" in text
+    assert "ours gqa_finish=last_cta:     95.0 us per backward" in text
