@@ -444,17 +444,21 @@ class Tuner:
         """Whether ``trial`` starts after the study's budget is taken.
 
         Two workers may both count one trial left and both start one (a trial is created only
-        after the count). Trials in order of start (then number) decide it: the ones started
-        before this trial, answered or running, already fill the budget. A trial started after
-        this one's check ranks after it, so of two racing trials exactly one is surplus.
+        after the count). Trial numbers decide it: the storage numbers a study's trials in the
+        order it inserts them, so every trial numbered below this one is visible to this check,
+        and a trial numbered above it, inserted later, sees this one at its own check. The
+        trials numbered below, answered, running or queued to run (an enqueued trial is
+        numbered when queued and taken later), fill the budget or not; of two racing trials
+        exactly one is surplus. (Start times decided it before: each process stamps its trial
+        before the insert, so a trial inserted second could carry the earlier stamp, and two
+        workers that each checked before the other's insert both went on: 6 trials of 5 in the
+        fleet test on two fake GPUs, session 34's CI.)
         """
         import optuna
 
         S = optuna.trial.TrialState
-        me = (trial.datetime_start, trial.number)
-        earlier = sum(1 for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING))
-                      if t.number != trial.number and not t.user_attrs.get(SURPLUS)
-                      and t.datetime_start is not None and (t.datetime_start, t.number) < me)
+        earlier = sum(1 for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING, S.WAITING))
+                      if t.number < trial.number and not t.user_attrs.get(SURPLUS))
         return earlier >= (1 if self.knob_cls is None else self.trials)
 
     def _left(self, study) -> tuple[int, int, int]:

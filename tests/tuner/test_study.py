@@ -349,10 +349,55 @@ def test_a_trial_started_after_the_budget_is_taken_is_surplus(env, caplog):
     rows = env["store"].measurements(study_name=stale.name)
     assert sorted(r["trial_number"] for r in rows) == [0, 1, 2, 3]
     assert not [r for r in caplog.records if "failed" in r.getMessage()]
-    # Racing trials: the earlier-started one keeps its place, whichever checks first.
+    # Racing trials: the lower-numbered one keeps its place, whichever checks first.
     study = _study(stale)
     with pytest.warns(UserWarning, match="Heartbeat"):  # ask() outside optimize: fine for this check
         a, b = study.ask(), study.ask()
     for budget, want in ((4, (True, True)), (5, (False, True)), (6, (False, False))):
         t = _tuner(env, trials=budget)
         assert (t._surplus(study, b), t._surplus(study, a))[::-1] == want, budget
+
+
+def test_racing_trials_are_ordered_by_number_not_by_their_start_stamps(env):
+    """Each worker stamps its trial's start before the storage inserts (and numbers) it, so the
+    trial inserted second can carry the earlier stamp: ordered by stamps, two racing workers that
+    each checked before the other's insert both went on (6 trials of 5, session 34's CI). By
+    number exactly one of them is surplus; a trial queued below (enqueued, taken later) holds its
+    place too."""
+    import datetime
+    from types import SimpleNamespace
+
+    S = optuna.trial.TrialState
+    t0 = datetime.datetime(2026, 12, 6, 6, 0, 0)
+
+    def trial(number, state, stamp=None):
+        return SimpleNamespace(number=number, state=state, user_attrs={},
+                               datetime_start=None if stamp is None else t0 + datetime.timedelta(milliseconds=stamp))
+
+    class Study:
+        def __init__(self, trials):
+            self.trials = trials
+
+        def get_trials(self, deepcopy=False, states=None):
+            return [t for t in self.trials if states is None or t.state in states]
+
+    done = [trial(n, S.COMPLETE, n) for n in range(4)]
+    # Trial 5 was stamped 1 ms before trial 4 but inserted after it.
+    fourth, fifth = trial(4, S.RUNNING, 10), trial(5, S.RUNNING, 9)
+    t = _tuner(env, trials=5)
+    study = Study(done + [fourth, fifth])
+    assert (t._surplus(study, fourth), t._surplus(study, fifth)) == (False, True)
+    # The old order (stamps) let both run: the case this test exists for.
+    by_stamp = sum(1 for x in study.trials if x is not fifth and (x.datetime_start, x.number) <
+                   (fifth.datetime_start, fifth.number))
+    assert by_stamp == 4
+    # An enqueued trial numbered 4, not yet taken when trial 5 checks: trial 5 yields to it, and
+    # when it is taken it goes on (only the trials below it count).
+    queued = trial(4, S.WAITING)
+    study = Study(done + [queued, fifth])
+    assert t._surplus(study, fifth)
+    queued.state, queued.datetime_start = S.RUNNING, t0 + datetime.timedelta(milliseconds=20)
+    assert not t._surplus(study, queued)
+    # A surplus trial below holds nothing.
+    fourth.user_attrs["surplus"] = True
+    assert not t._surplus(Study(done + [fourth, fifth]), fifth)
