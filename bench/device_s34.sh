@@ -18,7 +18,7 @@ GQA="llama3-8b-8k,qwen2.5-7b-4k,llama3.2-1b-8k"
 case "$phase" in
   a)
     TAILN=16 step five 330 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "$FIVE"
-    AT='"gqa_reduce": "atomic", "q_starts": 1, "head_swizzle": 4'
+    AT='"gqa_reduce": "atomic", "dkv_store": "direct", "q_starts": 1, "head_swizzle": 4'
     TAILN=10 step sq2k 200 python3 bench/bwd_order.py --orders default --rounds 2 --shapes sq2k-sk8k \
       --variants "[{$AT}, {$AT, \"gqa_finish\": \"last_cta\"}]" ;;
   d)
