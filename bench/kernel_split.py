@@ -5,7 +5,7 @@ at 0.95 of the reference while the dense causal one is at 0.97-0.99 (session 16)
 whether the gap is in the main kernel or in the pre/post passes around it.
 
     python3 bench/kernel_split.py --shapes varlen-causal,causal-8k [--calls 20] [--out rows.json]
-        [--variants '[{"gqa_finish": "last_add"}]']   # ours again with each set of knob overrides
+        [--variants '[{"gqa_finish": "last_cta"}]']   # ours again with each set of knob overrides
 """
 
 from __future__ import annotations
