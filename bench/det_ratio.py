@@ -9,6 +9,8 @@ gradients is reported beside the times (a report, not a gate).
 
 ``--det-variants``: knob overrides of the deterministic config, each timed in the same rounds and
 reported against the same non-deterministic time (only where feasible for the shape).
+``--zero-all``: also the deterministic default with every row of the dQ sums zeroed by the
+preprocess, as before its first dQ turns stored (session 35): that change's A/B in one process.
 """
 
 from __future__ import annotations
@@ -26,7 +28,25 @@ import bwd_order  # noqa: E402
 SHAPES = "llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k,causal-8k,varlen-causal"
 
 
-def ratio_row(name: str, rounds: int, det_variants=()) -> dict:
+def zeroing_all_rows(fn):
+    """``fn`` with the preprocess zeroing every dQ accumulator row: plans of its own (the plan
+    holds the row count), built while dq_zero_rows answers 'all of them'."""
+    from fa4.sm90 import bwd_launch
+
+    plans = {}
+
+    def run(cfg):
+        saved, rows = bwd_launch._plans, bwd_launch.dq_zero_rows
+        bwd_launch._plans, bwd_launch.dq_zero_rows = plans, lambda *a: bwd_launch.ZERO_ALL_ROWS
+        try:
+            return fn(cfg)
+        finally:
+            bwd_launch._plans, bwd_launch.dq_zero_rows = saved, rows
+
+    return run
+
+
+def ratio_row(name: str, rounds: int, det_variants=(), zero_all: bool = False) -> dict:
     import triton.testing as tt
 
     from bench.bench_gqa_loop import max_rel_diff
@@ -51,6 +71,13 @@ def ratio_row(name: str, rounds: int, det_variants=()) -> dict:
             skipped[bwd_order.label(o)] = f"gradients differ from the default's by {vdiff:.3g}"
             continue
         order.append(("det " + bwd_order.label(o), det, cfg))
+    if zero_all:
+        zdet = zeroing_all_rows(det)
+        vdiff = max_rel_diff(zdet(cfg_d), det(cfg_d))
+        if vdiff != 0:
+            skipped["zero-all"] = f"gradients differ from the default's by {vdiff:.3g}"
+        else:
+            order.append(("det zero-all", zdet, cfg_d))
     times = {lab: [] for lab, _, _ in order}
     for r in range(rounds):
         for lab, fn, cfg in (order if r % 2 == 0 else order[::-1]):
@@ -67,12 +94,13 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=None)
     ap.add_argument("--det-variants", default="[]", help="JSON list of knob overrides of the deterministic config")
+    ap.add_argument("--zero-all", action="store_true", help="also the deterministic default zeroing every dQ row")
     a = ap.parse_args(argv)
     variants = [dict(v) for v in json.loads(a.det_variants)]
     rows = []
     for name in a.shapes.split(","):
         try:
-            row = ratio_row(name, a.rounds, variants)
+            row = ratio_row(name, a.rounds, variants, a.zero_all)
         except Exception as e:  # noqa: BLE001 - one failing shape must not hide the others
             row = dict(name=name, error=f"{type(e).__name__}: {e}"[:400])
         rows.append(row)

@@ -73,6 +73,39 @@ def red_add_f32x2(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=Non
 
 
 @dsl_user_op
+def st_f32(ptr: cute.Pointer, a: Float32, *, loc=None, ip=None) -> None:
+    """A plain store where a deterministic reduction's first turn writes instead of adding (the
+    sums then need no zeros beforehand): the red_add_f32 sibling, the same address operand."""
+    llvm.inline_asm(
+        None, [_addr(ptr, loc, ip), Float32(a).ir_value(loc=loc, ip=ip)],
+        "st.global.f32 [$0], $1;", "l,f",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def st_f32x2(ptr: cute.Pointer, a: Float32, b: Float32, *, loc=None, ip=None) -> None:
+    """red_add_f32x2's first-turn sibling: two adjacent fp32 stored (8-byte aligned)."""
+    llvm.inline_asm(
+        None, [_addr(ptr, loc, ip), Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
+        "st.global.v2.f32 [$0], {$1, $2};", "l,f,f",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
+def bulk_store_f32(gmem: cute.Pointer, smem: cute.Pointer, nbytes, *, loc=None, ip=None) -> None:
+    """One thread: global[0:nbytes] = shared[0:nbytes] (async bulk copy, bulk_group): a
+    deterministic reduction's first turn, bulk_reduce_add_f32's sibling."""
+    llvm.inline_asm(
+        None,
+        [gmem.llvm_ptr, smem.toint(loc=loc, ip=ip).ir_value(), Int32(nbytes).ir_value(loc=loc, ip=ip)],
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;", "l,r,r",
+        has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
+
+
+@dsl_user_op
 def bulk_reduce_add_f32(gmem: cute.Pointer, smem: cute.Pointer, nbytes, *, loc=None, ip=None) -> None:
     """One thread: global[0:nbytes] += shared[0:nbytes] (fp32, async bulk reduction, bulk_group)."""
     llvm.inline_asm(

@@ -174,7 +174,8 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
     sink = _fake(f32, (None,), tma=False) if has_sink else None
     sink_term = _fake(f32, (None, None, None), row_major_static=True) if has_sink else None
     return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse, varlen, has_sink), o, do, lse, lse2, dsum, dqacc,
-                        dlse, cu, used, sink, sink_term, cutlass.Int32(0), stream, options=_opts(options))
+                        dlse, cu, used, sink, sink_term, cutlass.Int32(0), cutlass.Int32(0), stream,
+                        options=_opts(options))
 
 
 def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", varlen: bool = False,

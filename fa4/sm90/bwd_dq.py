@@ -76,13 +76,12 @@ class DqAccumSteps:
                 hl, m = bwd_schedule.group_step(t, m_start, m_end)
                 h = head + hl
             m = self.walk(m, run, n_block)
+            turn = 1
             if cutlass.const_expr(self.deterministic):
                 # Take the turn while the consumers are still computing this tile: the lock's
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".
-                semaphore.wait_turn(
-                    mSemQ[batch, h, None].iterator + m,
-                    self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), lane == 0,
-                )
+                turn = self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win)
+                semaphore.wait_turn(mSemQ[batch, h, None].iterator + m, turn, lane == 0)
             for wg in cutlass.range_constexpr(2):
                 cute.arch.barrier(barrier_id=BAR_DQ_FULL + 2 * parity + wg, number_of_threads=NUM_DQ_SYNC_THREADS)
             if lane == 0:
@@ -90,8 +89,12 @@ class DqAccumSteps:
                     # The previous turn's adds were made by the async proxy: order ours after them.
                     cute.arch.fence_proxy("async.global")
                 gdQ = cute.local_tile(self.acc_rows(mdQacc, batch, h, seq[0]), (self.tile_m, self.head_dim), (m, 0))
-                # Both warpgroups' chunks: one contiguous tile in fragment order.
-                semaphore.bulk_reduce_add_f32(gdQ.iterator + half_off, sdQ.iterator, nbytes)
+                # Both warpgroups' chunks: one contiguous tile in fragment order. The first turn
+                # stores (deterministic: the sums are not zeroed, fa4.sm90.bwd_prepost.dq_zero_rows).
+                if turn == 0:
+                    semaphore.bulk_store_f32(gdQ.iterator + half_off, sdQ.iterator, nbytes)
+                else:
+                    semaphore.bulk_reduce_add_f32(gdQ.iterator + half_off, sdQ.iterator, nbytes)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.sync_warp()
@@ -126,18 +129,37 @@ class DqAccumSteps:
         r = dq_frag_view(acc_dQ)
         if cutlass.const_expr(self.deterministic):
             sem = mSemQ[batch, head, None].iterator + m
-            semaphore.wait_turn(sem, self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win), ctid == 0)
+            turn = self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win)
+            semaphore.wait_turn(sem, turn, ctid == 0)
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-        for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
-            if cutlass.const_expr(self.red_v2):
-                for a in cutlass.range_constexpr(2):
-                    semaphore.red_add_f32x2(base + (2 * a * s_a + b * s_b), r[2 * a, b], r[2 * a + 1, b])
+            # The first turn stores: the sums are not zeroed (fa4.sm90.bwd_prepost.dq_zero_rows).
+            if turn == 0:
+                self.dq_fragment_out(r, base, s_a, s_b, True)
             else:
-                for a in cutlass.range_constexpr(4):
-                    semaphore.red_add_f32(base + (a * s_a + b * s_b), r[a, b])
+                self.dq_fragment_out(r, base, s_a, s_b, False)
+        else:
+            self.dq_fragment_out(r, base, s_a, s_b, False)
         if cutlass.const_expr(self.deterministic):
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
             semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)
+
+    @cute.jit
+    def dq_fragment_out(self, r, base, s_a, s_b, store: cutlass.Constexpr):
+        """This thread's dQ values into the fp32 tile: relaxed adds, or stores on a first turn."""
+        for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
+            if cutlass.const_expr(self.red_v2):
+                for a in cutlass.range_constexpr(2):
+                    ptr = base + (2 * a * s_a + b * s_b)
+                    if cutlass.const_expr(store):
+                        semaphore.st_f32x2(ptr, r[2 * a, b], r[2 * a + 1, b])
+                    else:
+                        semaphore.red_add_f32x2(ptr, r[2 * a, b], r[2 * a + 1, b])
+            else:
+                for a in cutlass.range_constexpr(4):
+                    if cutlass.const_expr(store):
+                        semaphore.st_f32(base + (a * s_a + b * s_b), r[a, b])
+                    else:
+                        semaphore.red_add_f32(base + (a * s_a + b * s_b), r[a, b])
 
     def turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt, win):
         return bwd_schedule.dq_turn(m, n_block, self.tile_m, self.tile_n, num_n, seqlen_q, seqlen_k, self.causal, spt,

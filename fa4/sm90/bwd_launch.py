@@ -29,6 +29,10 @@ from fa4.sm90.bwd_compile import (
     padded,
 )
 from fa4.sm90.bwd_config import BwdConfigSm90, default_config, violations
+from fa4.sm90.bwd_prepost import dq_zero_rows
+
+# Varlen zeroes every dQ accumulator row: a sequence's rows that see no key are not known on the host.
+ZERO_ALL_ROWS = 2**31 - 1
 
 def resolve_config(problem: Problem, config) -> BwdConfigSm90:
     """``config`` (None: the heuristic default) as a feasible BwdConfigSm90 for ``problem``."""
@@ -108,7 +112,7 @@ class _Plan:
     the kernels."""
 
     __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "last", "ws", "acc", "sems",
-                 "f32")
+                 "f32", "zero_rows")
     # gqa: dK/dV are fp32 accumulators (GQA with gqa_reduce 'atomic'); 'loop' stores them like MHA.
     # last: gqa_finish 'last_cta', the main kernel finishes them (not zeroed, no postprocess).
 
@@ -142,6 +146,11 @@ class _Plan:
         self.main_scalars = (softmax_scale * LOG2_E, softmax_scale, wl, wr, softcap_inv, softcap_log2, 0,
                              *runtime_args(config))
         sq_pad, sk_pad = padded(sq), padded(sk)
+        # Deterministic: the first dQ turn of a query tile stores, so only the tiles no key tile
+        # reaches need zeros (the prefix where rows see no key), not the whole accumulator.
+        self.zero_rows = sq_pad
+        if deterministic:
+            self.zero_rows = dq_zero_rows(sq, sk, config.tile_m, config.tile_n, causal, has_wl, has_wr, wl, wr)
         # One fp32 workspace for LSE * log2(e), D and the dQ accumulator (the preprocess writes all
         # three, the dQ accumulator's zeros included): (sizes, shapes) of its views. Each starts at
         # a multiple of SEQ_PAD elements, so every view keeps the 16-byte alignment TMA needs.
@@ -244,7 +253,7 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
     sem_q, sem_kv = _semaphores(plan.sems, dev)
     lse, dlse = _row_stats(lse, dlse)
     with _on_device(q):
-        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, _sink_arg(sink), sink_term, 0)
+        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, _sink_arg(sink), sink_term, 0, plan.zero_rows)
         plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, dk, dv_, None, None, None, None,
                   *plan.main_scalars)
         plan.post_dq(dq_acc, dq, softmax_scale, None, None, 0)
@@ -382,7 +391,7 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
     q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
     with _on_device(q):
         plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, _sink_arg(sink),
-                 sink_term, max_seqlen_q)
+                 sink_term, max_seqlen_q, ZERO_ALL_ROWS)
         plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, cu_seqlens_q,
                   cu_seqlens_k,
                   seqused_q, seqused_k, *plan.main_scalars)

@@ -7,7 +7,9 @@ Preprocess, per query row (rows padded to fa4.sm90.bwd_config.SEQ_PAD):
   LSE2[row]  = LSE[row] * log2(e), and +inf where the forward saw no key (LSE = -inf) or on
                padded rows, so that P = 2^(S*scale*log2e - LSE2) is exactly 0 there instead
                of NaN (masked S = -inf minus LSE = -inf).
-  dQacc[row] = 0
+  dQacc[row] = 0 for the rows below ``zero_rows``: all of them, except in the deterministic
+               backward, whose first dQ turn of a query tile stores instead of adding, so only
+               the tiles no key tile reaches need zeros (dq_zero_rows).
 Postprocess: out = acc * scale in the output dtype. dQ comes from an accumulator kept in the
 main kernel's fragment order (BwdPostprocessDq, below); the GQA dK/dV accumulators are row-major
 (BwdPostprocess).
@@ -32,6 +34,7 @@ from cutlass import Float32
 
 from fa4.common import varlen as vlen
 from fa4.common.constants import LOG2_E
+from fa4.common.masking_range import kv_block_range
 from fa4.sm90.bwd_config import SEQ_PAD
 
 ROWS_PER_CTA = 128
@@ -95,6 +98,24 @@ def dq_frag_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.make_layout((4, cute.size(acc) // 4)))
 
 
+def dq_zero_rows(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool, has_window_left: bool,
+                 has_window_right: bool, window_left: int, window_right: int) -> int:
+    """Query rows of each (batch, head) whose dQ sums the deterministic backward needs zeroed: the
+    first dQ turn of a query tile (fa4.common.bwd_schedule.dq_turn 0) stores its tile instead of
+    adding it, so only tiles with no contributing key tile (masking_range.kv_block_range empty:
+    the rows that see no key under a bottom-right causal or right-window bound with seqlen_q >
+    seqlen_k) keep the zeros the postprocess converts. Those tiles are a prefix; should any other
+    tile have none, every row is zeroed."""
+    tiles = -(-seqlen_q // tile_m)
+    empty = [lo >= hi for lo, hi in (kv_block_range(m, tile_m, tile_n, seqlen_q, seqlen_k, causal, has_window_left,
+                                                    has_window_right, window_left, window_right)
+                                     for m in range(tiles))]
+    prefix = next((m for m, e in enumerate(empty) if not e), tiles)
+    if any(empty[prefix:]):
+        return tiles * tile_m
+    return prefix * tile_m
+
+
 class BwdPreprocess:
     """D, LSE2 and the zeroed dQ accumulator for ROWS_PER_CTA query rows of one (batch, head).
 
@@ -134,17 +155,17 @@ class BwdPreprocess:
         mSink: cute.Tensor,  # has_sink: (heads,) fp32 sink logits, else None
         mSinkTerm: cute.Tensor,  # has_sink: (batch, heads, seqlen_pad) fp32 out, else None
         max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
+        zero_rows: cutlass.Int32,  # the dQ sums' rows to zero, from the first (dq_zero_rows)
         stream: cuda.CUstream,
     ):
         grid = (mLSE2.shape[2] // ROWS_PER_CTA, mLSE2.shape[1], mLSE2.shape[0])
         if cutlass.const_expr(self.varlen):
             grid = ((max_seqlen + ROWS_PER_CTA - 1) // ROWS_PER_CTA, mLSE2.shape[1], mCuSeqlens.shape[0] - 1)
-        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm).launch(
-            grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream
-        )
+        self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm,
+                    zero_rows).launch(grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm):
+    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm, zero_rows):
         bx, head, batch = cute.arch.block_idx()
         sink = None
         if cutlass.const_expr(self.has_sink):
@@ -163,13 +184,13 @@ class BwdPreprocess:
                     cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
                     cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mLSE2),
                     cute.domain_offset((0, 0, pad), mDsum), cute.domain_offset((0, 0, pad, 0), mdQacc), dlse,
-                    bx, head, 0, seqlen, seq_sink,
+                    bx, head, 0, seqlen, seq_sink, zero_rows,
                 )
         else:
-            self.rows(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, mO.shape[1], sink)
+            self.rows(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, mO.shape[1], sink, zero_rows)
 
     @cute.jit
-    def rows(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, seqlen, sink):
+    def rows(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, seqlen, sink, zero_rows):
         tidx, _, _ = cute.arch.thread_idx()
         d = self.head_dim
         lanes = row_lanes(self.head_dim_v // VEC16)  # threads per row
@@ -220,12 +241,13 @@ class BwdPreprocess:
         mLSE2[batch, head, row] = lse2
         # The CTA's accumulator rows are one contiguous ROWS_PER_CTA * d run: 16-byte stores,
         # consecutive threads on consecutive 16 bytes.
-        gAcc = cute.local_tile(mdQacc[batch, head, None, None], (ROWS_PER_CTA, d), (bx, 0))
-        flat = cute.make_tensor(gAcc.iterator, cute.make_layout(ROWS_PER_CTA * d))
-        zeros = cute.make_rmem_tensor((VEC32,), Float32)
-        zeros.fill(0.0)
-        for k in cutlass.range_constexpr(d // VEC32):
-            cute.autovec_copy(zeros, cute.local_tile(flat, (VEC32,), (k * ROWS_PER_CTA + tidx,)))
+        if bx * ROWS_PER_CTA < zero_rows:
+            gAcc = cute.local_tile(mdQacc[batch, head, None, None], (ROWS_PER_CTA, d), (bx, 0))
+            flat = cute.make_tensor(gAcc.iterator, cute.make_layout(ROWS_PER_CTA * d))
+            zeros = cute.make_rmem_tensor((VEC32,), Float32)
+            zeros.fill(0.0)
+            for k in cutlass.range_constexpr(d // VEC32):
+                cute.autovec_copy(zeros, cute.local_tile(flat, (VEC32,), (k * ROWS_PER_CTA + tidx,)))
 
 
 class BwdPostprocess:

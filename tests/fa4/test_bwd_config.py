@@ -655,3 +655,30 @@ def test_q_starts_is_for_coinciding_non_deterministic_runs():
         # (walk_down off: the deterministic short query range's default walks down, refused beside q_starts too.)
         out = violations(dataclasses.replace(default_config(prob), q_starts=16, walk_down=False), prob)
         assert [v.kind for v in out] == ["knob combination"] and why in out[0], out
+
+
+@pytest.mark.parametrize("sq,sk", WIN_SEQS + [(1000, 100), (4096, 1024)])
+@pytest.mark.parametrize("tile_m,tile_n", [(64, 128), (128, 128), (64, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("left,right", WINDOWS)
+def test_deterministic_dq_sums_are_zeroed_where_no_first_turn_stores(sq, sk, tile_m, tile_n, causal, left, right):
+    """The deterministic backward's first dQ turn of a query tile stores its tile, so the
+    preprocess zeroes only the rows below dq_zero_rows: every query tile must be either wholly
+    below them or stored by a visiting key tile (turn 0, either launch order), and a tile that
+    sees a key is never zeroed when the rest of it is stored (the saving is the point)."""
+    from fa4.common.bwd_schedule import m_block_segments
+    from fa4.sm90.bwd_prepost import dq_zero_rows
+
+    args = (sq, sk, causal, left >= 0, right >= 0, max(left, 0), max(right, 0))
+    zero = dq_zero_rows(sq, sk, tile_m, tile_n, *args[2:])
+    num_n = -(-sk // tile_n)
+    for m in range(-(-sq // tile_m)):
+        rows = range(m * tile_m, min((m + 1) * tile_m, sq))
+        sees = any(win_visible(i, j, sq, sk, causal, left, right) for i in rows for j in range(sk))
+        visitors = [n for n in range(num_n) if m_block_segments(n, tile_m, tile_n, *args)[0] <= m
+                    < m_block_segments(n, tile_m, tile_n, *args)[3]]
+        for spt in (0, 1):
+            stored = any(dq_turn(m, n, tile_m, tile_n, num_n, sq, sk, causal, spt, *args[3:]) == 0 for n in visitors)
+            assert stored or (m + 1) * tile_m <= zero, (m, spt, zero)
+        if sees:
+            assert visitors and zero <= m * tile_m, (m, zero)

@@ -206,13 +206,36 @@ def test_lse_gradient_reaches_the_preprocess(bwd_launches):
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
     (key,), (args,) = bwd_launches.keys("bwd_pre"), bwd_launches.args("bwd_pre")
     # (out, dout, lse, lse2, dsum, dq_acc, dlse, the varlen arguments (none dense), the sink and its
-    # row terms (none without a sink), max_seqlen)
+    # row terms (none without a sink), max_seqlen, the dQ sums' rows to zero: all of them)
     assert key[-1] == "dlse" and args[6].stride(-1) == 1 and torch.equal(args[6], dlse)
-    assert args[6].dtype == torch.float32 and args[7:] == (None, None, None, None, 0)
+    assert args[6].dtype == torch.float32 and args[7:] == (None, None, None, None, 0, padded(70))
     bwd_launches.calls.clear()
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
     (key,), (args,) = bwd_launches.keys("bwd_pre"), bwd_launches.args("bwd_pre")
     assert key == ("bwd_pre", "bf16", 64) and args[6] is None
+
+
+@pytest.mark.parametrize("sq,sk,causal,window,want", [
+    (300, 300, True, (-1, -1), 0),  # every query tile sees a key: its first turn stores it
+    (300, 70, False, (-1, -1), 0),
+    (300, 70, True, (-1, -1), 192),  # bottom-right: rows 0..229 see no key, tiles 0-2 (64 rows) wholly
+    (300, 70, False, (-1, 10), 192),  # a right bound of 10: rows 0..219 see none
+    (300, 70, True, (5, -1), 192),  # a left bound hides no row's last key
+    (70, 300, True, (-1, -1), 0),
+])
+def test_deterministic_backward_zeroes_only_the_dq_sums_no_turn_stores(bwd_launches, sq, sk, causal, window, want):
+    """Deterministic, the first dQ turn of a query tile stores its tile, so the preprocess zeroes
+    only the rows of the query tiles no key tile reaches (fa4.sm90.bwd_prepost.dq_zero_rows);
+    non-deterministic, every row of the padded accumulator. The launches are recorded, not run."""
+    q, k, v = tensors(sq=sq, sk=sk, d=128)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(1, 4, sq)
+    for det in (False, True):
+        bwd_launches.calls.clear()
+        cfg = resolve_config(problem_of(q, k, v, causal=causal, pass_="bwd", deterministic=det), None)
+        assert cfg.tile_m == 64 and cfg.tile_n == 128
+        launch_bwd(dout, q, k, v, out, lse, 0.125, causal, det, cfg, window_left=window[0], window_right=window[1])
+        (args,) = bwd_launches.args("bwd_pre")
+        assert args[-1] == (want if det else padded(sq)), (det, args[-1])
 
 
 @pytest.mark.parametrize("det", [False, True])

@@ -72,3 +72,42 @@ def test_variant_with_other_gradients_is_not_timed(monkeypatch):
     assert row["variants"] == {}
     assert "differ" in row["skipped"]["ds_early=True"]
     assert set(row["ms"]) == {"nondet", "det"}
+
+
+def test_zero_all_times_the_deterministic_default_with_every_dq_row_zeroed(monkeypatch):
+    """--zero-all: the same deterministic config, its launches planned while dq_zero_rows answers
+    'every row' (plans of its own, the library's restored after each call), in the same rounds."""
+    from fa4.sm90 import bwd_launch
+
+    mod = cpu_kernels.bench_module(monkeypatch, "det_ratio")
+    grads = (torch.ones(2), torch.ones(2), torch.ones(2))
+    ran = []
+    library_plans = bwd_launch._plans
+
+    def make(det):
+        def ours(cfg):
+            # What a plan built now would zero of a deterministic causal 1000 x 333 problem.
+            rows = bwd_launch.dq_zero_rows(1000, 333, 64, 128, True, False, False, 0, 0)
+            ran.append((det, rows, bwd_launch._plans is library_plans))
+            return grads
+
+        ours.problem = Problem(**{**CAUSAL.__dict__, "deterministic": det})
+        return ours
+
+    monkeypatch.setattr(mod.bwd_order, "setup", lambda name, det: (make(det), None, default_config(make(det).problem),
+                                                                    1e12))
+
+    def do_bench(fn, **kw):
+        fn()
+        det, rows, own = ran[-1]
+        return 1.0 if not det else (1.2 if rows == bwd_launch.ZERO_ALL_ROWS else 1.1)
+
+    monkeypatch.setattr(__import__("triton.testing", fromlist=["do_bench"]), "do_bench", do_bench)
+    row = mod.ratio_row("causal-8k", 2, [], zero_all=True)
+    assert abs(row["ratio"] - 1 / 1.1) < 1e-9 and abs(row["variants"]["det zero-all"] - 1 / 1.2) < 1e-9
+    assert len(row["ms"]["det zero-all"]) == 2
+    # Outside the zero-all calls the library's rows and plans are back: 667 rows see no key (10 tiles).
+    assert {r for d, r, own in ran if d and own} == {640}
+    assert all(not own for d, r, own in ran if r == bwd_launch.ZERO_ALL_ROWS)
+    assert bwd_launch._plans is library_plans and bwd_launch.dq_zero_rows(1000, 333, 64, 128, True, False, False, 0,
+                                                                           0) == 640
