@@ -23,7 +23,8 @@ them; 3 warpgroups, 384 threads:
 
 The dQ accumulator holds each tile in WGMMA fragment order (fa4.sm90.bwd_prepost): staging is
 conflict-free 16-byte stores and a tile is one linear bulk add. The preprocess (D =
-rowsum(dO * O), LSE * log2e, zeroed accumulator) and the postprocess (dQ * scale -> dtype,
+rowsum(dO * O), LSE * log2e, zeroed accumulator; deterministic, only the query tiles no turn
+stores: a tile's first dQ turn stores instead of adding) and the postprocess (dQ * scale -> dtype,
 read back through the MMA partition) are in fa4.sm90.bwd_prepost; which query tiles a CTA
 visits and its deterministic turn are in fa4.common.bwd_schedule (tested on the host).
 
@@ -171,7 +172,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         mdO: cute.Tensor,  # (batch, seqlen_q, heads_q, dv)
         mLSE2: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: LSE * log2(e), +inf where no key
         mDsum: cute.Tensor,  # (batch, heads_q, seqlen_q_pad) fp32: rowsum(dO * O)
-        mdQacc: cute.Tensor,  # (batch, heads_q, seqlen_q_pad, d) fp32, zeroed
+        mdQacc: cute.Tensor,  # (batch, heads_q, seqlen_q_pad, d) fp32, zeroed (deterministic: where no turn stores)
         mdK: cute.Tensor,  # gqa 'atomic': (batch, heads_kv, seqlen_k_pad, d) fp32 (zeroed unless 'last_cta'); else like mK
         mdV: cute.Tensor,  # as mdK, dv wide
         mSemQ: cute.Tensor,  # (batch, heads_q, num_m) int32 zeroed, or None
