@@ -108,11 +108,13 @@ def _tiles(n):
     return -(-n // 128) * 128
 
 
-def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_term, max_q):
+def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_term, max_q, zero_rows):
     """The preprocess (fa4.sm90.bwd_prepost.BwdPreprocess) on the packed layout: per sequence, its
-    padded rows of D, LSE2, the zeroed dQ accumulator and, with a sink, each row's term of the
-    sink's gradient, -2^(sink_h log2 e - LSE2) D (0 on padded rows and where LSE2 is +inf)."""
+    padded rows of D, LSE2, the zeroed dQ accumulator (varlen zeroes every row, deterministic or
+    not) and, with a sink, each row's term of the sink's gradient, -2^(sink_h log2 e - LSE2) D (0 on
+    padded rows and where LSE2 is +inf)."""
     assert o4.shape[0] == lse3.shape[0] == 1 and max_q == max(n for _, n in _seqs(cu, used))
+    assert zero_rows == bwd_launch.ZERO_ALL_ROWS
     assert (sink is None) == (sink_term is None)
     if sink is not None:
         assert sink.dtype == torch.float32 and sink_term.shape == dsum.shape
