@@ -76,7 +76,7 @@ class DqAccumSteps:
                 hl, m = bwd_schedule.group_step(t, m_start, m_end)
                 h = head + hl
             m = self.walk(m, run, n_block)
-            turn = 1
+            turn = 1  # not deterministic: no first turn, every tile adds (decided while tracing)
             if cutlass.const_expr(self.deterministic):
                 # Take the turn while the consumers are still computing this tile: the lock's
                 # round trip through L2 stays off the path from "dQ staged" to "dQ added".
@@ -137,29 +137,23 @@ class DqAccumSteps:
                 self.dq_fragment_out(r, base, s_a, s_b, True)
             else:
                 self.dq_fragment_out(r, base, s_a, s_b, False)
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            semaphore.pass_turn(sem, ctid == 0)
         else:
             self.dq_fragment_out(r, base, s_a, s_b, False)
-        if cutlass.const_expr(self.deterministic):
-            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            semaphore.pass_turn(mSemQ[batch, head, None].iterator + m, ctid == 0)
 
     @cute.jit
     def dq_fragment_out(self, r, base, s_a, s_b, store: cutlass.Constexpr):
         """This thread's dQ values into the fp32 tile: relaxed adds, or stores on a first turn."""
+        one = semaphore.st_f32 if store else semaphore.red_add_f32
+        two = semaphore.st_f32x2 if store else semaphore.red_add_f32x2
         for b in cutlass.range_constexpr(cute.size(r, mode=[1])):
             if cutlass.const_expr(self.red_v2):
                 for a in cutlass.range_constexpr(2):
-                    ptr = base + (2 * a * s_a + b * s_b)
-                    if cutlass.const_expr(store):
-                        semaphore.st_f32x2(ptr, r[2 * a, b], r[2 * a + 1, b])
-                    else:
-                        semaphore.red_add_f32x2(ptr, r[2 * a, b], r[2 * a + 1, b])
+                    two(base + (2 * a * s_a + b * s_b), r[2 * a, b], r[2 * a + 1, b])
             else:
                 for a in cutlass.range_constexpr(4):
-                    if cutlass.const_expr(store):
-                        semaphore.st_f32(base + (a * s_a + b * s_b), r[a, b])
-                    else:
-                        semaphore.red_add_f32(base + (a * s_a + b * s_b), r[a, b])
+                    one(base + (a * s_a + b * s_b), r[a, b])
 
     def turn(self, m, n_block, num_n, seqlen_q, seqlen_k, spt, win):
         return bwd_schedule.dq_turn(m, n_block, self.tile_m, self.tile_n, num_n, seqlen_q, seqlen_k, self.causal, spt,
