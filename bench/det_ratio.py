@@ -29,19 +29,22 @@ SHAPES = "llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k,causal-8k,
 
 
 def zeroing_all_rows(fn):
-    """``fn`` with the preprocess zeroing every dQ accumulator row: plans of its own (the plan
-    holds the row count), built while dq_zero_rows answers 'all of them'."""
+    """``fn`` with the preprocess zeroing every dQ accumulator row: plans of their own (a plan holds
+    the row count, or for varlen the preprocess variant), built while dq_zero_rows answers 'all of
+    them' and varlen_zero_tile 'no per-sequence zeroing'."""
     from fa4.sm90 import bwd_launch
 
-    plans = {}
+    plans, varlen_plans = {}, {}
 
     def run(cfg):
-        saved, rows = bwd_launch._plans, bwd_launch.dq_zero_rows
-        bwd_launch._plans, bwd_launch.dq_zero_rows = plans, lambda *a: bwd_launch.ZERO_ALL_ROWS
+        saved = bwd_launch._plans, bwd_launch._varlen_plans, bwd_launch.dq_zero_rows, bwd_launch.varlen_zero_tile
+        bwd_launch._plans, bwd_launch._varlen_plans = plans, varlen_plans
+        bwd_launch.dq_zero_rows = lambda *a: bwd_launch.ZERO_ALL_ROWS
+        bwd_launch.varlen_zero_tile = lambda *a: 0
         try:
             return fn(cfg)
         finally:
-            bwd_launch._plans, bwd_launch.dq_zero_rows = saved, rows
+            bwd_launch._plans, bwd_launch._varlen_plans, bwd_launch.dq_zero_rows, bwd_launch.varlen_zero_tile = saved
 
     return run
 

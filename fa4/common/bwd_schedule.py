@@ -68,6 +68,19 @@ def dq_turn(m_block, n_block, tile_m: int, tile_n: int, num_n, seqlen_q, seqlen_
     return n_block - n_lo + spt * (n_hi + n_lo - 2 * n_block)
 
 
+def dq_zero_rows(seqlen_q, seqlen_k, tile_m: int, right):
+    """Query rows of a (batch or sequence, head) whose fp32 dQ sums the deterministic backward must
+    zero: the first dQ turn of a query tile (dq_turn 0) stores its tile instead of adding it, so
+    only the tiles no key tile reaches keep the zeros the postprocess converts. Those are the
+    whole tiles of the prefix whose rows see no key, rows i < seqlen_q - seqlen_k - right under a
+    bottom-right right bound (``right``: 0 causal, the window's right bound, -1 none), and every
+    row where there is no key. A window's left bound never hides a row's last key."""
+    bounded = cutlass.min(cutlass.max(right + 1, 0), 1)  # 1 where there is a right bound
+    prefix = cutlass.max(seqlen_q - seqlen_k - right, 0) // tile_m * tile_m * bounded
+    no_keys = 1 - cutlass.min(seqlen_k, 1)
+    return cutlass.max(prefix, seqlen_q * no_keys)
+
+
 def group_step(t, m_start, m_end):
     """(head within the group, m_block) of step t of a CTA that walks the query heads of its K/V
     head (gqa_reduce 'loop'): head-major, each head's query tiles [m_start, m_end) in order, the

@@ -150,9 +150,12 @@ def _varlen_fakes(varlen: bool, seqused_q: bool = False, seqused_k: bool = False
 
 
 def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", head_dim_v: int | None = None,
-                    has_dlse: bool = False, varlen: bool = False, seqused: bool = False, has_sink: bool = False):
+                    has_dlse: bool = False, varlen: bool = False, seqused: bool = False, has_sink: bool = False,
+                    det_tile_m: int = 0, seqused_k: bool = False):
     """D from O and dO (head_dim_v wide; minus the LSE's gradient with has_dlse), the zeroed dQ
-    accumulator (head_dim wide); with has_sink each row's term of the sink's gradient too."""
+    accumulator (head_dim wide); with has_sink each row's term of the sink's gradient too. Varlen with
+    det_tile_m (the deterministic main kernel's tile_m): each sequence's rows to zero from its own key
+    count (cu_seqlens_k, and seqused_k with ``seqused_k``)."""
     ensure_target()
     import cutlass
     import cutlass.cute as cute
@@ -170,12 +173,15 @@ def compile_bwd_pre(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi"
     dqacc = _fake(f32, (None, None, None, head_dim), row_major_static=True)
     dlse = _fake(f32, (None, None, None), tma=False) if has_dlse else None
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    cu, _, used, _ = _varlen_fakes(varlen, seqused)
+    cu, cu_k, used, used_k = _varlen_fakes(varlen, seqused, seqused_k)
+    if not (varlen and det_tile_m):
+        # Only the deterministic varlen variant reads each sequence's key count.
+        cu_k = used_k = None
     sink = _fake(f32, (None,), tma=False) if has_sink else None
     sink_term = _fake(f32, (None, None, None), row_major_static=True) if has_sink else None
-    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse, varlen, has_sink), o, do, lse, lse2, dsum, dqacc,
-                        dlse, cu, used, sink, sink_term, cutlass.Int32(0), cutlass.Int32(0), stream,
-                        options=_opts(options))
+    return cute.compile(BwdPreprocess(dt, head_dim, dv, has_dlse, varlen, has_sink, det_tile_m if varlen else 0), o,
+                        do, lse, lse2, dsum, dqacc, dlse, cu, used, sink, sink_term, cutlass.Int32(0), cutlass.Int32(0),
+                        cu_k, used_k, cutlass.Int32(0), stream, options=_opts(options))
 
 
 def compile_bwd_post(dtype: str, head_dim: int, options: str = "--enable-tvm-ffi", varlen: bool = False,

@@ -90,7 +90,7 @@ class DqAccumSteps:
                     cute.arch.fence_proxy("async.global")
                 gdQ = cute.local_tile(self.acc_rows(mdQacc, batch, h, seq[0]), (self.tile_m, self.head_dim), (m, 0))
                 # Both warpgroups' chunks: one contiguous tile in fragment order. The first turn
-                # stores (deterministic: the sums are not zeroed, fa4.sm90.bwd_prepost.dq_zero_rows).
+                # stores (deterministic: the sums are not zeroed, fa4.common.bwd_schedule.dq_zero_rows).
                 if turn == 0:
                     semaphore.bulk_store_f32(gdQ.iterator + half_off, sdQ.iterator, nbytes)
                 else:
@@ -132,7 +132,7 @@ class DqAccumSteps:
             turn = self.turn(m, n_block, num_n, seqlen_q, seqlen_k, spt, win)
             semaphore.wait_turn(sem, turn, ctid == 0)
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            # The first turn stores: the sums are not zeroed (fa4.sm90.bwd_prepost.dq_zero_rows).
+            # The first turn stores: the sums are not zeroed (fa4.common.bwd_schedule.dq_zero_rows).
             if turn == 0:
                 self.dq_fragment_out(r, base, s_a, s_b, True)
             else:

@@ -71,12 +71,27 @@ class DkvStores:
     @cute.jit
     def add_to_sums(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mSemKV, ctid, n_block, head, head_kv, batch,
                     qhead_per_kvhead, seqlen_k, d: cutlass.Constexpr, dv: cutlass.Constexpr):
-        """gqa_finish 'postprocess': add this CTA's tiles into the zeroed fp32 sums (deterministic:
-        in head order, behind the tile's semaphore)."""
+        """gqa_finish 'postprocess': add this CTA's tiles into the zeroed fp32 sums (deterministic: in
+        head order, behind the tile's semaphore; the first head's CTA stores its tiles, so the sums
+        need no zeros)."""
         if cutlass.const_expr(self.deterministic):
             sem = mSemKV[batch, head_kv, None].iterator + n_block
-            semaphore.wait_turn(sem, head - head_kv * qhead_per_kvhead, ctid == 0)
+            turn = head - head_kv * qhead_per_kvhead
+            semaphore.wait_turn(sem, turn, ctid == 0)
             cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            if turn == 0:
+                self.sum_tiles(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d, dv, True)
+            else:
+                self.sum_tiles(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d, dv, False)
+            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
+            semaphore.pass_turn(sem, ctid == 0)
+        else:
+            self.sum_tiles(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d, dv, False)
+
+    @cute.jit
+    def sum_tiles(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d: cutlass.Constexpr,
+                  dv: cutlass.Constexpr, store: cutlass.Constexpr):
+        """This CTA's dK/dV tiles into the fp32 sums: relaxed adds, or stores (a first turn)."""
         if cutlass.const_expr(self.qm):
             # dK^T / dV^T fragments (qm_tile_n): a key tile of 96 or 48 rows can run past the
             # accumulator's rows (padded to SEQ_PAD, not to the tile): keys past seqlen_k are
@@ -84,15 +99,14 @@ class DkvStores:
             cK = cute.local_tile(cute.make_identity_tensor((seqlen_k, d)), (self.tile_n, d), (n_block, 0))
             cV = cute.local_tile(cute.make_identity_tensor((seqlen_k, dv)), (self.tile_n, dv), (n_block, 0))
             self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(gdK))),
-                          False, acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(cK))), seqlen_k)
+                          False, acc_as_rows_cols(dkv_thr.partition_C(self.kv_view(cK))), seqlen_k, store)
             self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(self.kv_view(gdV))),
-                          False, acc_as_rows_cols(dv_thr.partition_C(self.kv_view(cV))), seqlen_k)
+                          False, acc_as_rows_cols(dv_thr.partition_C(self.kv_view(cV))), seqlen_k, store)
         else:
-            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2)
-            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2)
-        if cutlass.const_expr(self.deterministic):
-            cute.arch.barrier(barrier_id=BAR_SEM, number_of_threads=NUM_CONSUMER_THREADS)
-            semaphore.pass_turn(mSemKV[batch, head_kv, None].iterator + n_block, ctid == 0)
+            self.red_tile(acc_as_rows_cols(acc_dK), acc_as_rows_cols(dkv_thr.partition_C(gdK)), self.kv_v2,
+                          store=store)
+            self.red_tile(acc_as_rows_cols(acc_dV), acc_as_rows_cols(dv_thr.partition_C(gdV)), self.kv_v2,
+                          store=store)
 
     @cute.jit
     def finish_in_kernel(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mdKout, mdVout, mSemKV, ctid, n_block,
@@ -145,25 +159,29 @@ class DkvStores:
         return transpose_view(t) if self.qm else t
 
     @cute.jit
-    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr, c_mn=None, key_limit=None):
-        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions;
-        with ``c_mn`` (the same view of (key, column) coordinates) only keys below ``key_limit``."""
+    def red_tile(self, r_mn: cute.Tensor, g_mn: cute.Tensor, v2: cutlass.Constexpr, c_mn=None, key_limit=None,
+                 store: cutlass.Constexpr = False):
+        """Add a register tile (rows/cols view) into global fp32 memory with relaxed reductions (with
+        ``store``: plain stores, a deterministic first turn); with ``c_mn`` (the same view of (key,
+        column) coordinates) only keys below ``key_limit``."""
         nrow = cute.size(r_mn, mode=[0])
         ncol = cute.size(r_mn, mode=[1])
         base = g_mn.iterator
+        one = semaphore.st_f32 if store else semaphore.red_add_f32
+        two = semaphore.st_f32x2 if store else semaphore.red_add_f32x2
         for r in cutlass.range_constexpr(nrow):
             if cutlass.const_expr(c_mn is not None):
                 for c in cutlass.range_constexpr(ncol):
                     if c_mn[r, c][0] < key_limit:
-                        semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
+                        one(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
             elif cutlass.const_expr(v2):
                 # Columns 2k and 2k+1 of an accumulator row are adjacent in memory.
                 for c in cutlass.range_constexpr(ncol // 2):
                     off = cute.crd2idx((r, 2 * c), g_mn.layout)
-                    semaphore.red_add_f32x2(base + off, r_mn[r, 2 * c], r_mn[r, 2 * c + 1])
+                    two(base + off, r_mn[r, 2 * c], r_mn[r, 2 * c + 1])
             else:
                 for c in cutlass.range_constexpr(ncol):
-                    semaphore.red_add_f32(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
+                    one(base + cute.crd2idx((r, c), g_mn.layout), r_mn[r, c])
 
     @cute.jit
     def store_dkv_rows(self, dkv_thr, dv_thr, acc_dK, acc_dV, mdK, mdV, n_block, head_kv, batch, seq):

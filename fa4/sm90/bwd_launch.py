@@ -29,10 +29,21 @@ from fa4.sm90.bwd_compile import (
     padded,
 )
 from fa4.sm90.bwd_config import BwdConfigSm90, default_config, violations
-from fa4.sm90.bwd_prepost import dq_zero_rows
+from fa4.common.bwd_schedule import dq_zero_rows
 
-# Varlen zeroes every dQ accumulator row: a sequence's rows that see no key are not known on the host.
+# The preprocess's row count where every dQ accumulator row is zeroed (no first-turn stores).
 ZERO_ALL_ROWS = 2**31 - 1
+
+
+def right_bound(causal: bool, has_window_right: bool, window_right: int) -> int:
+    """The right bound as dq_zero_rows takes it (window_flags' output): 0 causal, -1 none."""
+    return 0 if causal else (window_right if has_window_right else -1)
+
+
+def varlen_zero_tile(config: BwdConfigSm90, deterministic: bool) -> int:
+    """The varlen preprocess's det_tile_m: deterministic, each sequence's dQ rows to zero are
+    computed on the device from its lengths (the host knows only the longest); 0 zeroes every row."""
+    return config.tile_m if deterministic else 0
 
 def resolve_config(problem: Problem, config) -> BwdConfigSm90:
     """``config`` (None: the heuristic default) as a feasible BwdConfigSm90 for ``problem``."""
@@ -112,7 +123,7 @@ class _Plan:
     the kernels."""
 
     __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "last", "ws", "acc", "sems",
-                 "f32", "zero_rows")
+                 "f32", "zero_rows", "kv_zeros")
     # gqa: dK/dV are fp32 accumulators (GQA with gqa_reduce 'atomic'); 'loop' stores them like MHA.
     # last: gqa_finish 'last_cta', the main kernel finishes them (not zeroed, no postprocess).
 
@@ -124,6 +135,8 @@ class _Plan:
         gqa = hq != hkv
         self.gqa = atomic = gqa and config.gqa_reduce == "atomic"
         self.last = last = atomic and config.gqa_finish == "last_cta"
+        # 'postprocess' sums: zeroed, unless deterministic, where the first head's CTA stores its tiles.
+        self.kv_zeros = not deterministic
         causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
         has_softcap = bool(softcap) and softcap > 0
         softcap_inv, softcap_log2 = softcap_bwd.host_args(softmax_scale, softcap if has_softcap else 0.0)
@@ -150,7 +163,7 @@ class _Plan:
         # reaches need zeros (the prefix where rows see no key), not the whole accumulator.
         self.zero_rows = sq_pad
         if deterministic:
-            self.zero_rows = dq_zero_rows(sq, sk, config.tile_m, config.tile_n, causal, has_wl, has_wr, wl, wr)
+            self.zero_rows = dq_zero_rows(sq, sk, config.tile_m, right_bound(causal, has_wr, wr))
         # One fp32 workspace for LSE * log2(e), D and the dQ accumulator (the preprocess writes all
         # three, the dQ accumulator's zeros included): (sizes, shapes) of its views. Each starts at
         # a multiple of SEQ_PAD elements, so every view keeps the 16-byte alignment TMA needs.
@@ -246,14 +259,16 @@ def launch_bwd(dout, q, k, v, out, lse, softmax_scale: float, causal: bool, dete
         dk_out, dv_out = _views(torch.empty(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
         dk, dv_ = torch.empty_like(k), torch.empty_like(v)
     elif plan.gqa:
-        dk_out, dv_out = _views(torch.zeros(plan.acc[0], device=dev, dtype=f32), plan.acc[1])
+        dk_out, dv_out = _views((torch.zeros if plan.kv_zeros else torch.empty)(plan.acc[0], device=dev, dtype=f32),
+                                plan.acc[1])
     else:
         dk_out = torch.empty_like(k)
         dv_out = torch.empty_like(v)
     sem_q, sem_kv = _semaphores(plan.sems, dev)
     lse, dlse = _row_stats(lse, dlse)
     with _on_device(q):
-        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, _sink_arg(sink), sink_term, 0, plan.zero_rows)
+        plan.pre(out, dout, lse, lse2, dsum, dq_acc, dlse, None, None, _sink_arg(sink), sink_term, 0, plan.zero_rows,
+                 None, None, -1)
         plan.main(q, k, v, dout, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, dk, dv_, None, None, None, None,
                   *plan.main_scalars)
         plan.post_dq(dq_acc, dq, softmax_scale, None, None, 0)
@@ -292,7 +307,8 @@ class _VarlenPlan:
     (fa4.common.varlen.padded_offset: whole SEQ_PAD tiles per sequence, so the main kernel loads
     and reduces whole tiles and the dQ accumulator keeps its fragment-ordered tiles)."""
 
-    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "ws", "acc", "sems", "f32")
+    __slots__ = ("pre", "main", "post_dq", "post", "post_v", "main_scalars", "gqa", "ws", "acc", "sems", "f32",
+                 "zero_tile", "zero_right")
 
     def __init__(self, q, k, v, b, max_seqlen_q, max_seqlen_k, used_q, used_k, softmax_scale, causal, deterministic,
                  config, has_dlse, window_left, window_right, softcap, has_sink):
@@ -310,9 +326,15 @@ class _VarlenPlan:
         key = compile_key(dtype, d, bool(causal), gqa, bool(deterministic), config, dv, has_wl, has_wr,
                           has_softcap, has_sink, varlen=True, seqused_q=used_q, seqused_k=used_k)
         self.main = compiled(key, lambda: compile_bwd_main(key))
-        pre_key = ("bwd_pre_varlen", dtype, d, dv, has_dlse, used_q) + (("sink",) if has_sink else ())
+        # Deterministic: the first dQ turn stores, and each sequence's rows to zero come from its
+        # lengths on the device (a variant reading cu_seqlens_k / seqused_k).
+        self.zero_tile = zero_tile = varlen_zero_tile(config, deterministic)
+        self.zero_right = right_bound(causal, has_wr, wr)
+        pre_key = ("bwd_pre_varlen", dtype, d, dv, has_dlse, used_q) + (("sink",) if has_sink else ()) + (
+            (("zero_tile", zero_tile, used_k),) if zero_tile else ())
         self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse, varlen=True,
-                                                             seqused=used_q, has_sink=has_sink))
+                                                             seqused=used_q, has_sink=has_sink, det_tile_m=zero_tile,
+                                                             seqused_k=used_k))
         self.post = compiled(("bwd_post_varlen", dtype, d, used_k),
                              lambda: compile_bwd_post(dtype, d, varlen=True, seqused=used_k))
         self.post_v = self.post if dv == d else compiled(
@@ -391,7 +413,8 @@ def launch_bwd_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_s
     q4, k4, v4, o4, do4 = (t.unsqueeze(0) for t in (q, k, v, out, dout))
     with _on_device(q):
         plan.pre(o4, do4, lse.unsqueeze(0), lse2, dsum, dq_acc, dlse, cu_seqlens_q, seqused_q, _sink_arg(sink),
-                 sink_term, max_seqlen_q, ZERO_ALL_ROWS)
+                 sink_term, max_seqlen_q, ZERO_ALL_ROWS, cu_seqlens_k if plan.zero_tile else None,
+                 seqused_k if plan.zero_tile else None, plan.zero_right)
         plan.main(q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, dv_out, sem_q, sem_kv, None, None, cu_seqlens_q,
                   cu_seqlens_k,
                   seqused_q, seqused_k, *plan.main_scalars)

@@ -9,7 +9,8 @@ Preprocess, per query row (rows padded to fa4.sm90.bwd_config.SEQ_PAD):
                of NaN (masked S = -inf minus LSE = -inf).
   dQacc[row] = 0 for the rows below ``zero_rows``: all of them, except in the deterministic
                backward, whose first dQ turn of a query tile stores instead of adding, so only
-               the tiles no key tile reaches need zeros (dq_zero_rows).
+               the tiles no key tile reaches need zeros (fa4.common.bwd_schedule.dq_zero_rows;
+               varlen: per sequence, from its key count, a variant compiled with det_tile_m).
 Postprocess: out = acc * scale in the output dtype. dQ comes from an accumulator kept in the
 main kernel's fragment order (BwdPostprocessDq, below); the GQA dK/dV accumulators are row-major
 (BwdPostprocess).
@@ -32,9 +33,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from fa4.common import bwd_schedule
 from fa4.common import varlen as vlen
 from fa4.common.constants import LOG2_E
-from fa4.common.masking_range import kv_block_range
 from fa4.sm90.bwd_config import SEQ_PAD
 
 ROWS_PER_CTA = 128
@@ -98,24 +99,6 @@ def dq_frag_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.make_layout((4, cute.size(acc) // 4)))
 
 
-def dq_zero_rows(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool, has_window_left: bool,
-                 has_window_right: bool, window_left: int, window_right: int) -> int:
-    """Query rows of each (batch, head) whose dQ sums the deterministic backward needs zeroed: the
-    first dQ turn of a query tile (fa4.common.bwd_schedule.dq_turn 0) stores its tile instead of
-    adding it, so only tiles with no contributing key tile (masking_range.kv_block_range empty:
-    the rows that see no key under a bottom-right causal or right-window bound with seqlen_q >
-    seqlen_k) keep the zeros the postprocess converts. Those tiles are a prefix; should any other
-    tile have none, every row is zeroed."""
-    tiles = -(-seqlen_q // tile_m)
-    empty = [lo >= hi for lo, hi in (kv_block_range(m, tile_m, tile_n, seqlen_q, seqlen_k, causal, has_window_left,
-                                                    has_window_right, window_left, window_right)
-                                     for m in range(tiles))]
-    prefix = next((m for m, e in enumerate(empty) if not e), tiles)
-    if any(empty[prefix:]):
-        return tiles * tile_m
-    return prefix * tile_m
-
-
 class BwdPreprocess:
     """D, LSE2 and the zeroed dQ accumulator for ROWS_PER_CTA query rows of one (batch, head).
 
@@ -129,7 +112,7 @@ class BwdPreprocess:
     """
 
     def __init__(self, dtype, head_dim: int, head_dim_v: int | None = None, has_dlse: bool = False,
-                 varlen: bool = False, has_sink: bool = False):
+                 varlen: bool = False, has_sink: bool = False, det_tile_m: int = 0):
         self.dtype = dtype
         self.head_dim = head_dim  # the dQ accumulator's width
         self.head_dim_v = head_dim_v or head_dim  # O's and dO's
@@ -139,6 +122,9 @@ class BwdPreprocess:
         # row's term is written beside its D (padded rows and rows with LSE -inf: 0), so the host
         # finishes it with one fixed-order sum instead of five elementwise passes over LSE2 and D.
         self.has_sink = has_sink
+        # Varlen, deterministic: the main kernel's query tile. Each sequence's rows to zero follow from
+        # its own lengths (bwd_schedule.dq_zero_rows), which only the device reads; 0 zeroes every row.
+        self.det_tile_m = det_tile_m
 
     @cute.jit
     def __call__(
@@ -155,17 +141,22 @@ class BwdPreprocess:
         mSink: cute.Tensor,  # has_sink: (heads,) fp32 sink logits, else None
         mSinkTerm: cute.Tensor,  # has_sink: (batch, heads, seqlen_pad) fp32 out, else None
         max_seqlen: cutlass.Int32,  # varlen: the longest sequence's rows; else unused
-        zero_rows: cutlass.Int32,  # the dQ sums' rows to zero, from the first (dq_zero_rows)
+        zero_rows: cutlass.Int32,  # the dQ sums' rows to zero, from the first (bwd_schedule.dq_zero_rows)
+        mCuSeqlensK: cute.Tensor,  # varlen with det_tile_m: (B+1,) int32 cu_seqlens_k, else None
+        mSeqUsedK: cute.Tensor,  # varlen with det_tile_m: (B,) int32 seqused_k, or None
+        zero_right: cutlass.Int32,  # varlen with det_tile_m: the right bound (0 causal, -1 none)
         stream: cuda.CUstream,
     ):
         grid = (mLSE2.shape[2] // ROWS_PER_CTA, mLSE2.shape[1], mLSE2.shape[0])
         if cutlass.const_expr(self.varlen):
             grid = ((max_seqlen + ROWS_PER_CTA - 1) // ROWS_PER_CTA, mLSE2.shape[1], mCuSeqlens.shape[0] - 1)
         self.kernel(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm,
-                    zero_rows).launch(grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream)
+                    zero_rows, mCuSeqlensK, mSeqUsedK, zero_right).launch(
+            grid=grid, block=[ROWS_PER_CTA, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm, zero_rows):
+    def kernel(self, mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, mCuSeqlens, mSeqUsed, mSink, mSinkTerm, zero_rows,
+               mCuSeqlensK, mSeqUsedK, zero_right):
         bx, head, batch = cute.arch.block_idx()
         sink = None
         if cutlass.const_expr(self.has_sink):
@@ -180,11 +171,15 @@ class BwdPreprocess:
                 seq_sink = None
                 if cutlass.const_expr(self.has_sink):
                     seq_sink = (sink[0], cute.domain_offset((0, 0, pad), mSinkTerm))
+                seq_zero = zero_rows
+                if cutlass.const_expr(self.det_tile_m > 0):
+                    _, seqlen_k = vlen.seq_rows(mCuSeqlensK, mSeqUsedK, batch)
+                    seq_zero = bwd_schedule.dq_zero_rows(seqlen, seqlen_k, self.det_tile_m, zero_right)
                 self.rows(
                     cute.domain_offset((0, off, 0, 0), mO), cute.domain_offset((0, off, 0, 0), mdO),
                     cute.domain_offset((0, 0, off), mLSE), cute.domain_offset((0, 0, pad), mLSE2),
                     cute.domain_offset((0, 0, pad), mDsum), cute.domain_offset((0, 0, pad, 0), mdQacc), dlse,
-                    bx, head, 0, seqlen, seq_sink, zero_rows,
+                    bx, head, 0, seqlen, seq_sink, seq_zero,
                 )
         else:
             self.rows(mO, mdO, mLSE, mLSE2, mDsum, mdQacc, mdLSE, bx, head, batch, mO.shape[1], sink, zero_rows)

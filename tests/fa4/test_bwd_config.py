@@ -666,11 +666,13 @@ def test_deterministic_dq_sums_are_zeroed_where_no_first_turn_stores(sq, sk, til
     preprocess zeroes only the rows below dq_zero_rows: every query tile must be either wholly
     below them or stored by a visiting key tile (turn 0, either launch order), and a tile that
     sees a key is never zeroed when the rest of it is stored (the saving is the point)."""
-    from fa4.common.bwd_schedule import m_block_segments
-    from fa4.sm90.bwd_prepost import dq_zero_rows
+    from fa4.common.bwd_schedule import dq_zero_rows, m_block_segments
+    from fa4.sm90.bwd_launch import right_bound, window_flags
 
     args = (sq, sk, causal, left >= 0, right >= 0, max(left, 0), max(right, 0))
-    zero = dq_zero_rows(sq, sk, tile_m, tile_n, *args[2:])
+    # The bounds as the launch passes them (window_flags drops a bound that hides nothing).
+    c, _, has_wr, _, wr = window_flags(causal, left, right, sq, sk)
+    zero = dq_zero_rows(sq, sk, tile_m, right_bound(c, has_wr, wr))
     num_n = -(-sk // tile_n)
     for m in range(-(-sq // tile_m)):
         rows = range(m * tile_m, min((m + 1) * tile_m, sq))
@@ -682,3 +684,11 @@ def test_deterministic_dq_sums_are_zeroed_where_no_first_turn_stores(sq, sk, til
             assert stored or (m + 1) * tile_m <= zero, (m, spt, zero)
         if sees:
             assert visitors and zero <= m * tile_m, (m, zero)
+
+
+def test_deterministic_dq_sums_are_all_zeroed_without_keys():
+    """A varlen sequence with no keys gets no dQ turn: every row keeps the preprocess's zeros."""
+    from fa4.common.bwd_schedule import dq_zero_rows
+
+    for right in (-1, 0, 5):
+        assert dq_zero_rows(300, 0, 64, right) == 300 and dq_zero_rows(0, 0, 64, right) == 0

@@ -206,9 +206,10 @@ def test_lse_gradient_reaches_the_preprocess(bwd_launches):
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg, dlse=dlse)
     (key,), (args,) = bwd_launches.keys("bwd_pre"), bwd_launches.args("bwd_pre")
     # (out, dout, lse, lse2, dsum, dq_acc, dlse, the varlen arguments (none dense), the sink and its
-    # row terms (none without a sink), max_seqlen, the dQ sums' rows to zero: all of them)
+    # row terms (none without a sink), max_seqlen, the dQ sums' rows to zero: all of them, and the
+    # varlen deterministic variant's key lengths and right bound, unused dense)
     assert key[-1] == "dlse" and args[6].stride(-1) == 1 and torch.equal(args[6], dlse)
-    assert args[6].dtype == torch.float32 and args[7:] == (None, None, None, None, 0, padded(70))
+    assert args[6].dtype == torch.float32 and args[7:] == (None, None, None, None, 0, padded(70), None, None, -1)
     bwd_launches.calls.clear()
     launch_bwd(dout, q, k, v, out, lse, 0.125, False, False, cfg)
     (key,), (args,) = bwd_launches.keys("bwd_pre"), bwd_launches.args("bwd_pre")
@@ -235,7 +236,7 @@ def test_deterministic_backward_zeroes_only_the_dq_sums_no_turn_stores(bwd_launc
         assert cfg.tile_m == 64 and cfg.tile_n == 128
         launch_bwd(dout, q, k, v, out, lse, 0.125, causal, det, cfg, window_left=window[0], window_right=window[1])
         (args,) = bwd_launches.args("bwd_pre")
-        assert args[-1] == (want if det else padded(sq)), (det, args[-1])
+        assert args[12] == (want if det else padded(sq)), (det, args[12])
 
 
 @pytest.mark.parametrize("det", [False, True])
@@ -243,7 +244,8 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches,
     """gqa_finish 'last_cta': the fp32 sums are not zeroed and no dK/dV postprocess runs; the main
     kernel gets the outputs the call returns and one zeroed int32 a (batch, K/V head, key tile),
     the ticket counters (deterministic: the turns beside the dQ ones). The default path zeroes
-    the sums and converts them in two postprocess launches. The launches are recorded, not run."""
+    the sums (deterministic: not, its first turn stores) and converts them in two postprocess
+    launches. The launches are recorded, not run."""
     import dataclasses
 
     # The accumulators come from torch.empty: a sentinel shows they are left as allocated.
@@ -271,7 +273,13 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches,
             assert not sem_kv.any()
         else:
             assert names == ["bwd_pre", "main", "bwd_post_dq", "bwd_post", "bwd_post"]
-            assert dk_out is None and dv_out is None and not dk_acc.any() and not dv_acc.any()
+            assert dk_out is None and dv_out is None
+            # Deterministic, the first head's CTA of a group stores its tiles: the sums are left as
+            # allocated; otherwise every CTA adds into zeros.
+            if det:
+                assert bool((dk_acc == 7).all()) and bool((dv_acc == 7).all())
+            else:
+                assert not dk_acc.any() and not dv_acc.any()
             assert (sem_kv is not None) == det
             post_dk, post_dv = bwd_launches.args("bwd_post")
             assert post_dk[0] is dk_acc and post_dk[1] is dk and post_dv[0] is dv_acc and post_dv[1] is dv

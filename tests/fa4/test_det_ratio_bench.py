@@ -82,13 +82,16 @@ def test_zero_all_times_the_deterministic_default_with_every_dq_row_zeroed(monke
     mod = cpu_kernels.bench_module(monkeypatch, "det_ratio")
     grads = (torch.ones(2), torch.ones(2), torch.ones(2))
     ran = []
-    library_plans = bwd_launch._plans
+    library_plans = bwd_launch._plans, bwd_launch._varlen_plans
 
     def make(det):
         def ours(cfg):
-            # What a plan built now would zero of a deterministic causal 1000 x 333 problem.
-            rows = bwd_launch.dq_zero_rows(1000, 333, 64, 128, True, False, False, 0, 0)
-            ran.append((det, rows, bwd_launch._plans is library_plans))
+            # What a plan built now would zero of a deterministic causal 1000 x 333 problem, and
+            # whether a varlen plan would zero per sequence.
+            rows = bwd_launch.dq_zero_rows(1000, 333, 64, 0)
+            per_seq = bwd_launch.varlen_zero_tile(cfg, True)
+            own = bwd_launch._plans is library_plans[0] and bwd_launch._varlen_plans is library_plans[1]
+            ran.append((det, rows if per_seq else bwd_launch.ZERO_ALL_ROWS, own))
             return grads
 
         ours.problem = Problem(**{**CAUSAL.__dict__, "deterministic": det})
@@ -109,5 +112,6 @@ def test_zero_all_times_the_deterministic_default_with_every_dq_row_zeroed(monke
     # Outside the zero-all calls the library's rows and plans are back: 667 rows see no key (10 tiles).
     assert {r for d, r, own in ran if d and own} == {640}
     assert all(not own for d, r, own in ran if r == bwd_launch.ZERO_ALL_ROWS)
-    assert bwd_launch._plans is library_plans and bwd_launch.dq_zero_rows(1000, 333, 64, 128, True, False, False, 0,
-                                                                           0) == 640
+    assert bwd_launch._plans is library_plans[0] and bwd_launch._varlen_plans is library_plans[1]
+    assert bwd_launch.dq_zero_rows(1000, 333, 64, 0) == 640 and bwd_launch.varlen_zero_tile(default_config(CAUSAL),
+                                                                                            True) == 64

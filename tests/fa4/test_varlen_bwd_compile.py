@@ -83,6 +83,11 @@ def test_varlen_bwd_prepost_codegen():
     builds = [
         ("pre", lambda o: compile_bwd_pre("bf16", hd, options=o, has_dlse=True, varlen=True, seqused=True),
          lambda o: compile_bwd_pre("bf16", hd, options=o, has_dlse=True)),
+        # The deterministic variant: each sequence's rows to zero from its key count (its accesses
+        # are the plain one's; the zeroing is skipped per CTA, not per store).
+        ("pre_det", lambda o: compile_bwd_pre("bf16", hd, options=o, varlen=True, seqused=True, det_tile_m=64,
+                                              seqused_k=True),
+         lambda o: compile_bwd_pre("bf16", hd, options=o)),
         ("post", lambda o: compile_bwd_post("bf16", hd, options=o, varlen=True), lambda o: compile_bwd_post("bf16", hd, options=o)),
         ("post_dq", lambda o: compile_bwd_post_dq("bf16", hd, 64, options=o, varlen=True, seqused=True),
          lambda o: compile_bwd_post_dq("bf16", hd, 64, options=o)),

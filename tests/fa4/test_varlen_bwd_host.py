@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import fa4
+from fa4.common import bwd_schedule
 from fa4.common.varlen import compact_tiles, padded_offset, padded_total, tile_start
 from fa4.sm90 import bwd_launch
 from fa4.sm90.bwd_compile import SEQ_PAD, BwdKernelKey
@@ -108,13 +109,18 @@ def _tiles(n):
     return -(-n // 128) * 128
 
 
-def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_term, max_q, zero_rows):
+def pre_model(key, o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_term, max_q, zero_rows, cu_k, used_k,
+              right):
     """The preprocess (fa4.sm90.bwd_prepost.BwdPreprocess) on the packed layout: per sequence, its
-    padded rows of D, LSE2, the zeroed dQ accumulator (varlen zeroes every row, deterministic or
-    not) and, with a sink, each row's term of the sink's gradient, -2^(sink_h log2 e - LSE2) D (0 on
-    padded rows and where LSE2 is +inf)."""
+    padded rows of D, LSE2, the dQ accumulator's rows to zero and, with a sink, each row's term of
+    the sink's gradient, -2^(sink_h log2 e - LSE2) D (0 on padded rows and where LSE2 is +inf).
+    Every row of the accumulator is zeroed, or with the deterministic variant (its key names the
+    main kernel's tile_m) those below dq_zero_rows of the sequence's lengths: the rest keep what the
+    allocation held, NaN here."""
     assert o4.shape[0] == lse3.shape[0] == 1 and max_q == max(n for _, n in _seqs(cu, used))
-    assert zero_rows == bwd_launch.ZERO_ALL_ROWS
+    tile = dict(k[:2] for k in key if isinstance(k, tuple)).get("zero_tile", 0)
+    assert (cu_k is not None) == (tile > 0) and (zero_rows == bwd_launch.ZERO_ALL_ROWS)
+    lens_k = list(_seqs(cu_k, used_k)) if tile else None
     assert (sink is None) == (sink_term is None)
     if sink is not None:
         assert sink.dtype == torch.float32 and sink_term.shape == dsum.shape
@@ -131,7 +137,9 @@ def pre_model(o4, do4, lse3, lse2, dsum, dq_acc, dlse3, cu, used, sink, sink_ter
         dsum[0, :, pad:pad + n] = d
         lse2[0, :, pad:pad + rows] = math.inf
         lse2[0, :, pad:pad + n] = torch.where(torch.isneginf(lse), math.inf, lse)
-        dq_acc[0, :, pad:pad + rows] = 0.0
+        zero = rows if not tile else bwd_schedule.dq_zero_rows(n, lens_k[b][1], tile, right)
+        dq_acc[0, :, pad:pad + rows] = math.nan
+        dq_acc[0, :, pad:pad + min(zero, rows)] = 0.0
         if sink is not None:
             sink_term[0, :, pad:pad + rows] = -torch.exp2(sink[:, None] * LOG2E - lse2[0, :, pad:pad + rows]) \
                 * dsum[0, :, pad:pad + rows]
@@ -167,7 +175,14 @@ def main_model(key: BwdKernelKey, q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, d
             ds = ds * (1 - t * t)
         dv = (p.transpose(1, 2) @ dob).reshape(hkv, rep, nk, -1).sum(1)
         dk = (ds.transpose(1, 2) @ qb).reshape(hkv, rep, nk, -1).sum(1) * scale
-        dq_acc[0, :, pq:pq + n] += ds @ kb  # scaled by the postprocess
+        # (scaled by the postprocess) Deterministic, a query tile's first turn stores: every tile a
+        # key tile reaches; the prefix of whole tiles whose rows see no key gets no turn.
+        first = n
+        if key.deterministic:
+            right = 0 if key.causal else (wr if key.has_window_right else -1)
+            first = bwd_schedule.dq_zero_rows(n, nk, key.config.tile_m, right)
+            dq_acc[0, :, pq + first:pq + n] = (ds @ kb)[:, first:]
+        dq_acc[0, :, pq:pq + first] += (ds @ kb)[:, :first]
         if key.gqa:
             assert pk + _tiles(nk) <= dk_out.shape[2]
             dk_out[0, :, pk:pk + nk] += dk
@@ -191,7 +206,9 @@ def fake_bwd(monkeypatch):
         built.append(key)
         if isinstance(key, BwdKernelKey):
             return lambda *a: main_model(key, *a)
-        return {"bwd_pre_varlen": pre_model, "bwd_post_varlen": post_model, "bwd_post_dq_varlen": post_model}[key[0]]
+        if key[0] == "bwd_pre_varlen":
+            return lambda *a: pre_model(key, *a)
+        return {"bwd_post_varlen": post_model, "bwd_post_dq_varlen": post_model}[key[0]]
 
     monkeypatch.setattr(bwd_launch, "compiled", compiled)
     monkeypatch.setattr(bwd_launch, "_on_device", lambda device: contextlib.nullcontext())
@@ -255,13 +272,16 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("det", [False, True])
 @pytest.mark.parametrize("lens_q,lens_k,hq,hkv,feat,sink,dlse", CASES)
-def test_launch_maps_arguments_and_buffers(fake_bwd, lens_q, lens_k, hq, hkv, feat, sink, dlse):
+def test_launch_maps_arguments_and_buffers(fake_bwd, lens_q, lens_k, hq, hkv, feat, sink, dlse, det):
+    """Deterministic too: the preprocess variant zeroes each sequence's rows no first dQ turn stores
+    (the models leave the others NaN), from the key lengths and right bound the launch passes."""
     q, k, v, dout, s, dl, cq, ck = packed(lens_q, lens_k, hq, hkv, sink=sink, dlse=dlse)
     out, lse, want = reference(q, k, v, dout, s, dl, cq, ck, **feat)
     cfg = BwdConfigSm90(dkv_store="direct")
     args = (dout, q, k, v, out, lse, cq, ck, max(lens_q), max(lens_k or lens_q), None, None, 1 / math.sqrt(64),
-            feat["causal"], False, cfg)
+            feat["causal"], det, cfg)
     kw = dict(dlse=dl, sink=s, window_left=feat.get("window_left", -1), window_right=feat.get("window_right", -1),
               softcap=feat.get("softcap", 0.0))
     grads = bwd_launch.launch_bwd_varlen(*args, **kw)
