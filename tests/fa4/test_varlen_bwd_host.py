@@ -198,17 +198,22 @@ def post_model(acc, out4, scale, cu, used, max_len):
         out4[0, off:off + n] = (acc[0, :, pad:pad + n] * scale).transpose(0, 1).to(out4.dtype)
 
 
+def model_for(key):
+    """The CPU model standing in for the compiled kernel of ``key``."""
+    if isinstance(key, BwdKernelKey):
+        return lambda *a: main_model(key, *a)
+    if key[0] == "bwd_pre_varlen":
+        return lambda *a: pre_model(key, *a)
+    return {"bwd_post_varlen": post_model, "bwd_post_dq_varlen": post_model}[key[0]]
+
+
 @pytest.fixture
 def fake_bwd(monkeypatch):
     built = []
 
     def compiled(key, build):
         built.append(key)
-        if isinstance(key, BwdKernelKey):
-            return lambda *a: main_model(key, *a)
-        if key[0] == "bwd_pre_varlen":
-            return lambda *a: pre_model(key, *a)
-        return {"bwd_post_varlen": post_model, "bwd_post_dq_varlen": post_model}[key[0]]
+        return model_for(key)
 
     monkeypatch.setattr(bwd_launch, "compiled", compiled)
     monkeypatch.setattr(bwd_launch, "_on_device", lambda device: contextlib.nullcontext())

@@ -193,17 +193,13 @@ def install_fake_backward(monkeypatch) -> list:
     """fa4.sm90.bwd_launch's varlen kernels replaced by tests/fa4/test_varlen_bwd_host.py's models
     (``monkeypatch``: anything with monkeypatch's setattr). Returns the keys built, in order."""
     from fa4.sm90 import bwd_launch
-    from fa4.sm90.bwd_compile import BwdKernelKey
     from tests.fa4 import test_varlen_bwd_host as models
 
     built = []
 
     def compiled(key, build):
         built.append(key)
-        if isinstance(key, BwdKernelKey):
-            return lambda *a: models.main_model(key, *a)
-        return {"bwd_pre_varlen": models.pre_model, "bwd_post_varlen": models.post_model,
-                "bwd_post_dq_varlen": models.post_model}[key[0]]
+        return models.model_for(key)
 
     monkeypatch.setattr(bwd_launch, "compiled", compiled)
     monkeypatch.setattr(bwd_launch, "_on_device", lambda device: contextlib.nullcontext())
