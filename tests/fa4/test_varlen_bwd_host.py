@@ -179,7 +179,7 @@ def main_model(key: BwdKernelKey, q4, k4, v4, do4, lse2, dsum, dq_acc, dk_out, d
         # key tile reaches; the prefix of whole tiles whose rows see no key gets no turn.
         first = n
         if key.deterministic:
-            right = 0 if key.causal else (wr if key.has_window_right else -1)
+            right = bwd_launch.right_bound(key.causal, key.has_window_right, wr)
             first = bwd_schedule.dq_zero_rows(n, nk, key.config.tile_m, right)
             dq_acc[0, :, pq + first:pq + n] = (ds @ kb)[:, first:]
         dq_acc[0, :, pq:pq + first] += (ds @ kb)[:, :first]
