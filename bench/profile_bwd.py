@@ -32,13 +32,15 @@ def parse(argv=None):
     ap.add_argument("--config", default="{}", help="knob overrides of our default config (JSON)")
     ap.add_argument("--no-ref", action="store_true")
     ap.add_argument("--window", default="-1,-1", help="sliding window L,R (-1: unbounded side)")
+    ap.add_argument("--width", type=int, default=2048, help="heads x head_dim (GPT-2: 768, i.e. H12 at hd64)")
     return ap.parse_args(argv)
 
 
-def backwards(a, device="cuda", tokens=16384, width=2048):
+def backwards(a, device="cuda", tokens=16384, width=None):
     """({'ours': run, 'ref': run}, our config): each run one backward on the same inputs
     (``tokens`` = B*S, ``width`` = H*D; the reference unless --no-ref)."""
     S, D = a.seqlen, a.hdim
+    width = width or getattr(a, "width", 2048)
     B, H = max(1, tokens // S), width // D
     left, right = (int(x) for x in a.window.split(","))
     win = dict(window_left=left, window_right=right)

@@ -165,9 +165,9 @@ def test_profile_script_runs_the_problem_it_names(monkeypatch, window, causal):
 
     monkeypatch.setattr(bwd_launch, "flash_attn_bwd", fake_bwd)
     mod = cpu_kernels.bench_module(monkeypatch, "profile_bwd")
-    argv = ["--seqlen", "40", "--hdim", "64", f"--window={window}", "--no-ref"] + (["--causal"] if causal else [])
-    a = mod.parse(argv)
-    runs, cfg = mod.backwards(a, device="cpu", tokens=80, width=128)
+    argv = ["--seqlen", "40", "--hdim", "64", "--width", "128", f"--window={window}", "--no-ref"]
+    a = mod.parse(argv + (["--causal"] if causal else []))
+    runs, cfg = mod.backwards(a, device="cpu", tokens=80)  # two heads from --width
     assert set(runs) == {"ours"}
     dq, dk, dv = runs["ours"]()
     left, right = (int(x) for x in window.split(","))
