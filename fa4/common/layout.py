@@ -6,6 +6,8 @@ pair per 8-column block. Row-wise softmax statistics want it as a matrix
 (rows, cols) so each thread can walk its two rows.
 """
 
+from typing import NamedTuple
+
 import cutlass.cute as cute
 
 
@@ -25,3 +27,29 @@ def transpose_view(t: cute.Tensor) -> cute.Tensor:
     shape = (t.shape[1], t.shape[0], *t.shape[2:])
     order = (1, 0, *range(2, cute.rank(t)))
     return cute.composition(t, cute.make_ordered_layout(shape, order=order))
+
+
+class LaneShare(NamedTuple):
+    """How the 8 lanes of a warp that hold the same accumulator columns split a per-column
+    statistic: lane l keeps ``per`` values, at columns ``col0 + (l // quads) * stride + offsets[i]``
+    (col0 its first column), and column c's value lives in lane ``(c // per) * quads + l % quads``,
+    register ``c % per``."""
+
+    per: int
+    quads: int
+    stride: int
+    offsets: tuple[int, ...]
+
+
+def lane_share(c0_mn: cute.Tensor, ncol: int) -> LaneShare:
+    """The LaneShare of an SM90 WGMMA accumulator viewed as (rows, cols) with ``ncol`` columns a
+    thread, from thread 0's static column offsets (``c0_mn``, fa4.common.masking). A warp's lanes
+    l and l' hold the same columns iff l % 4 == l' % 4 (the columns come in pairs 0, 1, 8, 9, ...
+    from 2 * (l % 4)): the 8 lanes of a quad position share them. Checked at trace time."""
+    offsets = [c0_mn[0, c][1] for c in range(ncol)]
+    lanes = 8
+    if ncol % (2 * lanes) or not all(isinstance(o, int) and o == 8 * (c // 2) + c % 2 for c, o in enumerate(offsets)):
+        raise ValueError(f"lane_share: {ncol} columns in the layout {offsets} are not the WGMMA accumulator's pairs "
+                         f"0, 1, 8, 9, ... in a multiple of {2 * lanes}")
+    per = ncol // lanes
+    return LaneShare(per, 4, 4 * per, tuple(offsets[:per]))

@@ -185,6 +185,18 @@ class BwdConfigSm90:
         "H200 (session 16) no faster: -1 to -2.5% at five of seven hd64/hd128 shapes. Spills with varlen and "
         "in the hd128 kernel with softcap (violations()).",
     )
+    stat_shuffle: bool = knob(
+        (False, True), False,
+        "tile_m 128 (head_dim 64): how a thread gets the LSE and D of its 32 query columns each step. False: "
+        "one shared-memory load per column pair, issued after the GEMM waits (32 registers a statistic "
+        "would not fit beside S^T and dP^T: prefetched they spilled, and 16 of them lost 8% on the H200). "
+        "True: the 8 lanes of a warp that share their columns split them, each loading 4 LSE while the "
+        "S^T GEMM runs and 4 D while dP^T runs, and take the rest by warp shuffles (the reference's hd64 "
+        "layout: 64 SHFL a step instead of 32 late loads). At tile_m 64 the 16 columns are prefetched "
+        "whole either way.",
+        applies=lambda problem: problem.head_dim == 64,
+        requires=lambda k: k["tile_m"] == 128,
+    )
     dq_accum: str = knob(
         ("bulk", "red_v2", "red"), "bulk",
         "How dQ tiles reach the fp32 accumulator in global memory: 'bulk' stages the tile in shared "
@@ -489,6 +501,9 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             out.append(Violation("knob combination",
                                  f"{name} orders the GEMMs of dkv_split 'head_dim' (head_dim 192/256), where one "
                                  "Q/dO stage leaves Q's load exposed; not built for 'keys'"))
+    if config.stat_shuffle and (config.tile_m != 128 or problem.head_dim != 64):
+        out.append(Violation("knob combination", "stat_shuffle splits the 32 query columns of tile_m 128, which "
+                             "fits head_dim 64 only; at tile_m 64 the statistics are prefetched whole"))
     if config.dp_first and config.exp_pin:
         out.append(Violation("knob combination",
                              "exp_pin keeps the exponentials under the dP^T GEMM; with dp_first they wait for "

@@ -174,3 +174,23 @@ def test_rows_that_see_no_key(feat, hd, kw):
     assert torch.equal(grads[0][:, :600], torch.zeros_like(grads[0][:, :600]))
     ok, info = feat.grads_match(grads, q, k, v, dout, None, scale=1 / math.sqrt(hd), causal=True, **kw)
     assert ok, info
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[1], SHAPES[2]])
+def test_stat_shuffle_with_features(feat, causal, shape):
+    """stat_shuffle (hd64, tile_m 128: LSE and D shared over the 8 lanes of a quad position by warp
+    shuffles) with a window, a sink and the LSE's gradient, GQA and MQA with Sq != Sk both ways; and
+    deterministic, bitwise over 10 runs."""
+    import torch
+
+    b, sq, sk, hq, hkv = shape
+    probe = torch.empty(b, sq, hq, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.empty(b, sk, hkv, 64, device="cuda", dtype=torch.bfloat16)
+    for kw in (dict(), dict(window_left=100, window_right=20, sink=True, dlse=True)):
+        cfg = feat.default_for(probe, kv, kv, causal, False, 0.0, tile_m=128, dq_split="rows", stat_shuffle=True)
+        ok, info = feat.check_case(*shape, 64, causal=causal, config=cfg, **kw)
+        assert ok, (kw, info)
+    cfg = feat.default_for(probe, kv, kv, causal, True, 0.0, tile_m=128, dq_split="rows", stat_shuffle=True)
+    ok, info = feat.check_deterministic(*shape, 64, causal=causal, config=cfg)
+    assert ok, info

@@ -36,6 +36,7 @@ KNOB_CHANGES = [(64, c) for c in (
     dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(ds_stages=1), dict(dq_split="head_dim"),
     dict(dkv_store="direct"), _T64, dict(_T64, stages=1), dict(_T64, dq_accum="red_v2"), dict(_T64, dq_accum="red"),
     dict(_T64, dv_operand="smem"), dict(_T64, ds_store="sts"), dict(ds_early=False), dict(exp_pin=True),
+    dict(stat_shuffle=True), dict(stat_shuffle=True, ds_early=False, dkv_store="direct"),
 )] + [(128, c) for c in (
     dict(stages=1), dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(dv_operand="smem"), dict(ds_store="sts"),
     dict(ds_stages=1), dict(dkv_store="direct"), dict(ds_early=True), dict(ds_early=True, ds_stages=1),
@@ -73,7 +74,7 @@ def _check_knob_alone(check_bwd, hd, causal, change):
 # The deterministic kernel's dQ (and GQA dK/dV) add order: with the bulk adds of the producer's
 # writer warps (the default), SPT turns off, and at hd64 the consumers' own reduction adds.
 DET_CHANGES = [(64, c) for c in ({}, dict(spt_order=False), dict(_T64, dq_accum="red_v2"),
-                                 dict(_T64, dq_accum="red_v2", spt_order=False))] + [
+                                 dict(_T64, dq_accum="red_v2", spt_order=False), dict(stat_shuffle=True))] + [
     (128, c) for c in ({}, dict(spt_order=False), dict(ds_store="sts"))]
 
 
