@@ -8,7 +8,9 @@ pair per 8-column block. Row-wise softmax statistics want it as a matrix
 
 from typing import NamedTuple
 
+import cutlass
 import cutlass.cute as cute
+from cutlass import Float32
 
 
 def acc_as_rows_cols(acc: cute.Tensor) -> cute.Tensor:
@@ -53,3 +55,26 @@ def lane_share(c0_mn: cute.Tensor, ncol: int) -> LaneShare:
                          f"0, 1, 8, 9, ... in a multiple of {2 * lanes}")
     per = ncol // lanes
     return LaneShare(per, 4, 4 * per, tuple(offsets[:per]))
+
+
+@cute.jit
+def load_share(sStat: cute.Tensor, share: LaneShare, col0, stage):
+    """This lane's share of a row statistic in shared memory (``sStat[col, stage]``): ``share.per``
+    fp32 registers, the columns its lane group hands out."""
+    t = cute.make_rmem_tensor((share.per,), Float32)
+    base = col0 + (cute.arch.lane_idx() // share.quads) * share.stride
+    for i in cutlass.range_constexpr(share.per):
+        t[i] = sStat[base + share.offsets[i], stage]
+    return t
+
+
+@cute.jit
+def shared_stat(tStat: cute.Tensor, share: LaneShare, c: cutlass.Constexpr):
+    """Column ``c``'s statistic from the lane of this lane's quad position that holds it.
+
+    The source lane's quad bits come from the segment mask of shfl's c operand (PTX: lane j =
+    (laneid & segmask) | (b & ~segmask)), so b is an immediate: the 8 source lanes of a column
+    would otherwise each hold a register across the loop (they spilled with varlen)."""
+    segmask = share.quads - 1
+    return cute.arch.shuffle_sync(tStat[c % share.per], (c // share.per) * share.quads,
+                                  mask_and_clamp=(segmask << 8) | 31)

@@ -71,7 +71,7 @@ from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from fa4.common import bwd_pair, bwd_schedule, masking, mma, scheduling, softcap_bwd, varlen
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_producer, bwd_qm, bwd_split
 from fa4.common.exp2 import exp2_mufu
-from fa4.common.layout import acc_as_rows_cols, lane_share, transpose_view
+from fa4.common.layout import acc_as_rows_cols, lane_share, load_share, shared_stat, transpose_view
 from fa4.common.regs import opaque, pin_before
 from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
 # The named barrier ids live beside the dQ paths (fa4.sm90.bwd_dq).
@@ -818,7 +818,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         for c in cutlass.range_constexpr(npre):
             tLSE[c] = sLSE[col0 + c0_mn[0, c][1], state.index]
         if cutlass.const_expr(share is not None):
-            tLSE = self.load_share(sLSE, share, col0, state.index)
+            tLSE = load_share(sLSE, share, col0, state.index)
         if cutlass.const_expr(not self.dp_first):
             self.gemm_dp(pipe_do, state, dp)
         # S^T done (dp_first: the later of the two, so both).
@@ -848,10 +848,10 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             if cutlass.const_expr(share is not None):
                 # One shuffle a column, shared by the thread's rows.
                 for c in cutlass.range_constexpr(ncol):
-                    lse = self.shared_stat(tLSE, share, c)
+                    lse = shared_stat(tLSE, share, c)
                     for r in cutlass.range_constexpr(nrow):
                         s_mn[r, c] = exp2_mufu(s_mn[r, c] * scale_log2 - lse)
-                tDsum = self.load_share(sDsum, share, col0, state.index)
+                tDsum = load_share(sDsum, share, col0, state.index)
             else:
                 for r in cutlass.range_constexpr(nrow):
                     for c in cutlass.range_constexpr(ncol):
@@ -863,7 +863,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             self.wait_dp(s_mn, seqlen_k)
             if cutlass.const_expr(share is not None):
                 for c in cutlass.range_constexpr(ncol):
-                    dsum = self.shared_stat(tDsum, share, c)
+                    dsum = shared_stat(tDsum, share, c)
                     for r in cutlass.range_constexpr(nrow):
                         dp_mn[r, c] = s_mn[r, c] * (dp_mn[r, c] - dsum)
             else:
@@ -914,27 +914,6 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
             warpgroup.commit_group()
         self.step_tail(acc_dQ, sdQ, mdQacc, mSemQ, pipe_q, state, pipe_do, state, frag, ds_buf, ctid, i, m, n_block,
                        head, batch, num_n, seqlen_q, seqlen_k, spt, win, seq)
-
-    @cute.jit
-    def load_share(self, sStat, share, col0, stage):
-        """This lane's share of a row statistic (stat_shuffle): ``share.per`` fp32 registers, the
-        columns its lane group hands out (fa4.common.layout.lane_share)."""
-        t = cute.make_rmem_tensor((share.per,), Float32)
-        base = col0 + (cute.arch.lane_idx() // share.quads) * share.stride
-        for i in cutlass.range_constexpr(share.per):
-            t[i] = sStat[base + share.offsets[i], stage]
-        return t
-
-    @cute.jit
-    def shared_stat(self, tStat, share, c: cutlass.Constexpr):
-        """Column ``c``'s statistic from the lane of this lane's quad position that holds it.
-
-        The source lane's quad bits come from the segment mask of shfl's c operand (PTX: lane j =
-        (laneid & segmask) | (b & ~segmask)), so b is an immediate: the 8 source lanes of a
-        column would otherwise each hold a register across the loop (they spilled with varlen)."""
-        segmask = share.quads - 1
-        return cute.arch.shuffle_sync(tStat[c % share.per], (c // share.per) * share.quads,
-                                      mask_and_clamp=(segmask << 8) | 31)
 
     @cute.jit
     def step_tail(self, acc_dQ, sdQ, mdQacc, mSemQ, pipe_q, q_state, pipe_do, do_state, frag, ds_buf, ctid, i, m,

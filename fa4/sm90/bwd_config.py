@@ -185,18 +185,6 @@ class BwdConfigSm90:
         "H200 (session 16) no faster: -1 to -2.5% at five of seven hd64/hd128 shapes. Spills with varlen and "
         "in the hd128 kernel with softcap (violations()).",
     )
-    stat_shuffle: bool = knob(
-        (False, True), False,
-        "tile_m 128 (head_dim 64): how a thread gets the LSE and D of its 32 query columns each step. False: "
-        "one shared-memory load per column pair, issued after the GEMM waits (32 registers a statistic "
-        "would not fit beside S^T and dP^T: prefetched they spilled, and 16 of them lost 8% on the H200). "
-        "True: the 8 lanes of a warp that share their columns split them, each loading 4 LSE while the "
-        "S^T GEMM runs and 4 D while dP^T runs, and take the rest by warp shuffles (the reference's hd64 "
-        "layout: 64 SHFL a step instead of 32 late loads). At tile_m 64 the 16 columns are prefetched "
-        "whole either way.",
-        applies=lambda problem: problem.head_dim == 64,
-        requires=lambda k: k["tile_m"] == 128,
-    )
     dq_accum: str = knob(
         ("bulk", "red_v2", "red"), "bulk",
         "How dQ tiles reach the fp32 accumulator in global memory: 'bulk' stages the tile in shared "
@@ -273,6 +261,27 @@ class BwdConfigSm90:
         "+17% causal on the H200, the default there (default_config); at 192 and 192/128 it loses 6-9% "
         "(the peer's K slice and dS buffers take the second dS buffer's room). Not with varlen, "
         "gqa_reduce 'loop', deterministic mode, a window or softcap (cluster_violations).",
+    )
+    stat_shuffle: bool = knob(
+        (False, True), False,
+        "tile_m 128 (head_dim 64): how a thread gets the LSE and D of its 32 query columns each step. False: "
+        "one shared-memory load per column pair, issued after the GEMM waits (32 registers a statistic "
+        "would not fit beside S^T and dP^T: prefetched they spilled, and 16 of them lost 8% on the H200). "
+        "True: the 8 lanes of a warp that share their columns split them, each loading 4 LSE while the "
+        "S^T GEMM runs and 4 D while dP^T runs, and take the rest by warp shuffles (the reference's hd64 "
+        "layout: 64 SHFL a step instead of 32 late loads). At tile_m 64 the 16 columns are prefetched "
+        "whole either way. default_config turns it on where tile_m is 128 and the backward is not "
+        "deterministic: H100, session 37, bench/bwd_order.py --variants, ours/ref off -> on, two runs of three "
+        "rounds: GPT-2 1k 0.958 -> 0.971, 0.955 -> 0.970; Llama-3.2-1B 8k 1.014 -> 1.023, 0.982 -> 1.024; hd64 "
+        "8k B2 H32 0.993 -> 1.032, 0.977 -> 1.004; hd64 2k 0.990 -> 0.998, 0.990 -> 1.011. Deterministic "
+        "(bench/det_ratio.py --det-variants) it did not pay reliably: Llama-3.2-1B -2.3%, -1.5%; hd64 8k "
+        "-3.2%, +2.8%; GPT-2 +1.0%, 0.0%.",
+        applies=lambda problem: problem.head_dim == 64,
+        # Declared after the knobs that decide the layout: tile_m 128 runs only with 'bulk' dQ adds,
+        # dkv_split 'keys' and no exchange (head_dim 64: violations()), so the other value is
+        # enumerated only there (the declaration walk of tests/fa4/test_knob_applies.py grows by 1/24).
+        requires=lambda k: (k["tile_m"] == 128 and k["dq_accum"] == "bulk" and k["dkv_split"] == "keys"
+                            and not k["cluster_exchange"]),
     )
     dp_first: bool = knob(
         (False, True), False,
@@ -504,6 +513,18 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
     if config.stat_shuffle and (config.tile_m != 128 or problem.head_dim != 64):
         out.append(Violation("knob combination", "stat_shuffle splits the 32 query columns of tile_m 128, which "
                              "fits head_dim 64 only; at tile_m 64 the statistics are prefetched whole"))
+    elif config.stat_shuffle and not (config.ds_store == "stmatrix" and config.ds_early and config.dv_operand == "rmem"
+                                      and config.stages == 2 and config.ds_stages == 2
+                                      and config.gqa_finish == "postprocess" and not config.mask_bits):
+        # Its 8 share registers beside tile_m 128's: session 37's compile cover spilled 1-6 registers with
+        # P^T through shared memory and 'sts' stores, a one-deep dS ring under the in-kernel GQA finish,
+        # and a three-deep Q/dO ring (deterministic); and with the dS^T store after the dV GEMM (ds_early
+        # off: 1-2 registers, or WGMMA serialized), and with mask_bits (ptxas serialized the WGMMA: C7512).
+        # Only the default's layout (ds_early on, mask_bits off) was compiled clean over causal, GQA,
+        # deterministic, dq_split, dkv_store, exp_pin and the features.
+        out.append(Violation("registers", "stat_shuffle is built with the stmatrix dS^T store issued early (ds_early), "
+                             "P^T from registers, two-deep Q/dO and dS rings, gqa_finish 'postprocess' and mask_bits "
+                             "off only (elsewhere it spills or ptxas serializes the WGMMA)"))
     if config.dp_first and config.exp_pin:
         out.append(Violation("knob combination",
                              "exp_pin keeps the exponentials under the dP^T GEMM; with dp_first they wait for "
@@ -535,6 +556,12 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
                                  "and partial key tiles take the postprocess)"))
         if getattr(problem, "varlen", False):
             out.append(Violation("knob combination", f"gqa_finish '{config.gqa_finish}' with varlen: not built"))
+        if problem.head_dim == 128 and config.ds_stages == 1 and config.ds_store == "sts":
+            # Session 37's compile cover (ptxas 13.0): hd128 non-causal GQA 'last_cta', tile_m 64, the
+            # per-element dS^T stores into a one-deep dS ring, 'direct': 1 register spilled (stages 2 with
+            # exp_pin, and stages 3).
+            out.append(Violation("registers", f"gqa_finish '{config.gqa_finish}' at head_dim 128 with a one-deep dS ring "
+                                 "and the per-element dS^T stores spills (use ds_store 'stmatrix' or ds_stages 2)"))
         if config.dkv_split == "head_dim" and config.dq_accum != "bulk":
             # The compile sweep (ptxas 13.0, session 33): hd256 with the per-thread dQ reductions spilled
             # 1 register in 3 of its 3 kernels (the finish's branches beside the reduction addresses).
@@ -801,7 +828,8 @@ def _default_layout(problem: Problem, arch: Arch = SM90, queries_on_m: bool = Tr
     tile-128 non-deterministic kernel); dq_split 'rows' +1.4-2.3% / +3.5-3.8% over 'head_dim' at
     that tile; stages 1 loses 12-25% and 3 is within noise; ds_stages 1 is within noise; dq_accum
     'red_v2' loses 8-22%; dkv_store 'tma' over 'direct': +0.2% / +3.7% / +3.3% / +4.8% (hd64, hd64
-    causal, hd128, hd128 causal; deterministic alike).
+    causal, hd128, hd128 causal; deterministic alike). At tile_m 128, not deterministic, the row
+    statistics by warp shuffles (stat_shuffle: +1-4% at four hd64 shapes on the H100).
     """
     if problem.head_dim in SPLIT_HEAD_DIMS:
         return _default_split(problem, arch, queries_on_m)
@@ -818,6 +846,7 @@ def _default_layout(problem: Problem, arch: Arch = SM90, queries_on_m: bool = Tr
                     cand = BwdConfigSm90(
                         tile_m=tm, stages=st, dq_split=split, dkv_store=dkv, head_swizzle=swizzle,
                         gqa_reduce=reduce, spt_order=spt, ds_early=problem.head_dim in DS_EARLY_HEAD_DIMS,
+                        stat_shuffle=tm == 128 and not problem.deterministic,
                     )
                     if not violations(cand, problem, arch):
                         return cand

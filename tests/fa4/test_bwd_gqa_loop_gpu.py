@@ -58,8 +58,8 @@ def test_loop_window_softcap_sink(feat, hd, causal, shape):
     assert ok, info
 
 @pytest.mark.parametrize("hd,change", [
-    (64, dict(tile_m=64, dq_split="head_dim", dkv_store="direct")),
-    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
+    (64, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dkv_store="direct")),
+    (64, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red_v2")),
     (128, dict(dv_operand="smem")),
     (128, dict(stages=1, dkv_store="direct")),
 ], ids=lambda x: str(x))
