@@ -53,8 +53,8 @@ def test_shifted_runs_left_of_the_diagonal(check_bwd, hd, starts, shape):
 # The other dQ paths and walks: the consumers' reductions (hd64 at tile_m 64), GQA 'loop' (each
 # head of the group from its shifted start), the keys-on-M split at 192 and 256 without the pair.
 CHANGES = [
-    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
-    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red")),
+    (64, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red_v2")),
+    (64, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red")),
     (128, dict(gqa_reduce="loop")),
     (192, dict(qm_tile_n=0, do_single=False, dk_before_dq=False, stages=2, ds_stages=2)),
     (256, dict(cluster_exchange=False)),

@@ -47,7 +47,7 @@ def test_walking_down_matches_reference(check_bwd, hd, shape):
 DET_SHAPES = [(2, 1000, 1000, 4, 4), (1, 777, 1333, 8, 2), (1, 1333, 777, 8, 2)]
 DET_CHANGES = [
     (64, dict(spt_order=False)),
-    (64, dict(spt_order=False, tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
+    (64, dict(spt_order=False, tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red_v2")),
     (128, dict(spt_order=False)),
     (128, dict(spt_order=False, gqa_reduce="loop")),
     (128, {}),
@@ -91,8 +91,8 @@ def test_the_deterministic_default_walks_down_bitwise(check_bwd, hd, shape):
 # head of the group walked down in turn), the keys-on-M split at 192 and 256 without the pair.
 BESIDE_SHAPES = [(1, 1000, 2500, 8, 2), (1, 2500, 1000, 8, 2)]
 CHANGES = [
-    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2")),
-    (64, dict(tile_m=64, dq_split="head_dim", dq_accum="red")),
+    (64, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red_v2")),
+    (64, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red")),
     (128, dict(gqa_reduce="loop")),
     (192, dict(qm_tile_n=0, do_single=False, dk_before_dq=False, stages=2, ds_stages=2)),
     (256, dict(cluster_exchange=False)),
