@@ -590,8 +590,9 @@ def test_feature_violations():
 LOOP_CASES = [
     # (hd, hdv, causal, det, feature or None, config changes from the problem's default)
     (64, 64, False, False, None, {}), (64, 64, True, True, None, {}),
-    (64, 64, True, False, None, dict(tile_m=64, dq_split="head_dim", dkv_store="direct")),
-    (64, 64, False, True, None, dict(tile_m=64, dq_split="head_dim", dq_accum="red_v2", dv_operand="smem")),
+    (64, 64, True, False, None, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dkv_store="direct")),
+    (64, 64, False, True, None, dict(tile_m=64, dq_split="head_dim", stat_shuffle=False, dq_accum="red_v2",
+                                     dv_operand="smem")),
     (128, 128, False, False, None, {}), (128, 128, True, False, None, {}),
     (128, 128, False, True, None, {}), (128, 128, True, True, None, {}),  # (the latter walks down)
     (128, 128, True, True, None, dict(walk_down=False, spt_order=True)),
