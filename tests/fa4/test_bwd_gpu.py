@@ -33,10 +33,10 @@ _T64 = dict(tile_m=64, dq_split="head_dim", stat_shuffle=False)  # stat_shuffle 
 # order, and another group size than the default's.
 FLIP, OTHER = "flip", "other"
 KNOB_CHANGES = [(64, c) for c in (
-    dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(ds_stages=1), dict(dq_split="head_dim"),
+    dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(ds_stages=1, stat_shuffle=False), dict(dq_split="head_dim"),
     dict(dkv_store="direct"), _T64, dict(_T64, stages=1), dict(_T64, dq_accum="red_v2"), dict(_T64, dq_accum="red"),
-    dict(_T64, dv_operand="smem"), dict(_T64, ds_store="sts"), dict(ds_early=False), dict(exp_pin=True),
-    dict(stat_shuffle=False),
+    dict(_T64, dv_operand="smem"), dict(_T64, ds_store="sts"), dict(ds_early=False, stat_shuffle=False),
+    dict(exp_pin=True), dict(stat_shuffle=False),
 )] + [(128, c) for c in (
     dict(stages=1), dict(spt_order=FLIP), dict(head_swizzle=OTHER), dict(dv_operand="smem"), dict(ds_store="sts"),
     dict(ds_stages=1), dict(dkv_store="direct"), dict(ds_early=True), dict(ds_early=True, ds_stages=1),
