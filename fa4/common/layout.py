@@ -12,6 +12,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from fa4.common.masking import pair_layout
+
 
 def acc_as_rows_cols(acc: cute.Tensor) -> cute.Tensor:
     """((2,2,V),M,N) accumulator -> ((2,M),(2,V,N)): rows first, then columns."""
@@ -50,7 +52,7 @@ def lane_share(c0_mn: cute.Tensor, ncol: int) -> LaneShare:
     from 2 * (l % 4)): the 8 lanes of a quad position share them. Checked at trace time."""
     offsets = [c0_mn[0, c][1] for c in range(ncol)]
     lanes = 8
-    if ncol % (2 * lanes) or not all(isinstance(o, int) and o == 8 * (c // 2) + c % 2 for c, o in enumerate(offsets)):
+    if ncol % (2 * lanes) or not pair_layout(offsets):
         raise ValueError(f"lane_share: {ncol} columns in the layout {offsets} are not the WGMMA accumulator's pairs "
                          f"0, 1, 8, 9, ... in a multiple of {2 * lanes}")
     per = ncol // lanes
