@@ -157,6 +157,8 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         # gqa_finish 'last_cta': the first CTA of a group stores its fp32 dK/dV tile, the last
         # writes the output (fa4.sm90.bwd_epilogue): no zeroed accumulators, no dK/dV postprocess.
         self.gqa_last = self.gqa_atomic and config.gqa_finish == "last_cta"
+        # gqa_add 'bulk': the postprocess path's adds leave through shared memory, one bulk reduction a tile.
+        self.gqa_bulk = self.gqa_atomic and not self.gqa_last and config.gqa_add == "bulk"
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for (qm_tile_n:
         # a thread's adjacent dK^T values are adjacent keys, rows apart in the accumulator).
         self.kv_v2 = config.dq_accum != "red" and not self.qm
@@ -683,7 +685,7 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         )
         self.epilogue(
             dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-            qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr),
+            qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, (self.dv_out_mma(dkv_mma, dv_mma), dv_out_thr), sQ,
         )
 
     @cute.jit

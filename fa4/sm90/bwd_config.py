@@ -325,6 +325,22 @@ class BwdConfigSm90:
         inert=lambda config: config.stages == 1,
         requires=lambda k: k["qm_tile_n"] > 0,
     )
+    gqa_add: str = knob(
+        ("red", "bulk"), "red",
+        "GQA 'atomic' with gqa_finish 'postprocess': how a CTA adds its fp32 dK/dV tiles into the group's sums. "
+        "'red': each consumer thread adds its fragment with red.global.add (column pairs), into row-major "
+        "sums: tile_n x d / 2 reductions per tensor, 8 rows under every warp instruction. 'bulk': the "
+        "consumers stage both tiles in shared memory that the last GEMMs have freed (dK over K and V, dV "
+        "over Q and dO) in the dQ accumulator's fragment order, and one thread adds each with one "
+        "cp.reduce.async.bulk (the reference's way, and our dQ's); the sums are then fragment-ordered "
+        "tiles and the dQ postprocess converts them. Not deterministic, varlen, dkv_split 'head_dim' or "
+        "head_dim_v != head_dim (not built).",
+        applies=lambda problem: problem.heads_q != problem.heads_kv,
+        inert=lambda config: config.gqa_reduce == "loop",
+        # Declared after the knobs it depends on, so its other value is enumerated only where it is built.
+        requires=lambda k: (k["gqa_reduce"] == "atomic" and k["gqa_finish"] == "postprocess"
+                            and k["dkv_split"] == "keys" and k["qm_tile_n"] == 0),
+    )
     varlen_grid: str = knob(
         ("padded", "compact"), "padded",
         "Varlen only: how key tiles map to CTAs. 'padded' launches sequences x the longest sequence's key "
@@ -567,6 +583,20 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             # 1 register in 3 of its 3 kernels (the finish's branches beside the reduction addresses).
             out.append(Violation("registers", f"gqa_finish '{config.gqa_finish}' with dkv_split 'head_dim' and dq_accum "
                                  f"'{config.dq_accum}' spills (use dq_accum 'bulk')"))
+    if config.gqa_add == "bulk":
+        built = {
+            "GQA": gqa, "gqa_finish 'postprocess'": config.gqa_finish == "postprocess",
+            "dkv_split 'keys'": config.dkv_split == "keys" and not config.qm_tile_n,
+            "non-deterministic": not problem.deterministic, "not varlen": not getattr(problem, "varlen", False),
+            "head_dim_v == head_dim": problem.head_dim_v == problem.head_dim,
+            # dV's fp32 tile is staged over the Q and dO ring: stages x tile_m x 2 d bf16 >= tile_n x d fp32.
+            "stages x tile_m >= tile_n": config.stages * config.tile_m >= config.tile_n,
+        }
+        missing = [k for k, ok in built.items() if not ok]
+        if missing and not (gqa and config.gqa_reduce == "loop"):
+            out.append(Violation("knob combination", "gqa_add 'bulk' stages the fp32 dK/dV tiles of GQA 'atomic' in shared "
+                                 "memory for one bulk reduction each; built for " + ", ".join(built) + " only (here not: "
+                                 + ", ".join(missing) + ")"))
     if config.gqa_reduce == "loop" and not gqa:
         out.append(Violation("knob combination",
             "gqa_reduce 'loop' walks the query heads of a K/V head: without GQA there is one ('atomic' "

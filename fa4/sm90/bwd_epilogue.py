@@ -17,6 +17,7 @@ from fa4.common import semaphore
 from fa4.common.layout import acc_as_rows_cols, transpose_view
 from fa4.common.tma import seq_tiles
 from fa4.sm90.bwd_config import THREADS_PER_WG
+from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view
 
 # Named barriers of fa4.sm90.bwd (the list is fa4.sm90.bwd_dq's), 256 consumers each: the GQA
 # dK/dV semaphore turn acquired, then all adds issued; sK/sV free for the dK/dV tiles, then written.
@@ -31,7 +32,7 @@ class DkvStores:
     @cute.jit
     def epilogue(
         self, dkv_mma, dkv_thr, acc_dK, acc_dV, mdK, mdV, mSemKV, ctid, n_block, head, head_kv, batch,
-        qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, dv_out,
+        qhead_per_kvhead, seq, scale, sK, sV, tma_dkv, dv_out, sQ,
     ):
         d, dv = self.head_dim, self.head_dim_v
         off_k, seqlen_k = seq[1], seq[3]
@@ -46,6 +47,8 @@ class DkvStores:
             if cutlass.const_expr(self.gqa_last):
                 self.finish_in_kernel(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, tma_dkv[2], tma_dkv[3], mSemKV,
                                       ctid, n_block, head, head_kv, batch, qhead_per_kvhead, seq)
+            elif cutlass.const_expr(self.gqa_bulk):
+                self.add_bulk(acc_dK, acc_dV, gdK, gdV, sK, sQ, ctid)
             else:
                 self.add_to_sums(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mSemKV, ctid, n_block, head, head_kv,
                                  batch, qhead_per_kvhead, seqlen_k, d, dv)
@@ -87,6 +90,33 @@ class DkvStores:
             semaphore.pass_turn(sem, ctid == 0)
         else:
             self.sum_tiles(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d, dv, False)
+
+    @cute.jit
+    def add_bulk(self, acc_dK, acc_dV, gdK, gdV, sK, sQ, ctid):
+        """gqa_add 'bulk': both tiles into shared memory in the dQ accumulator's fragment order (dK's
+        (2, 1, 1) x (64, d) MMA is dQ 'rows''s at tile_n rows), then one bulk reduction each into the
+        fragment-ordered sums. K and V hold tile_n (d + dv) bf16, exactly dK's fp32 tile (dv == d);
+        Q and dO hold stages x tile_m (d + dv), at least dV's (violations(): two stages, or tile_m 128)."""
+        d, dv = self.head_dim, self.head_dim_v
+        staged = ((acc_dK, sK, d, gdK), (acc_dV, sQ, dv, gdV))
+        # Both consumers' last GEMMs read K, V, Q and dO: done before either warpgroup overwrites them.
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+        for acc, region, cols, _ in staged:
+            # recast_ptr drops the swizzle of the bf16 tiles: the bulk copy reads a linear run.
+            sAcc = cute.make_tensor(cute.recast_ptr(region.iterator, dtype=cutlass.Float32),
+                                    dq_frag_layout(self.tile_n, cols))
+            # 16-byte stores, consecutive threads on consecutive 16 bytes: no bank conflicts.
+            cute.autovec_copy(dq_frag_view(acc), sAcc[None, ctid])
+        # The generic-proxy stores, then the async proxy's reads.
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+        if ctid == 0:
+            for _, region, cols, g in staged:
+                semaphore.bulk_reduce_add_f32(g.iterator, cute.recast_ptr(region.iterator, dtype=cutlass.Float32),
+                                              self.tile_n * cols * 4)
+            cute.arch.cp_async_bulk_commit_group()
+            # Shared memory lives as long as a thread of the CTA does: keep it until both are read.
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def sum_tiles(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d: cutlass.Constexpr,

@@ -148,8 +148,16 @@ class _Plan:
             ("sink",) if has_sink else ())
         self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse,
                                                              has_sink=has_sink))
-        self.post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
-        self.post_v = self.post if dv == d else compiled(("bwd_post", dtype, dv), lambda: compile_bwd_post(dtype, dv))
+        if atomic and not last and config.gqa_add == "bulk":
+            # The sums' tiles are in the fragment order of dK's (2, 1, 1) x (64, d) MMA, dQ 'rows''s at
+            # tile_n rows (dv == d: bwd_config.violations): the dQ postprocess converts them.
+            self.post = compiled(("bwd_post_dq", dtype, d, config.tile_n, "rows"),
+                                 lambda: compile_bwd_post_dq(dtype, d, config.tile_n, "rows"))
+            self.post_v = self.post
+        else:
+            self.post = compiled(("bwd_post", dtype, d), lambda: compile_bwd_post(dtype, d))
+            self.post_v = self.post if dv == d else compiled(("bwd_post", dtype, dv),
+                                                             lambda: compile_bwd_post(dtype, dv))
         # (cluster_exchange: the accumulator's tiles are two column halves; keys of before it unchanged.)
         pair = config.cluster_exchange
         self.post_dq = compiled(

@@ -117,6 +117,25 @@ def test_gqa_finish_in_the_main_kernel(check_bwd, hd, causal, shape):
         assert ok, info
 
 
+@pytest.mark.parametrize("hd", [64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", LAST_SHAPES)
+def test_gqa_add_bulk(check_bwd, hd, causal, shape):
+    """gqa_add 'bulk': each CTA's fp32 dK/dV tiles staged in shared memory and added by one bulk
+    reduction each into fragment-ordered sums, converted by the dQ postprocess. The same groups and
+    ranges as the in-kernel finish (tiles past a short side, a single key), against the fp32 reference."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    cfg = check_bwd.default_for(shape, hd, causal, False, gqa_reduce="atomic", gqa_add="bulk")
+    assert cfg.gqa_finish == "postprocess"
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, False))
+    for _ in range(2):
+        ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg)
+        assert ok, info
+
+
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", LAST_SHAPES[:3])

@@ -285,6 +285,35 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches,
             assert post_dk[0] is dk_acc and post_dk[1] is dk and post_dv[0] is dv_acc and post_dv[1] is dv
 
 
+
+def test_gqa_add_bulk_converts_fragment_ordered_sums_with_the_dq_postprocess(bwd_launches):
+    """gqa_add 'bulk': the main kernel adds fragment-ordered fp32 tiles, so the zeroed sums go to
+    the dQ postprocess compiled for tile_n rows of dK's (2, 1, 1) x (64, d) MMA ('rows'), once for dK
+    and once for dV, in place of the row-major dK/dV postprocess. The launches are recorded, not run."""
+    import dataclasses
+
+    bwd_launches.fill_uninitialized(7)
+    b, sq, sk, hq, hkv, d = 2, 70, 300, 8, 2, 64
+    q, k, v = tensors(b, sq, sk, hq, hkv, d)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
+    base = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd"), None)
+    assert base.gqa_reduce == "atomic" and base.gqa_finish == "postprocess" and base.gqa_add == "red"
+    cfg = dataclasses.replace(base, gqa_add="bulk")
+    dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
+    calls = [(name, key) for name, key, _ in bwd_launches.calls]
+    assert [name for name, _ in calls] == ["bwd_pre", "main", "bwd_post_dq", "bwd_post_dq", "bwd_post_dq"]
+    main = bwd_launches.args("main")[0]
+    dk_acc, dv_acc = main[7:9]
+    assert dk_acc.shape == (b, hkv, padded(sk), d) and dv_acc.shape == dk_acc.shape
+    assert not dk_acc.any() and not dv_acc.any()
+    post_dq, post_dk, post_dv = bwd_launches.args("bwd_post_dq")
+    assert post_dq[1] is dq
+    assert post_dk[0] is dk_acc and post_dk[1] is dk and post_dv[0] is dv_acc and post_dv[1] is dv
+    assert post_dk[2] == 1.0 and post_dv[2] == 1.0  # dK was scaled in the main kernel
+    # The dK/dV conversions read tile_n-row tiles in the 'rows' fragment order.
+    assert calls[3][1] == calls[4][1] == ("bwd_post_dq", "bf16", d, cfg.tile_n, "rows")
+    assert dk.shape == k.shape and dv.shape == v.shape
+
 def test_window_flags():
     from fa4.sm90.bwd_launch import window_flags
 
