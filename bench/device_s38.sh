@@ -12,6 +12,7 @@
 #     the GQA 'atomic' shapes with and without its dK/dV adds (bench/kernel_split.py, one process
 #     each, the reference in both as the control): what a cheaper add could gain at most.
 #     Prediction: the adds are 2-4% of Qwen2.5-7B's main kernel, 1-2% of Llama-3-8B's.
+#  t: GPU tests (TESTS: a -k expression of tests/fa4/test_bwd_gpu.py; default gqa_add_bulk).
 #  c: VARIANTS (JSON) against the default at SHAPES, ROUNDS rounds (DET=1: deterministic).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,9 @@ case "$phase" in
     python3 bench/exp_s38_no_kv_add.py
     CUTE_DSL_DISABLE_FILE_CACHING=1 TAILN=24 step split_no_adds 240 python3 bench/kernel_split.py --calls 20 --shapes "$SH"
     cp "$work/bwd_epilogue.py.orig" fa4/sm90/bwd_epilogue.py ;;
+  t)
+    TAILN=12 step tests 420 python3 -m pytest -q -n 8 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+      -k "${TESTS:-gqa_add_bulk}" ;;
   c)
     TAILN=14 step confirm 420 python3 bench/bwd_order.py --orders default --rounds "${ROUNDS:-3}" ${DET:+--det} \
       --variants "${VARIANTS:?}" --shapes "${SHAPES:?}" ;;
