@@ -331,12 +331,13 @@ class BwdConfigSm90:
         "'red': each consumer thread adds its fragment with red.global.add (column pairs), into row-major "
         "sums: tile_n x d / 2 reductions per tensor, 8 rows under every warp instruction. 'bulk': the "
         "consumers stage both tiles in shared memory that the last GEMMs have freed (dK over K and V, dV "
-        "over Q and dO) in the dQ accumulator's fragment order, and one thread adds each with one "
+        "over the Q/dO rings, or over K and V after dK's reduction where the rings are smaller) in the dQ "
+        "accumulator's fragment order, and one thread adds each with one "
         "cp.reduce.async.bulk (the reference's way, and our dQ's); the sums are then fragment-ordered "
         "tiles and the dQ postprocess converts them. Not deterministic, varlen, dkv_split 'head_dim' or "
         "head_dim_v != head_dim (not built).",
         applies=lambda problem: problem.heads_q != problem.heads_kv,
-        inert=lambda config: config.gqa_reduce == "loop",
+        inert=lambda config: config.gqa_reduce == "loop" or config.gqa_finish != "postprocess",
         # Declared after the knobs it depends on, so its other value is enumerated only where it is built.
         requires=lambda k: (k["gqa_reduce"] == "atomic" and k["gqa_finish"] == "postprocess"
                             and k["dkv_split"] == "keys" and k["qm_tile_n"] == 0),
@@ -589,11 +590,10 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
             "dkv_split 'keys'": config.dkv_split == "keys" and not config.qm_tile_n,
             "non-deterministic": not problem.deterministic, "not varlen": not getattr(problem, "varlen", False),
             "head_dim_v == head_dim": problem.head_dim_v == problem.head_dim,
-            # dV's fp32 tile is staged over the Q and dO ring: stages x tile_m x 2 d bf16 >= tile_n x d fp32.
-            "stages x tile_m >= tile_n": config.stages * config.tile_m >= config.tile_n,
         }
         missing = [k for k, ok in built.items() if not ok]
-        if missing and not (gqa and config.gqa_reduce == "loop"):
+        # Inert (the same kernel) where GQA's sums are not the postprocess path's: 'loop' or 'last_cta'.
+        if missing and not (gqa and (config.gqa_reduce == "loop" or config.gqa_finish != "postprocess")):
             out.append(Violation("knob combination", "gqa_add 'bulk' stages the fp32 dK/dV tiles of GQA 'atomic' in shared "
                                  "memory for one bulk reduction each; built for " + ", ".join(built) + " only (here not: "
                                  + ", ".join(missing) + ")"))

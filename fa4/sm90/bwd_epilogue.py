@@ -93,29 +93,46 @@ class DkvStores:
 
     @cute.jit
     def add_bulk(self, acc_dK, acc_dV, gdK, gdV, sK, sQ, ctid):
-        """gqa_add 'bulk': both tiles into shared memory in the dQ accumulator's fragment order (dK's
+        """gqa_add 'bulk': the tiles into shared memory in the dQ accumulator's fragment order (dK's
         (2, 1, 1) x (64, d) MMA is dQ 'rows''s at tile_n rows), then one bulk reduction each into the
-        fragment-ordered sums. K and V hold tile_n (d + dv) bf16, exactly dK's fp32 tile (dv == d);
-        Q and dO hold stages x tile_m (d + dv), at least dV's (violations(): two stages, or tile_m 128)."""
+        fragment-ordered sums. K and V hold tile_n (d + dv) bf16, exactly one fp32 tile (dv == d:
+        violations()); dV goes over the Q and dO rings where they hold it (stages x tile_m >= tile_n),
+        else over K and V again once dK's reduction has read them."""
         d, dv = self.head_dim, self.head_dim_v
-        staged = ((acc_dK, sK, d, gdK), (acc_dV, sQ, dv, gdV))
+        ring = (self.q_stages * d + self.do_stages * dv) * self.tile_m * 2
         # Both consumers' last GEMMs read K, V, Q and dO: done before either warpgroup overwrites them.
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
-        for acc, region, cols, _ in staged:
-            # recast_ptr drops the swizzle of the bf16 tiles: the bulk copy reads a linear run.
-            sAcc = cute.make_tensor(cute.recast_ptr(region.iterator, dtype=cutlass.Float32),
-                                    dq_frag_layout(self.tile_n, cols))
-            # 16-byte stores, consecutive threads on consecutive 16 bytes: no bank conflicts.
-            cute.autovec_copy(dq_frag_view(acc), sAcc[None, ctid])
+        if cutlass.const_expr(ring >= self.tile_n * dv * 4):
+            self.stage_tile(acc_dK, sK, d, ctid)
+            self.stage_tile(acc_dV, sQ, dv, ctid)
+            self.bulk_add_staged(((sK, d, gdK), (sQ, dv, gdV)), ctid)
+        else:
+            self.stage_tile(acc_dK, sK, d, ctid)
+            self.bulk_add_staged(((sK, d, gdK),), ctid)
+            # K and V are free again once the reduction has read them (the issuing thread waited).
+            cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
+            self.stage_tile(acc_dV, sK, dv, ctid)
+            self.bulk_add_staged(((sK, dv, gdV),), ctid)
+
+    @cute.jit
+    def stage_tile(self, acc, region, cols: cutlass.Constexpr, ctid):
+        # recast_ptr drops the bf16 tile's swizzle: the bulk copy reads a linear run.
+        sAcc = cute.make_tensor(cute.recast_ptr(region.iterator, dtype=cutlass.Float32),
+                                dq_frag_layout(self.tile_n, cols))
+        # 16-byte stores, consecutive threads on consecutive 16 bytes: no bank conflicts.
+        cute.autovec_copy(dq_frag_view(acc), sAcc[None, ctid])
+
+    @cute.jit
+    def bulk_add_staged(self, staged, ctid):
         # The generic-proxy stores, then the async proxy's reads.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
         if ctid == 0:
-            for _, region, cols, g in staged:
+            for region, cols, g in staged:
                 semaphore.bulk_reduce_add_f32(g.iterator, cute.recast_ptr(region.iterator, dtype=cutlass.Float32),
                                               self.tile_n * cols * 4)
             cute.arch.cp_async_bulk_commit_group()
-            # Shared memory lives as long as a thread of the CTA does: keep it until both are read.
+            # Shared memory lives as long as a thread of the CTA does: kept until the reductions read it.
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit

@@ -136,6 +136,22 @@ def test_gqa_add_bulk(check_bwd, hd, causal, shape):
         assert ok, info
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", LAST_SHAPES)
+def test_gqa_add_bulk_one_stage(check_bwd, causal, shape):
+    """hd128 with one Q/dO stage: the rings cannot hold dV's fp32 tile, so dV is staged over K and V
+    after dK's reduction has read them (the other branch of add_bulk)."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    cfg = check_bwd.default_for(shape, 128, causal, False, gqa_reduce="atomic", gqa_add="bulk", stages=1)
+    assert cfg.tile_m * cfg.stages < cfg.tile_n
+    assert not violations(cfg, check_bwd.problem_for(shape, 128, causal, False))
+    ok, info = check_bwd.check_case(*shape, 128, causal, torch.bfloat16, cfg)
+    assert ok, info
+
+
 @pytest.mark.parametrize("hd", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", LAST_SHAPES[:3])
