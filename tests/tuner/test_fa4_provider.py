@@ -94,11 +94,11 @@ def test_check_without_gpu_counts_the_bwd_space():
     rep = check_without_gpu(p, BWD_DET, compile_configs=False)
     # The problem's space: MHA, not varlen, head_dim 64, deterministic, so gqa_reduce, gqa_finish,
     # varlen_grid, the hd192/256 knobs (dp_first, dk_before_dq, qm_tile_n's four values, do_single) and
-    # q_starts' four values at their defaults only (a 1024th of the declaration's before stat_shuffle,
-    # which doubles it); stat_shuffle applies (head_dim 64) but takes both values only where its
+    # q_starts' four values at their defaults only (a 1024th of the declaration's before stat_shuffle
+    # and gqa_add, which double it each; gqa_add applies to GQA only); stat_shuffle applies (head_dim 64) but takes both values only where its
     # requires holds (tile_m 128, 'bulk', 'keys', no exchange: 1 config in 24), so 25/24 of that.
     n = len(list(iter_configs(BwdConfigSm90, BWD_DET)))
-    assert n == space_size(BwdConfigSm90) // 2048 * 25 // 24 == rep["space"] // 2048 * 25 // 24
+    assert n == space_size(BwdConfigSm90) // 4096 * 25 // 24 == rep["space"] // 4096 * 25 // 24
     n_ok = len([c for c in iter_configs(BwdConfigSm90, BWD_DET) if not bwd_config.violations(c, BWD_DET, SM90)])
     assert (rep["configs"], rep["feasible"], rep["infeasible"]) == (n, n_ok, n - n_ok)
     assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
