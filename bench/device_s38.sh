@@ -25,8 +25,9 @@ L1B="--batch 1 --seqlen 8192 --heads 32 --heads-kv 8 --hdim 64 --causal"
 GPT2="--batch 16 --seqlen 1024 --heads 12 --hdim 64 --causal"
 case "$phase" in
   d)
+    DV='[{"stat_shuffle": true}]'
     TAILN=16 step det 300 python3 bench/det_ratio.py --rounds "${ROUNDS:-3}" \
-      --det-variants "${VARIANTS:-[{\"stat_shuffle\": true}]}" --shapes "${SHAPES:-llama3.2-1b-8k,hd64-8k,gpt2-1k}" ;;
+      --det-variants "${VARIANTS:-$DV}" --shapes "${SHAPES:-llama3.2-1b-8k,hd64-8k,gpt2-1k}" ;;
   s)
     TAILN=14 step tune_l1b_det 260 fa4-tune --pass bwd --trials 16 --verify-rounds 3 --budget-s 170 $L1B --deterministic
     TAILN=14 step tune_gpt2 200 fa4-tune --pass bwd --trials 14 --verify-rounds 3 --budget-s 120 $GPT2 ;;

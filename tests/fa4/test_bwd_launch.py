@@ -255,6 +255,8 @@ def test_gqa_finish_in_the_main_kernel_launches_no_dkv_postprocess(bwd_launches,
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
     base = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd", deterministic=det), None)
     assert base.gqa_reduce == "atomic" and base.gqa_finish == "postprocess"
+    # The row-major sums of the per-thread adds (the bulk adds' fragment-ordered ones: below).
+    base = dataclasses.replace(base, gqa_add="red")
     tiles = -(-sk // base.tile_n)
     for finish in ("postprocess", "last_cta"):
         bwd_launches.calls.clear()
@@ -296,9 +298,9 @@ def test_gqa_add_bulk_converts_fragment_ordered_sums_with_the_dq_postprocess(bwd
     b, sq, sk, hq, hkv, d = 2, 70, 300, 8, 2, 64
     q, k, v = tensors(b, sq, sk, hq, hkv, d)
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
-    base = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd"), None)
-    assert base.gqa_reduce == "atomic" and base.gqa_finish == "postprocess" and base.gqa_add == "red"
-    cfg = dataclasses.replace(base, gqa_add="bulk")
+    cfg = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd"), None)
+    # The non-deterministic default under GQA 'atomic' (bwd_config._measured_finish).
+    assert cfg.gqa_reduce == "atomic" and cfg.gqa_finish == "postprocess" and cfg.gqa_add == "bulk"
     dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
     calls = [(name, key) for name, key, _ in bwd_launches.calls]
     assert [name for name, _ in calls] == ["bwd_pre", "main", "bwd_post_dq", "bwd_post_dq", "bwd_post_dq"]
