@@ -797,13 +797,6 @@ def cluster_violations(config: BwdConfigSm90, problem: Problem) -> list[Violatio
     return out
 
 
-# _measured_finish: gqa_add 'bulk' by default wherever it is built (non-deterministic GQA 'atomic' with the postprocess,
-# dkv_split 'keys', head_dim_v == head_dim, not varlen). H100, session 38, bench/bwd_order.py --variants,
-# three rounds a run, ours/ref red -> bulk: Qwen2.5-7B 4k 0.968 -> 0.983, 0.971 -> 0.985, 0.968 -> 0.976;
-# hd128 2k GQA 4:1 (B8 H32/KV8) 0.948 -> 0.970; Llama-3.2-1B 8k 1.009 -> 1.025, 1.033 -> 1.025, 1.010 ->
-# 1.025; Llama-3-8B 8k 1.014 -> 1.007, 0.990 -> 0.989, 0.984 -> 0.984 (even).
-
-
 def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
     """Where the deterministic backward walks down with the longest key tiles first (the comment at
     DET_WALK_DOWN_SWIZZLE): causal, no window, not varlen, at least DET_WALK_DOWN_MIN_KEY_TILES key
@@ -843,10 +836,15 @@ def default_config(problem: Problem, arch: Arch = SM90, *, queries_on_m: bool = 
     return _measured_finish(config, problem, arch)
 
 
+# gqa_add 'bulk' by default wherever it is built (non-deterministic GQA 'atomic' with the postprocess,
+# dkv_split 'keys', head_dim_v == head_dim, not varlen). H100, session 38, bench/bwd_order.py --variants,
+# three rounds a run, ours/ref red -> bulk: Qwen2.5-7B 4k 0.968 -> 0.983, 0.971 -> 0.985, 0.968 -> 0.976;
+# hd128 2k GQA 4:1 (B8 H32/KV8) 0.948 -> 0.970; Llama-3.2-1B 8k 1.009 -> 1.025, 1.033 -> 1.025, 1.010 ->
+# 1.025; Llama-3-8B 8k 1.014 -> 1.007, 0.990 -> 0.989, 0.984 -> 0.984 (even).
 def _measured_finish(config: BwdConfigSm90, problem: Problem, arch: Arch) -> BwdConfigSm90:
     """gqa_finish 'last_cta' where it was measured to pay and is built (GQA_FINISH_DET_HEAD_DIMS);
     elsewhere under GQA 'atomic' the postprocess path's sums, added in bulk where that is built
-    (the measurements above det_walk_down_pays)."""
+    (measured above)."""
     gqa_atomic = problem.heads_q != problem.heads_kv and config.gqa_reduce == "atomic"
     if problem.deterministic and gqa_atomic and problem.head_dim in GQA_FINISH_DET_HEAD_DIMS:
         cand = dataclasses.replace(config, gqa_finish="last_cta")

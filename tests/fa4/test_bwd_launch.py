@@ -292,8 +292,6 @@ def test_gqa_add_bulk_converts_fragment_ordered_sums_with_the_dq_postprocess(bwd
     """gqa_add 'bulk': the main kernel adds fragment-ordered fp32 tiles, so the zeroed sums go to
     the dQ postprocess compiled for tile_n rows of dK's (2, 1, 1) x (64, d) MMA ('rows'), once for dK
     and once for dV, in place of the row-major dK/dV postprocess. The launches are recorded, not run."""
-    import dataclasses
-
     bwd_launches.fill_uninitialized(7)
     b, sq, sk, hq, hkv, d = 2, 70, 300, 8, 2, 64
     q, k, v = tensors(b, sq, sk, hq, hkv, d)
