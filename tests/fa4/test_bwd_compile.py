@@ -171,12 +171,14 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     # last CTA writes the output, gqa_finish 'last_cta') the element stores.
     atomic = gqa and config.gqa_reduce == "atomic"
     last = atomic and config.gqa_finish == "last_cta"
+    # gqa_add 'bulk': the postprocess path's dK/dV sums leave by bulk reductions from shared memory.
+    kv_bulk = atomic and not last and config.gqa_add == "bulk"
     assert (ops["UTMASTG.4D"] > 0) == tma, ops
     # (Element stores: 2-byte, or 4-byte where ptxas pairs two columns of a row, as it does with dK
     # and dV in separate loops at head_dim_v != head_dim.)
     # (A deterministic first turn's fp32 stores are element stores too: dQ's where the consumers add
     # it, dK/dV's under GQA 'postprocess'.)
-    first_st = det and (config.dq_accum != "bulk" or (atomic and not last))
+    first_st = det and (config.dq_accum != "bulk" or (atomic and not last and not kv_bulk))
     assert (ops["STG.E.U16"] + ops["STG.E"] > 0) == (not tma and (not atomic or last) or first_st), ops
     assert ops["STG.E.U16"] == 0 or not tma, ops
 
@@ -196,19 +198,19 @@ def test_main_kernel_codegen(hd, hdv, causal, gqa, det, config):
     tickets = last and not det
     assert (pops["atom.acq_rel.gpu"], pops["bar.red.or.pred"]) == ((1, 2) if tickets else (0, 0)), pops
     bulk = config.dq_accum == "bulk"
-    assert (pops["cp.reduce.async.bulk"] > 0) == bulk, pops
-    # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them):
-    # pairs of adjacent columns, or with qm_tile_n (dK^T, whose adjacent values are keys) one a value.
-    kv_v2 = atomic and config.dq_accum != "red" and not qm
+    assert (pops["cp.reduce.async.bulk"] > 0) == (bulk or kv_bulk), pops
+    # GQA 'atomic' adds dK/dV with per-element reductions whatever the dQ path is ('loop' stores them, gqa_add
+    # 'bulk' adds them in bulk, above): pairs of adjacent columns, or with qm_tile_n (dK^T, whose adjacent values are keys) one a value.
+    kv_v2 = atomic and config.dq_accum != "red" and not qm and not kv_bulk
     expect_v2 = config.dq_accum == "red_v2" or kv_v2
     # Deterministic: a first turn stores instead of adding (the sums are not zeroed): a query tile's
     # first dQ turn with the bulk copy or the element stores of its path, and under GQA 'postprocess'
     # the group's first head with the dK/dV adds' width. Nothing else stores fp32 but last_cta's
     # first CTA, whose generic stores may take either width.
-    kv_first = det and atomic and not last
+    kv_first = det and atomic and not last and not kv_bulk
     want_v2 = det and config.dq_accum == "red_v2" or kv_first and kv_v2
     want_f32 = det and config.dq_accum == "red" or kv_first and not kv_v2
-    assert (pops["cp.async.bulk.global.shared::cta"] > 0) == (det and bulk), pops
+    assert (pops["cp.async.bulk.global.shared::cta"] > 0) == (det and (bulk or kv_bulk)), pops
     if last:
         assert (pops["st.global.v2.f32"] > 0 or not want_v2) and (pops["st.global.f32"] > 0 or not want_f32), pops
     else:
