@@ -8,10 +8,6 @@
 #     0.912-0.920, the furthest from issue 20's 0.95), and GPT-2 1k non-deterministic with the
 #     stat_shuffle default. Prediction: neither beats its default by more than 2% (sessions 17-32's
 #     studies found +0.7-1.9%).
-#  x: (temporary patch on the device's copy, bench/exp_s38_no_kv_add.py) the main kernel's time at
-#     the GQA 'atomic' shapes with and without its dK/dV adds (bench/kernel_split.py, one process
-#     each, the reference in both as the control): what a cheaper add could gain at most.
-#     Prediction: the adds are 2-4% of Qwen2.5-7B's main kernel, 1-2% of Llama-3-8B's.
 #  t: GPU tests (TESTS: a -k expression of tests/fa4/test_bwd_gpu.py; default gqa_add_bulk).
 #  c: VARIANTS (JSON) against the default at SHAPES, ROUNDS rounds (DET=1: deterministic).
 set -uo pipefail
@@ -31,13 +27,6 @@ case "$phase" in
   s)
     TAILN=14 step tune_l1b_det 260 fa4-tune --pass bwd --trials 16 --verify-rounds 3 --budget-s 170 $L1B --deterministic
     TAILN=14 step tune_gpt2 200 fa4-tune --pass bwd --trials 14 --verify-rounds 3 --budget-s 120 $GPT2 ;;
-  x)
-    SH=${SHAPES:-qwen2.5-7b-4k,llama3-8b-8k}
-    TAILN=24 step split_adds 240 python3 bench/kernel_split.py --calls 20 --shapes "$SH"
-    cp fa4/sm90/bwd_epilogue.py "$work/bwd_epilogue.py.orig"
-    python3 bench/exp_s38_no_kv_add.py
-    CUTE_DSL_DISABLE_FILE_CACHING=1 TAILN=24 step split_no_adds 240 python3 bench/kernel_split.py --calls 20 --shapes "$SH"
-    cp "$work/bwd_epilogue.py.orig" fa4/sm90/bwd_epilogue.py ;;
   t)
     TAILN=12 step tests 420 python3 -m pytest -q -n 8 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
       -k "${TESTS:-gqa_add_bulk}" ;;
