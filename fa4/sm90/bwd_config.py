@@ -334,8 +334,9 @@ class BwdConfigSm90:
         "over the Q/dO rings, or over K and V after dK's reduction where the rings are smaller) in the dQ "
         "accumulator's fragment order, and one thread adds each with one "
         "cp.reduce.async.bulk (the reference's way, and our dQ's); the sums are then fragment-ordered "
-        "tiles and the dQ postprocess converts them. Not deterministic, varlen, dkv_split 'head_dim' or "
-        "head_dim_v != head_dim (not built).",
+        "tiles and the dQ postprocess converts them; deterministic, one thread takes the tile's turn and "
+        "stores (first head) or adds both tiles, and passes the turn once they are performed. Not varlen, "
+        "dkv_split 'head_dim' or head_dim_v != head_dim (not built).",
         applies=lambda problem: problem.heads_q != problem.heads_kv,
         inert=lambda config: config.gqa_reduce == "loop" or config.gqa_finish != "postprocess",
         # Declared after the knobs it depends on, so its other value is enumerated only where it is built.
@@ -588,7 +589,7 @@ def violations(config: BwdConfigSm90, problem: Problem, arch: Arch = SM90) -> li
         built = {
             "GQA": gqa, "gqa_finish 'postprocess'": config.gqa_finish == "postprocess",
             "dkv_split 'keys'": config.dkv_split == "keys" and not config.qm_tile_n,
-            "non-deterministic": not problem.deterministic, "not varlen": not getattr(problem, "varlen", False),
+            "not varlen": not getattr(problem, "varlen", False),
             "head_dim_v == head_dim": problem.head_dim_v == problem.head_dim,
         }
         missing = [k for k, ok in built.items() if not ok]
@@ -836,7 +837,7 @@ def default_config(problem: Problem, arch: Arch = SM90, *, queries_on_m: bool = 
     return _measured_finish(config, problem, arch)
 
 
-# gqa_add 'bulk' by default wherever it is built (non-deterministic GQA 'atomic' with the postprocess,
+# gqa_add 'bulk' by default where it was measured (non-deterministic GQA 'atomic' with the postprocess,
 # dkv_split 'keys', head_dim_v == head_dim, not varlen). H100, session 38, bench/bwd_order.py --variants,
 # three rounds a run, ours/ref red -> bulk: Qwen2.5-7B 4k 0.968 -> 0.983, 0.971 -> 0.985, 0.968 -> 0.976;
 # hd128 2k GQA 4:1 (B8 H32/KV8) 0.948 -> 0.970; Llama-3.2-1B 8k 1.009 -> 1.025, 1.033 -> 1.025, 1.010 ->
@@ -850,7 +851,7 @@ def _measured_finish(config: BwdConfigSm90, problem: Problem, arch: Arch) -> Bwd
         cand = dataclasses.replace(config, gqa_finish="last_cta")
         if not violations(cand, problem, arch):
             return cand
-    if gqa_atomic and config.gqa_finish == "postprocess":
+    if gqa_atomic and config.gqa_finish == "postprocess" and not problem.deterministic:
         cand = dataclasses.replace(config, gqa_add="bulk")
         if not violations(cand, problem, arch):
             return cand

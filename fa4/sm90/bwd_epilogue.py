@@ -48,7 +48,8 @@ class DkvStores:
                 self.finish_in_kernel(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, tma_dkv[2], tma_dkv[3], mSemKV,
                                       ctid, n_block, head, head_kv, batch, qhead_per_kvhead, seq)
             elif cutlass.const_expr(self.gqa_bulk):
-                self.add_bulk(acc_dK, acc_dV, gdK, gdV, sK, sQ, ctid)
+                self.add_bulk(acc_dK, acc_dV, gdK, gdV, sK, sQ, mSemKV, ctid, n_block, head, head_kv, batch,
+                              qhead_per_kvhead)
             else:
                 self.add_to_sums(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, mSemKV, ctid, n_block, head, head_kv,
                                  batch, qhead_per_kvhead, seqlen_k, d, dv)
@@ -92,27 +93,33 @@ class DkvStores:
             self.sum_tiles(dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d, dv, False)
 
     @cute.jit
-    def add_bulk(self, acc_dK, acc_dV, gdK, gdV, sK, sQ, ctid):
+    def add_bulk(self, acc_dK, acc_dV, gdK, gdV, sK, sQ, mSemKV, ctid, n_block, head, head_kv, batch,
+                 qhead_per_kvhead):
         """gqa_add 'bulk': the tiles into shared memory in the dQ accumulator's fragment order (dK's
         (2, 1, 1) x (64, d) MMA is dQ 'rows''s at tile_n rows), then one bulk reduction each into the
         fragment-ordered sums. K and V hold tile_n (d + dv) bf16, exactly one fp32 tile (dv == d:
         violations()); dV goes over the Q and dO rings where they hold it (stages x tile_m >= tile_n),
-        else over K and V again once dK's reduction has read them."""
+        else over K and V again once dK's reduction has read them. Deterministic: in head order behind
+        the tile's semaphore, the first head's CTA storing its tiles (the sums are not zeroed)."""
         d, dv = self.head_dim, self.head_dim_v
         ring = (self.q_stages * d + self.do_stages * dv) * self.tile_m * 2
+        sem, turn = None, None
+        if cutlass.const_expr(self.deterministic):
+            sem = mSemKV[batch, head_kv, None].iterator + n_block
+            turn = head - head_kv * qhead_per_kvhead
         # Both consumers' last GEMMs read K, V, Q and dO: done before either warpgroup overwrites them.
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
         if cutlass.const_expr(ring >= self.tile_n * dv * 4):
             self.stage_tile(acc_dK, sK, d, ctid)
             self.stage_tile(acc_dV, sQ, dv, ctid)
-            self.bulk_add_staged(((sK, d, gdK), (sQ, dv, gdV)), ctid)
+            self.bulk_add_staged(((sK, d, gdK), (sQ, dv, gdV)), ctid, sem, turn, True, True)
         else:
             self.stage_tile(acc_dK, sK, d, ctid)
-            self.bulk_add_staged(((sK, d, gdK),), ctid)
+            self.bulk_add_staged(((sK, d, gdK),), ctid, sem, turn, True, False)
             # K and V are free again once the reduction has read them (the issuing thread waited).
             cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
             self.stage_tile(acc_dV, sK, dv, ctid)
-            self.bulk_add_staged(((sK, dv, gdV),), ctid)
+            self.bulk_add_staged(((sK, dv, gdV),), ctid, sem, turn, False, True)
 
     @cute.jit
     def stage_tile(self, acc, region, cols: cutlass.Constexpr, ctid):
@@ -123,17 +130,38 @@ class DkvStores:
         cute.autovec_copy(dq_frag_view(acc), sAcc[None, ctid])
 
     @cute.jit
-    def bulk_add_staged(self, staged, ctid):
+    def bulk_add_staged(self, staged, ctid, sem, turn, take: cutlass.Constexpr, release: cutlass.Constexpr):
+        """One thread issues the staged tiles' bulk reductions (deterministic: after taking the turn
+        where ``take``, a first turn storing, and releasing it where ``release`` once they are
+        performed) and waits until they have read shared memory."""
         # The generic-proxy stores, then the async proxy's reads.
         cute.arch.fence_proxy("async.shared", space="cta")
         cute.arch.barrier(barrier_id=BAR_EPI, number_of_threads=NUM_CONSUMER_THREADS)
         if ctid == 0:
+            if cutlass.const_expr(self.deterministic):
+                if cutlass.const_expr(take):
+                    semaphore.wait_turn(sem, turn, True)
+                # The previous turn's sums were written by the async proxy: order ours after them.
+                cute.arch.fence_proxy("async.global")
             for region, cols, g in staged:
-                semaphore.bulk_reduce_add_f32(g.iterator, cute.recast_ptr(region.iterator, dtype=cutlass.Float32),
-                                              self.tile_n * cols * 4)
+                src = cute.recast_ptr(region.iterator, dtype=cutlass.Float32)
+                if cutlass.const_expr(self.deterministic):
+                    if turn == 0:
+                        semaphore.bulk_store_f32(g.iterator, src, self.tile_n * cols * 4)
+                    else:
+                        semaphore.bulk_reduce_add_f32(g.iterator, src, self.tile_n * cols * 4)
+                else:
+                    semaphore.bulk_reduce_add_f32(g.iterator, src, self.tile_n * cols * 4)
             cute.arch.cp_async_bulk_commit_group()
-            # Shared memory lives as long as a thread of the CTA does: kept until the reductions read it.
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
+            if cutlass.const_expr(self.deterministic):
+                # The next turn may only start once ours are performed, not just read.
+                cute.arch.cp_async_bulk_wait_group(0, read=False)
+                cute.arch.fence_proxy("async.global")
+                if cutlass.const_expr(release):
+                    semaphore.pass_turn(sem, True)
+            else:
+                # Shared memory lives as long as a thread of the CTA does: kept until the reductions read it.
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def sum_tiles(self, dkv_thr, dv_thr, acc_dK, acc_dV, gdK, gdV, n_block, seqlen_k, d: cutlass.Constexpr,

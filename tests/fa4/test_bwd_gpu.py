@@ -136,6 +136,26 @@ def test_gqa_add_bulk(check_bwd, hd, causal, shape):
         assert ok, info
 
 
+@pytest.mark.parametrize("hd", [64, 96, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", LAST_SHAPES)
+def test_gqa_add_bulk_deterministic(check_bwd, hd, causal, shape):
+    """Deterministic gqa_add 'bulk': the first head's CTA stores its staged tiles, the others add
+    theirs in head order behind the tile's semaphore; against the fp32 reference, then ten runs
+    bitwise alike (check_deterministic)."""
+    import torch
+
+    from fa4.sm90.bwd_config import violations
+
+    cfg = check_bwd.default_for(shape, hd, causal, True, gqa_reduce="atomic", gqa_finish="postprocess",
+                                gqa_add="bulk")
+    assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, True))
+    ok, info = check_bwd.check_case(*shape, hd, causal, torch.bfloat16, cfg, deterministic=True)
+    assert ok, info
+    ok, info = check_bwd.check_deterministic(*shape, hd, causal, torch.bfloat16, cfg)
+    assert ok, info
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", LAST_SHAPES)
 def test_gqa_add_bulk_one_stage(check_bwd, causal, shape):

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Session 39. One or more phases a call (bash bench/device_s39.sh t d ...):
+#  t: the GPU suites that run the non-deterministic GQA default, gqa_add 'bulk' since session 38 (grads,
+#     autograd, torch.compile, later head dims), and the deterministic 'bulk' tests (branch built in
+#     session 38, never run on a GPU): tests/fa4/test_bwd_gpu.py -k "$TESTS".
+#  f: test_bwd_feat_gpu (window, softcap, sink, LSE gradient, mask bits, all combined) with the default.
+#  d: deterministic VARIANTS (JSON; default gqa_add 'bulk' over the postprocess) against the
+#     deterministic default at SHAPES (bench/det_ratio.py). Prediction: +1-3% det at Llama-3.2-1B and
+#     Qwen2.5-7B (the non-deterministic kernel gained 1.5% at both), even at Llama-3-8B.
+#  c: VARIANTS (JSON) against the default at SHAPES, ROUNDS rounds (DET=1: deterministic).
+#  m: issue 20's five shapes ours/ref, deterministic / non-deterministic, host cost (as device_s37.sh m).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. bench/device_lib.sh
+device_begin "s39${*// /}"
+device_env "$work/env.log"
+device_install
+FIVE="llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k"
+DV='[{"gqa_finish": "postprocess", "gqa_add": "bulk"}]'
+TK="grads_match or autograd or torch_compile or gqa_add or opcheck or explicit_bwd"
+for phase in "$@"; do
+  case "$phase" in
+    t)
+      TAILN=14 step tests 360 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
+        -k "${TESTS:-$TK}" ;;
+    f)
+      TAILN=14 step feat 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_feat_gpu.py \
+        tests/fa4/test_bwd_gqa_loop_gpu.py -k "${FTESTS:-not deterministic}" ;;
+    d)
+      TAILN=16 step det 300 python3 bench/det_ratio.py --rounds "${ROUNDS:-2}" --det-variants "${VARIANTS:-$DV}" \
+        --shapes "${SHAPES:-llama3.2-1b-8k,qwen2.5-7b-4k,llama3-8b-8k}" ;;
+    c)
+      TAILN=14 step confirm 420 python3 bench/bwd_order.py --orders default --rounds "${ROUNDS:-3}" ${DET:+--det} \
+        --variants "${VARIANTS:?}" --shapes "${SHAPES:?}" ;;
+    m)
+      TAILN=16 step five 300 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "${SHAPES:-$FIVE}"
+      TAILN=16 step det 200 python3 bench/det_ratio.py --rounds 2 --shapes "${SHAPES:-$FIVE}"
+      (cd bench && TAILN=12 step host_floor 90 python3 host_floor.py) ;;
+    *) echo "unknown phase $phase" >&2; exit 2 ;;
+  esac
+done
