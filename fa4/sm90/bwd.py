@@ -73,7 +73,7 @@ from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_producer, bwd_qm, bw
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, lane_share, load_share, shared_stat, transpose_view
 from fa4.common.regs import opaque, pin_before
-from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90
+from fa4.sm90.bwd_config import REG_SPLIT, ROWS_PER_WG, SEQ_PAD, THREADS_PER_WG, BwdConfigSm90, dkv_sums
 # The named barrier ids live beside the dQ paths (fa4.sm90.bwd_dq).
 from fa4.sm90.bwd_dq import BAR_DQ_EMPTY, BAR_DQ_FULL, BAR_DS_FREE, BAR_DS_FULL, BAR_P, NUM_CONSUMER_THREADS
 from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
@@ -152,13 +152,14 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
         # gqa_reduce 'loop': one CTA per (key tile, K/V head, batch) walks the group's query heads
         # and stores dK/dV once, like a kernel without GQA; 'atomic' adds fp32 tiles per query head.
         self.gqa_loop = gqa and config.gqa_reduce == "loop"
-        self.gqa_atomic = gqa and not self.gqa_loop
+        sums = dkv_sums(config, gqa)  # how dK/dV leave: the launch path's answer too (they must agree)
+        self.gqa_atomic = sums != "store"
         self.dkv_tma = config.dkv_store == "tma" and not self.gqa_atomic
         # gqa_finish 'last_cta': the first CTA of a group stores its fp32 dK/dV tile, the last
         # writes the output (fa4.sm90.bwd_epilogue): no zeroed accumulators, no dK/dV postprocess.
-        self.gqa_last = self.gqa_atomic and config.gqa_finish == "last_cta"
+        self.gqa_last = sums == "last_cta"
         # gqa_add 'bulk': the postprocess path's adds leave through shared memory, one bulk reduction a tile.
-        self.gqa_bulk = self.gqa_atomic and not self.gqa_last and config.gqa_add == "bulk"
+        self.gqa_bulk = sums == "bulk"
         # GQA dK/dV reductions (once per CTA): paired unless the scalar path is asked for (qm_tile_n:
         # a thread's adjacent dK^T values are adjacent keys, rows apart in the accumulator).
         self.kv_v2 = config.dq_accum != "red" and not self.qm

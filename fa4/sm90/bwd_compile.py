@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from fa4.knobs import compile_time_config
-from fa4.sm90.bwd_config import SEQ_PAD, BwdConfigSm90
+from fa4.sm90.bwd_config import SEQ_PAD, BwdConfigSm90, dkv_sums
 from fa4.sm90.compile import DTYPES, ensure_target
 
 
@@ -109,7 +109,8 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     lse2 = _fake(f32, (None, None, None), row_major_static=True)
     dsum = _fake(f32, (None, None, None), row_major_static=True)
     dqacc = _fake(f32, (None, None, None, d), row_major_static=True)
-    atomic = key.gqa and key.config.gqa_reduce == "atomic"  # dK/dV summed in fp32 accumulators
+    sums = dkv_sums(key.config, key.gqa)  # as the kernel and the launch decide it
+    atomic = sums != "store"  # dK/dV summed in fp32 accumulators
     if atomic:
         dk = _fake(f32, (None, None, None, d), row_major_static=True)
         dv_ = _fake(f32, (None, None, None, dv), row_major_static=True)
@@ -119,7 +120,7 @@ def compile_bwd_main(key: BwdKernelKey, options: str = "--enable-tvm-ffi"):
     det = key.deterministic
     sem_q = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if det else None
     # gqa_finish 'last_cta': the tiles' ticket counters (turns when deterministic), and the outputs.
-    last = atomic and key.config.gqa_finish == "last_cta"
+    last = sums == "last_cta"
     sem_kv = _fake(cutlass.Int32, (None, None, None), row_major_static=True) if (det or last) and atomic else None
     dk_out = _fake(dt, (None, None, None, d)) if last else None
     dv_out = _fake(dt, (None, None, None, dv)) if last else None

@@ -28,7 +28,7 @@ from fa4.sm90.bwd_compile import (
     compile_key,
     padded,
 )
-from fa4.sm90.bwd_config import BwdConfigSm90, default_config, violations
+from fa4.sm90.bwd_config import BwdConfigSm90, default_config, dkv_sums, violations
 from fa4.common.bwd_schedule import dq_zero_rows
 
 # The preprocess's row count where every dQ accumulator row is zeroed (no first-turn stores).
@@ -133,8 +133,9 @@ class _Plan:
         b, sq, hq, d = q.shape
         sk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
         gqa = hq != hkv
-        self.gqa = atomic = gqa and config.gqa_reduce == "atomic"
-        self.last = last = atomic and config.gqa_finish == "last_cta"
+        sums = dkv_sums(config, gqa)  # the kernel's answer too (fa4.sm90.bwd)
+        self.gqa = atomic = sums != "store"
+        self.last = last = sums == "last_cta"
         # 'postprocess' sums: zeroed, unless deterministic, where the first head's CTA stores its tiles.
         self.kv_zeros = not deterministic
         causal, has_wl, has_wr, wl, wr = window_flags(bool(causal), window_left, window_right, sq, sk)
@@ -148,7 +149,7 @@ class _Plan:
             ("sink",) if has_sink else ())
         self.pre = compiled(pre_key, lambda: compile_bwd_pre(dtype, d, head_dim_v=dv, has_dlse=has_dlse,
                                                              has_sink=has_sink))
-        if atomic and not last and config.gqa_add == "bulk":
+        if sums == "bulk":
             # The sums' tiles are in the fragment order of dK's (2, 1, 1) x (64, d) MMA, dQ 'rows''s at
             # tile_n rows (dv == d: bwd_config.violations): the dQ postprocess converts them.
             self.post = compiled(("bwd_post_dq", dtype, d, config.tile_n, "rows"),
