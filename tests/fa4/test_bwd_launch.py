@@ -431,3 +431,52 @@ def test_workspace_views_are_contiguous_disjoint_and_cover_the_buffer():
         assert (view.data_ptr() - buf.data_ptr()) % 16 == 0
         at += math.prod(shape)
     assert at == buf.numel()
+
+
+@pytest.mark.parametrize("det", [False, True])
+@pytest.mark.parametrize("hkv", [8, 2])
+def test_kernel_and_launch_agree_on_how_dkv_leave(bwd_launches, det, hkv):
+    """The kernel (fa4.sm90.bwd) and its launch decide from one answer (bwd_config.dkv_sums) how dK
+    and dV leave the main kernel; over every feasible gqa_reduce x gqa_finish x gqa_add, the launch's
+    buffers and conversions are the ones the kernel built for: finished tiles in the output dtype
+    ('store': MHA or 'loop'), fp32 sums finished by the last CTA ('last_cta'), fp32 sums converted by
+    the dQ postprocess at tile_n 'rows' ('bulk') or by the dK/dV postprocess ('red'). Recorded, not run."""
+    import dataclasses
+
+    import cutlass
+
+    from fa4.sm90.bwd import FlashBwdSm90
+    from fa4.sm90.bwd_config import dkv_sums, violations
+
+    b, sq, sk, hq, d = 1, 2048, 8192, 8, 64
+    q, k, v = tensors(b, sq, sk, hq, hkv, d)
+    out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
+    prob = problem_of(q, k, v, causal=True, pass_="bwd", deterministic=det)
+    # (stat_shuffle is built with the postprocess only: off, so that 'last_cta' is reached.)
+    base = dataclasses.replace(resolve_config(prob, None), stat_shuffle=False)
+    seen = set()
+    for reduce in ("atomic", "loop"):
+        for finish in ("postprocess", "last_cta"):
+            for add in ("red", "bulk"):
+                cfg = dataclasses.replace(base, gqa_reduce=reduce, gqa_finish=finish, gqa_add=add)
+                if violations(cfg, prob):
+                    continue
+                sums = dkv_sums(cfg, hq != hkv)
+                seen.add(sums)
+                kern = FlashBwdSm90(cutlass.BFloat16, d, True, hq != hkv, det, cfg, head_dim_v=d)
+                assert (kern.gqa_atomic, kern.gqa_last, kern.gqa_bulk) == (
+                    sums != "store", sums == "last_cta", sums == "bulk"), (cfg, sums)
+                bwd_launches.calls.clear()
+                dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, det, cfg)
+                dk_arg, dk_out = bwd_launches.args("main")[0][7], bwd_launches.args("main")[0][11]
+                posts = [key for name, key, _ in bwd_launches.calls if name in ("bwd_post", "bwd_post_dq")]
+                assert dk_arg.dtype == (k.dtype if sums == "store" else torch.float32), (cfg, sums)
+                assert (dk_out is dk) == (sums == "last_cta")
+                want_posts = {"store": 1, "last_cta": 1, "bulk": 3, "red": 3}[sums]
+                assert len(posts) == want_posts, (sums, posts)
+                if sums == "bulk":
+                    assert posts[1] == posts[2] == ("bwd_post_dq", "bf16", d, cfg.tile_n, "rows")
+                if sums == "red":
+                    assert posts[1] == posts[2] == ("bwd_post", "bf16", d)
+    # MHA stores; under GQA every answer that is built here is reached.
+    assert seen == ({"store"} if hq == hkv else {"store", "last_cta", "bulk", "red"}), seen
