@@ -8,6 +8,8 @@
 #     deterministic default at SHAPES (bench/det_ratio.py). Prediction: +1-3% det at Llama-3.2-1B and
 #     Qwen2.5-7B (the non-deterministic kernel gained 1.5% at both), even at Llama-3-8B.
 #  c: VARIANTS (JSON) against the default at SHAPES, ROUNDS rounds (DET=1: deterministic).
+#  h: the tiny problem's host cost (host_floor.py) and whether its loop is bound by the host or the GPU
+#     (host_profile.py: kernels' GPU time per call against the wall time, the CPU ops' self time).
 #  m: issue 20's five shapes ours/ref, deterministic / non-deterministic, host cost (as device_s37.sh m).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,8 @@ for phase in "$@"; do
       TAILN=16 step five 300 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "${SHAPES:-$FIVE}"
       TAILN=16 step det 200 python3 bench/det_ratio.py --rounds 2 --shapes "${SHAPES:-$FIVE}"
       (cd bench && TAILN=12 step host_floor 90 python3 host_floor.py) ;;
+    h)
+      (cd bench && TAILN=90 step host_floor 90 python3 host_floor.py && TAILN=90 step host_profile 120 python3 host_profile.py) ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
