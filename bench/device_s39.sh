@@ -14,7 +14,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . bench/device_lib.sh
-device_begin "s39${*// /}"
+device_begin "s39$(IFS=; echo "$*")"
 device_env "$work/env.log"
 device_install
 FIVE="llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k"

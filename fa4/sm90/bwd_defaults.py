@@ -140,7 +140,11 @@ def default_config(problem: Problem, arch: Arch = SM90, *, queries_on_m: bool = 
 # dkv_split 'keys', head_dim_v == head_dim, not varlen). H100, session 38, bench/bwd_order.py --variants,
 # three rounds a run, ours/ref red -> bulk: Qwen2.5-7B 4k 0.968 -> 0.983, 0.971 -> 0.985, 0.968 -> 0.976;
 # hd128 2k GQA 4:1 (B8 H32/KV8) 0.948 -> 0.970; Llama-3.2-1B 8k 1.009 -> 1.025, 1.033 -> 1.025, 1.010 ->
-# 1.025; Llama-3-8B 8k 1.014 -> 1.007, 0.990 -> 0.989, 0.984 -> 0.984 (even).
+# 1.025; Llama-3-8B 8k 1.014 -> 1.007, 0.990 -> 0.989, 0.984 -> 0.984 (even). Deterministic it is built
+# but not the default: mixed (H100, session 39, bench/det_ratio.py --det-variants, two rounds a run,
+# deterministic TFLOP/s, today's default -> postprocess with 'bulk'): Qwen2.5-7B 4k (last_cta) 447.9 ->
+# 459.5, 450.2 -> 456.8 (+2.6%, +1.5%); Llama-3-8B 8k (last_cta) 526.4 -> 523.5 (-0.6%, one run);
+# Llama-3.2-1B 8k (postprocess, 'red') 450.1 -> 448.7, 458.6 -> 453.9 (-0.3%, -1.0%).
 def _measured_finish(config: BwdConfigSm90, problem: Problem, arch: Arch) -> BwdConfigSm90:
     """gqa_finish 'last_cta' where it was measured to pay and is built (GQA_FINISH_DET_HEAD_DIMS);
     elsewhere under GQA 'atomic' the postprocess path's sums, added in bulk where that is built

@@ -15,11 +15,14 @@ pytestmark = pytest.mark.gpu
 def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, **change):
     """The problem's default with gqa_reduce 'loop' (these small shapes default to 'atomic') and,
     unless changed, dK/dV by TMA (the 'loop' default at the sizes that take it); without the 2-CTA
-    dS exchange (the hd256 default, not built with 'loop')."""
+    dS exchange (the hd256 default, not built with 'loop'), and at head_dim 192/256 without the
+    default's shifted query starts where they apply (q_starts with 'loop' spills there)."""
     import torch
 
     change.setdefault("dkv_store", "tma")
     change.setdefault("cluster_exchange", False)
+    if hd in (192, 256):
+        change.setdefault("q_starts", 1)
     b, sq, sk, hq, hkv = shape
     dtype = dtype or torch.bfloat16
     q = torch.empty(b, sq, hq, hd, device="cuda", dtype=dtype)
