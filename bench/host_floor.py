@@ -9,7 +9,11 @@ sync, lower of 2 loops, B1 S128 H4 D128 bf16 causal by default):
 - floor+3: the same with three 1-element CUDA kernels in the forward and three in the backward;
 - ours fwd (no grad), ours fwd under autograd (the Function's apply, no backward);
 - ours bwd host path alone: fa4.launch._backward called directly (no autograd engine);
-- ours fwd+bwd: the full call, as bench/host_cost.py.
+- ours fwd+bwd: the full call, as bench/host_cost.py;
+- the whole call's pieces put together one at a time, to find what only the whole costs: ours fwd then
+  bwd host path called directly (no engine); the bwd host path run by the engine (a Function whose
+  forward does nothing and whose backward is _backward); the bwd host path alone on a second thread
+  (the engine runs backward() on its device thread).
 """
 
 from __future__ import annotations
@@ -31,6 +35,37 @@ class Nothing(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g, g, g
+
+
+class BwdOnly(torch.autograd.Function):
+    """Nothing's forward; backward is our backward host path on fixed inputs (set in main)."""
+
+    run = None
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q.view_as(q)
+
+    @staticmethod
+    def backward(ctx, g):
+        return BwdOnly.run()[:3]
+
+
+def on_thread(fn, calls: int) -> float:
+    """per_call_us(fn, calls) on a new thread, after 20 warm-up calls there (the engine's backward
+    runs on its own thread)."""
+    import threading
+
+    def work():
+        for _ in range(20):
+            fn()
+        box.append(per_call_us(fn, calls))
+
+    box = []
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return box[0]
 
 
 class Three(torch.autograd.Function):
@@ -64,6 +99,15 @@ def main() -> int:
         with torch.no_grad():
             fa4.flash_attn_func(q, k, v, provider="fa4", causal=True)
 
+    def bwd():
+        return launch._backward(do, q, k, v, o_det, lse_det, scale, True, False, cfg)
+
+    def fwd_then_bwd():
+        fwd()
+        bwd()
+
+    BwdOnly.run = bwd
+
     loops = {
         "floor (autograd.grad, no-op Function)": lambda: torch.autograd.grad(Nothing.apply(*small), small[0], g1),
         "floor+3 (3 kernels each way)": lambda: torch.autograd.grad(Three.apply(*small), small, (g1, g1, g1)),
@@ -73,15 +117,23 @@ def main() -> int:
                                                                          False, cfg),
         "ours fwd+bwd (autograd.grad)": lambda: torch.autograd.grad(fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True),
                                                                     (qg, kg, vg), do),
+        "ours fwd then bwd host path (no engine)": fwd_then_bwd,
+        "ours bwd host path under the engine": lambda: torch.autograd.grad(BwdOnly.apply(qg, kg, vg), (qg, kg, vg),
+                                                                            do),
+        "ours bwd host path alone, second thread": ("thread", bwd),
         "sdpa cudnn fwd+bwd": lambda: torch.autograd.grad(
             fa4.flash_attn_func(qg, kg, vg, causal=True, provider="cudnn"), (qg, kg, vg), do),
     }
     print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops)")
     for name, fn in loops.items():
         try:
-            for _ in range(20):
-                fn()
-            print(f"  {name:42s} {per_call_us(fn, a.calls):8.1f}", flush=True)
+            if isinstance(fn, tuple):  # ("thread", fn): warmed and timed on a new thread
+                us = on_thread(fn[1], a.calls)
+            else:
+                for _ in range(20):
+                    fn()
+                us = per_call_us(fn, a.calls)
+            print(f"  {name:42s} {us:8.1f}", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"  {name:42s} n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
     return 0
