@@ -10,6 +10,7 @@
 #  c: VARIANTS (JSON) against the default at SHAPES, ROUNDS rounds (DET=1: deterministic).
 #  h: the tiny problem's host cost (host_floor.py) and whether its loop is bound by the host or the GPU
 #     (host_profile.py: kernels' GPU time per call against the wall time, the CPU ops' self time).
+#  l: the GQA 'loop' later-head-dim GPU tests (their hd256 config mended this session).
 #  m: issue 20's five shapes ours/ref, deterministic / non-deterministic, host cost (as device_s37.sh m).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,9 @@ for phase in "$@"; do
     c)
       TAILN=14 step confirm 420 python3 bench/bwd_order.py --orders default --rounds "${ROUNDS:-3}" ${DET:+--det} \
         --variants "${VARIANTS:?}" --shapes "${SHAPES:?}" ;;
+    l)
+      TAILN=8 step loop_hd 120 python3 -m pytest -q -p no:cacheprovider tests/fa4/test_bwd_gqa_loop_gpu.py \
+        -k later_head_dims ;;
     m)
       TAILN=16 step five 300 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "${SHAPES:-$FIVE}"
       TAILN=16 step det 200 python3 bench/det_ratio.py --rounds 2 --shapes "${SHAPES:-$FIVE}"
