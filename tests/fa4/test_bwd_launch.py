@@ -297,7 +297,7 @@ def test_gqa_add_bulk_converts_fragment_ordered_sums_with_the_dq_postprocess(bwd
     q, k, v = tensors(b, sq, sk, hq, hkv, d)
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
     cfg = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd"), None)
-    # The non-deterministic default under GQA 'atomic' (bwd_defaults._measured_finish).
+    # The non-deterministic default under GQA 'atomic' (bwd_config._measured_finish).
     assert cfg.gqa_reduce == "atomic" and cfg.gqa_finish == "postprocess" and cfg.gqa_add == "bulk"
     dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
     calls = [(name, key) for name, key, _ in bwd_launches.calls]
