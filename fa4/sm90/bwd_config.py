@@ -138,6 +138,11 @@ DET_WALK_DOWN_SWIZZLE = 16
 # group's CTAs on a key tile finish together; the deterministic turns wait in head order anyway. hd96 and
 # the wide head dims are unmeasured.
 GQA_FINISH_DET_HEAD_DIMS = (128,)
+# ... except with at most this many key tiles a head, where deterministic 'bulk' adds (the postprocess
+# path) beat it in every run (H100, session 39, bench/det_ratio.py --det-variants, deterministic
+# TFLOP/s last_cta -> bulk): Qwen2.5-7B 4k (32 key tiles) +2.6%, +1.5%, +2.0%, +2.1%; hd128 2k GQA 4:1
+# (16) +3.9%, +3.2%. At 64 (Llama-3-8B 8k) even: -0.6%, +0.4%, -1.3%.
+DET_BULK_MAX_KEY_TILES = 32
 DET_WALK_DOWN_MIN_KEY_TILES = 64
 DET_WALK_DOWN_LOOP_MIN_Q = 2048  # 'loop': measured at Sq 2k only
 
@@ -865,7 +870,12 @@ def _measured_finish(config: BwdConfigSm90, problem: Problem, arch: Arch) -> Bwd
     elsewhere under GQA 'atomic' the postprocess path's sums, added in bulk where that is built
     (measured above)."""
     gqa_atomic = problem.heads_q != problem.heads_kv and config.gqa_reduce == "atomic"
-    if problem.deterministic and gqa_atomic and problem.head_dim in GQA_FINISH_DET_HEAD_DIMS:
+    det_hd = problem.deterministic and gqa_atomic and problem.head_dim in GQA_FINISH_DET_HEAD_DIMS
+    if det_hd and key_tiles(problem, config.tile_n) <= DET_BULK_MAX_KEY_TILES:
+        cand = dataclasses.replace(config, gqa_add="bulk")
+        if not violations(cand, problem, arch):
+            return cand
+    if det_hd:
         cand = dataclasses.replace(config, gqa_finish="last_cta")
         if not violations(cand, problem, arch):
             return cand
