@@ -1,0 +1,126 @@
+"""What the autograd engine charges our Function on the tiny problem, one feature at a time.
+
+    cd bench && python3 host_engine.py [--calls 2000] [--shape 1,128,4,128]
+
+Session 39 (bench/host_floor.py, H100 host): our forward + backward host paths cost 62 us a call
+without the engine and 197 us through it, while the engine's floor (a do-nothing Function) is 64.
+Each loop here is torch.autograd.grad(outputs, (q, k, v), dO) through a Function that adds one
+feature of ours to the one before (us a call, 2,000 calls then one sync, lower of two loops):
+
+- e0: the floor at our shape: forward returns a view of q, backward passes dO through as the three grads;
+- e1: backward returns three fresh tensors (empty_like), as ours does;
+- e2: forward returns two fresh outputs (O and the LSE), materialize_grads off (ours);
+- e3: e2 plus save_for_backward of q, k, v, O, LSE and None, unpacked in backward (ours);
+- e4: e3 with our forward launch in place of the empty outputs;
+- e5: e3 with our backward host path (fa4.launch._backward) in place of the empty grads;
+- e6: e4 and e5 together: our Function's work, without fa4.launch._with_grad's resolution;
+- e7: ours through launch._with_grad (the config resolved per call, as flash_attn_func's grad path);
+- e8: ours through flash_attn_func(provider="fa4").
+
+The step from one line to the next is what that feature costs under the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from host_cost import per_call_us  # the loop of bench/host_cost.py (run from bench/)
+
+import fa4
+from fa4 import launch
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--shape", default="1,128,4,128")
+    a = ap.parse_args()
+    b, s, h, d = (int(x) for x in a.shape.split(","))
+    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    scale = 1.0 / d ** 0.5
+    cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
+
+    def fwd_empty(ctx, q, k, v):
+        return torch.empty_like(q), torch.empty(b, h, s, device=q.device, dtype=torch.float32)
+
+    def fwd_ours(ctx, q, k, v):
+        return launch._forward(q, k, v, scale, True, True, None, None)
+
+    def bwd_empty(ctx, dout, q, k, v, o, lse):
+        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def bwd_ours(ctx, dout, q, k, v, o, lse):
+        return launch._backward(dout, q, k, v, o, lse, scale, True, False, cfg)[:3]
+
+    def saving(fwd, bwd):
+        class F(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, q, k, v):
+                o, lse = fwd(ctx, q, k, v)
+                ctx.set_materialize_grads(False)
+                ctx.save_for_backward(q, k, v, o, lse, None)
+                return o, lse
+
+            @staticmethod
+            def backward(ctx, dout, dlse):
+                q, k, v, o, lse, _ = ctx.saved_tensors
+                return bwd(ctx, dout, q, k, v, o, lse)
+
+        return lambda: torch.autograd.grad(F.apply(qg, kg, vg)[0], (qg, kg, vg), do)
+
+    class E0(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            return q.view_as(q)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g, g, g
+
+    class E1(E0):
+        @staticmethod
+        def backward(ctx, g):
+            return torch.empty_like(g), torch.empty_like(g), torch.empty_like(g)
+
+    class E2(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.set_materialize_grads(False)
+            return fwd_empty(ctx, q, k, v)
+
+        @staticmethod
+        def backward(ctx, dout, dlse):
+            return torch.empty_like(dout), torch.empty_like(dout), torch.empty_like(dout)
+
+    loops = {
+        "e0 floor at our shape (view out, dO through)": lambda: torch.autograd.grad(E0.apply(qg, kg, vg), (qg, kg, vg), do),
+        "e1 + fresh grads": lambda: torch.autograd.grad(E1.apply(qg, kg, vg), (qg, kg, vg), do),
+        "e2 + two fresh outputs, no materialize": lambda: torch.autograd.grad(E2.apply(qg, kg, vg)[0], (qg, kg, vg), do),
+        "e3 + save_for_backward (6) and unpack": saving(fwd_empty, bwd_empty),
+        "e4 e3 with our forward launch": saving(fwd_ours, bwd_empty),
+        "e5 e3 with our backward host path": saving(fwd_empty, bwd_ours),
+        "e6 our forward and backward (no resolve)": saving(fwd_ours, bwd_ours),
+        "e7 ours through launch._with_grad": lambda: torch.autograd.grad(
+            launch._with_grad(qg, kg, vg, None, True, False, None, None, False, None), (qg, kg, vg), do),
+        "e8 ours through flash_attn_func": lambda: torch.autograd.grad(
+            fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True), (qg, kg, vg), do),
+    }
+    print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops)")
+    prev = None
+    for name, fn in loops.items():
+        try:
+            for _ in range(20):
+                fn()
+            us = per_call_us(fn, a.calls)
+            step = f"  ({us - prev:+6.1f})" if prev is not None and name[:2] in ("e1", "e2", "e3") else ""
+            print(f"  {name:46s} {us:8.1f}{step}", flush=True)
+            prev = us
+        except Exception as e:  # noqa: BLE001
+            print(f"  {name:46s} n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
