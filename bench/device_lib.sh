@@ -34,3 +34,25 @@ device_install() {  # the kit's platformdirs wheel and fa4 itself (editable: `fa
   python3 -m pip install -q --no-index --no-deps .whl/*.whl >/dev/null 2>&1
   python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1
 }
+
+# The phases every session's script has repeated since session 30 (issue 20's measurements). Each
+# takes its shapes (comma list of bench/bwd_order.py names) and the rest from the environment.
+ISSUE20_FIVE="llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k"
+
+ours_vs_ref() {  # SHAPES: our backward / the reference's, default configs, 2 interleaved rounds
+  TAILN=16 step five 300 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "${1:-$ISSUE20_FIVE}"
+}
+
+det_vs_nondet() {  # SHAPES [VARIANTS]: deterministic / non-deterministic (and VARIANTS of the det config)
+  TAILN=16 step "${STEP:-det}" 300 python3 bench/det_ratio.py --rounds "${ROUNDS:-2}" --shapes "${1:-$ISSUE20_FIVE}" \
+    ${2:+--det-variants "$2"}
+}
+
+bwd_variants() {  # SHAPES VARIANTS: knob overrides against the default (DET=1: deterministic), ROUNDS rounds
+  TAILN=14 step confirm 420 python3 bench/bwd_order.py --orders default --rounds "${ROUNDS:-3}" ${DET:+--det} \
+    --variants "$2" --shapes "$1"
+}
+
+host_cost() {  # the tiny problem's host cost, piece by piece (bench/host_floor.py)
+  (cd bench && TAILN=${TAILN:-12} step host_floor 90 python3 host_floor.py)
+}

@@ -23,7 +23,6 @@ cd "$(dirname "$0")/.."
 device_begin "s40$(IFS=; echo "$*")"
 device_env "$work/env.log"
 device_install
-FIVE="llama3-8b-8k,qwen2.5-7b-4k,sq2k-sk8k,llama3.2-1b-8k,gpt2-1k"
 DV='[{"gqa_finish": "postprocess", "gqa_add": "bulk"}]'
 TK="grads_match or autograd or torch_compile or gqa_add or opcheck or explicit_bwd"
 for phase in "$@"; do
@@ -35,30 +34,20 @@ for phase in "$@"; do
       TAILN=14 step feat 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_feat_gpu.py \
         tests/fa4/test_bwd_gqa_loop_gpu.py -k "${FTESTS:-not deterministic}" ;;
     d)
-      TAILN=16 step det 300 python3 bench/det_ratio.py --rounds "${ROUNDS:-2}" --det-variants "${VARIANTS:-$DV}" \
-        --shapes "${SHAPES:-llama3.2-1b-8k,qwen2.5-7b-4k,llama3-8b-8k}" ;;
+      det_vs_nondet "${SHAPES:-llama3.2-1b-8k,qwen2.5-7b-4k,llama3-8b-8k}" "${VARIANTS:-$DV}" ;;
     c)
-      TAILN=14 step confirm 420 python3 bench/bwd_order.py --orders default --rounds "${ROUNDS:-3}" ${DET:+--det} \
-        --variants "${VARIANTS:?}" --shapes "${SHAPES:?}" ;;
+      bwd_variants "${SHAPES:?}" "${VARIANTS:?}" ;;
     l)
       TAILN=8 step loop_hd 120 python3 -m pytest -q -p no:cacheprovider tests/fa4/test_bwd_gqa_loop_gpu.py \
         -k later_head_dims ;;
     m)
-      TAILN=16 step five 300 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "${SHAPES:-$FIVE}"
-      TAILN=16 step det 200 python3 bench/det_ratio.py --rounds 2 --shapes "${SHAPES:-$FIVE}"
-      (cd bench && TAILN=12 step host_floor 90 python3 host_floor.py) ;;
-    v)
-      TAILN=16 step five 300 python3 bench/bwd_order.py --orders default --rounds 2 --shapes "${SHAPES:-$FIVE}" ;;
-    e)
-      TAILN=16 step det 200 python3 bench/det_ratio.py --rounds 2 --shapes "${SHAPES:-$FIVE}"
-      (cd bench && TAILN=12 step host_floor 90 python3 host_floor.py) ;;
-    r)
-      TAILN=12 step rule 200 python3 bench/det_ratio.py --rounds "${ROUNDS:-3}" \
-        --det-variants '[{"gqa_finish": "last_cta"}]' --shapes "${SHAPES:-qwen2.5-7b-4k,hd128-2k-gqa}" ;;
+      ours_vs_ref "${SHAPES:-}"; det_vs_nondet "${SHAPES:-}"; host_cost ;;
+    v) ours_vs_ref "${SHAPES:-}" ;;
+    e) det_vs_nondet "${SHAPES:-}"; host_cost ;;
+    r) STEP=rule ROUNDS=${ROUNDS:-3} det_vs_nondet "${SHAPES:-qwen2.5-7b-4k,hd128-2k-gqa}" '[{"gqa_finish": "last_cta"}]' ;;
     g)
       (cd bench && TAILN=14 step host_engine 150 python3 host_engine.py) ;;
-    h)
-      (cd bench && TAILN=90 step host_floor 90 python3 host_floor.py && TAILN=90 step host_profile 120 python3 host_profile.py) ;;
+    h) TAILN=90 host_cost; (cd bench && TAILN=90 step host_profile 120 python3 host_profile.py) ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
