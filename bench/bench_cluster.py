@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import check_bwd  # noqa: E402
 
 from fa4.problem import Problem  # noqa: E402
-from fa4.sm90.bwd_config import default_config, violations  # noqa: E402
+from fa4.sm90.bwd_config import violations  # noqa: E402
+from fa4.sm90.bwd_defaults import default_config  # noqa: E402
 from fa4.tensors import problem_of  # noqa: E402
 
 

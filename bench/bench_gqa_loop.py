@@ -62,7 +62,8 @@ def bench_shape(name, shape, causal, device="cuda"):
 
     import fa4
     from fa4.problem import Problem
-    from fa4.sm90.bwd_config import default_config, violations
+    from fa4.sm90.bwd_config import violations
+    from fa4.sm90.bwd_defaults import default_config
     from fa4.sm90.bwd_launch import flash_attn_bwd
     from fa4.tensors import problem_of
 

@@ -19,7 +19,7 @@ twice in interleaved rounds and the reference at the start and end of each round
 
 ``--orders`` lists spt_order:head_swizzle pairs ("default": the config a call resolves, as it is);
 ``--det`` times the deterministic kernels of both sides. Session 11's three runs of this script
-set today's default (fa4.sm90.bwd_config.default_launch_order).
+set today's default (fa4.sm90.bwd_defaults.default_launch_order).
 """
 
 from __future__ import annotations

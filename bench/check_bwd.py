@@ -29,7 +29,8 @@ import torch
 
 import fa4
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import BwdConfigSm90, default_config, default_launch_order, violations
+from fa4.sm90.bwd_config import BwdConfigSm90, violations
+from fa4.sm90.bwd_defaults import default_config, default_launch_order
 from fa4.sm90.bwd_launch import flash_attn_bwd
 from fa4.tensors import problem_of
 

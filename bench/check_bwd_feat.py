@@ -130,7 +130,9 @@ def default_for(q, k, v, causal, deterministic=False, softcap=0.0, **change):
     does not carry the field yet), with the knob ``change``."""
     import dataclasses
 
-    from fa4.sm90.bwd_config import default_config, violations
+    from fa4.sm90.bwd_config import violations
+
+    from fa4.sm90.bwd_defaults import default_config
     from fa4.tensors import problem_of
 
     problem = problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic)

@@ -42,7 +42,8 @@ def placement(pass_: str, hd: int, hdv: int, causal: bool, exp_pin: bool) -> dic
         wgs, split = config.tile_m // 64, REG_SPLIT[config.tile_m // 64]
     else:
         from fa4.sm90.bwd_compile import compile_bwd_main, compile_key
-        from fa4.sm90.bwd_config import REG_SPLIT, default_config, violations
+        from fa4.sm90.bwd_config import REG_SPLIT, violations
+        from fa4.sm90.bwd_defaults import default_config
 
         config = dataclasses.replace(default_config(prob), exp_pin=exp_pin)
         build, key = compile_bwd_main, compile_key("bf16", hd, causal, False, False, config, hdv)

@@ -19,7 +19,7 @@ import json
 import torch
 
 import fa4
-from fa4.sm90.bwd_config import default_config
+from fa4.sm90.bwd_defaults import default_config
 from fa4.sm90 import bwd_launch
 from fa4.tensors import problem_of
 

@@ -52,7 +52,7 @@ def cubin_of(compile_with) -> bytes:
 def ours(hd: int, causal: bool, change: dict) -> bytes:
     from fa4.problem import Problem
     from fa4.sm90.bwd_compile import compile_bwd_main, compile_key
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     cfg = dataclasses.replace(default_config(Problem.standard(8192, hd, causal=causal, pass_="bwd")), **change)
     key = compile_key("bf16", hd, causal, False, False, cfg)

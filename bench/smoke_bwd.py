@@ -14,7 +14,7 @@ cb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cb)
 
 from fa4.problem import Problem  # noqa: E402
-from fa4.sm90.bwd_config import default_config  # noqa: E402
+from fa4.sm90.bwd_defaults import default_config  # noqa: E402
 
 for D, causal, det in ((128, False, False), (64, True, False), (128, True, True)):
     cfg = default_config(Problem.standard(1024, D, causal=causal, deterministic=det, pass_="bwd"))

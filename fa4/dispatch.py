@@ -74,11 +74,12 @@ class BwdEntry:
 def _sm90_bwd() -> BwdEntry:
     from fa4.sm90 import bwd_compile as c
     from fa4.sm90 import bwd_config as f
+    from fa4.sm90 import bwd_defaults as d
     from fa4.sm90 import bwd_launch as run
 
     # ``run`` reads launch_bwd from its module at each call, so the entry can be cached while the
     # launch stays replaceable (the tests' fakes).
-    return BwdEntry(f.BwdConfigSm90, f.violations, f.default_config, c.compile_key, c.compile_bwd_main,
+    return BwdEntry(f.BwdConfigSm90, f.violations, d.default_config, c.compile_key, c.compile_bwd_main,
                     lambda *a, **kw: run.launch_bwd(*a, **kw))
 
 

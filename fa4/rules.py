@@ -12,9 +12,19 @@ from fa4.problem import Problem
 
 
 def config_module(problem: Problem):
-    """The sm90 config module of the problem's pass (its knob class, violations, default_config)."""
+    """The sm90 config module of the problem's pass (its knob class, violations)."""
     if problem.pass_ == "bwd":
         from fa4.sm90 import bwd_config as m
+    else:
+        from fa4.sm90 import fwd_config as m
+    return m
+
+
+def defaults_module(problem: Problem):
+    """The sm90 module of the problem's pass that holds its default_config (the backward's measured
+    defaults live apart from its knob declaration)."""
+    if problem.pass_ == "bwd":
+        from fa4.sm90 import bwd_defaults as m
     else:
         from fa4.sm90 import fwd_config as m
     return m
@@ -37,7 +47,7 @@ class Fa4Rules:
         return config_module(problem).violations(config, problem, arch)
 
     def default_config(self, problem: Problem, arch: Arch):
-        return config_module(problem).default_config(problem, arch)
+        return defaults_module(problem).default_config(problem, arch)
 
 
 class Fa4DecodeRules:

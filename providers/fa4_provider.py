@@ -98,7 +98,9 @@ class Fa4Provider(Provider):
         return m.violations(config, problem, arch)
 
     def default_config(self, problem: Problem, arch: Arch):
-        return self._knobs(problem)[1].default_config(problem, arch)
+        from fa4 import rules
+
+        return rules.defaults_module(problem).default_config(problem, arch)
 
     # Every call names provider="fa4": flash_attn_func's default, "auto", may run a peer the DB
     # measured faster, and this provider's rows must be our kernels' own.

@@ -28,7 +28,8 @@ from fa4.sm90.bwd_compile import (
     compile_key,
     padded,
 )
-from fa4.sm90.bwd_config import BwdConfigSm90, default_config, dkv_sums, violations
+from fa4.sm90.bwd_config import BwdConfigSm90, dkv_sums, violations
+from fa4.sm90.bwd_defaults import default_config
 from fa4.common.bwd_schedule import dq_zero_rows
 
 # The preprocess's row count where every dQ accumulator row is zeroed (no first-turn stores).

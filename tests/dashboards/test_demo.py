@@ -214,7 +214,8 @@ def test_backward_log_gives_both_modes_of_ours_and_the_reference_and_sdpa_non_de
     fa4_128 = (got[("fa4", False, 128, False)]["tflops"], got[("fa4", True, 128, False)]["tflops"])
     assert tuple(round(x) for x in fa4_128) == (565, 552)
     # Labelled with the kernel that log ran: today's default (nothing pinned in MEASURED_WITH).
-    from fa4.sm90.bwd_config import BwdConfigSm90, default_config, violations
+    from fa4.sm90.bwd_config import BwdConfigSm90, violations
+    from fa4.sm90.bwd_defaults import default_config
 
     for (provider, det, hd, causal), r in got.items():
         if provider != "fa4":

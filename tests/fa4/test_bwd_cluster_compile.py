@@ -18,7 +18,8 @@ import pytest
 
 from fa4.problem import Problem
 from fa4.sm90.bwd_compile import compile_bwd_main, compile_bwd_post_dq, compile_key
-from fa4.sm90.bwd_config import REG_SPLIT, BwdConfigSm90, default_config, violations
+from fa4.sm90.bwd_config import REG_SPLIT, BwdConfigSm90, violations
+from fa4.sm90.bwd_defaults import default_config
 from fa4.sm90.compile import ensure_target
 from tests.fa4 import cpu_kernels
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read

@@ -88,7 +88,7 @@ def pairwise_subset(cases: list[tuple]) -> list[tuple]:
 def default_kernels(pairs=SPACES[0]) -> list[tuple]:
     """The default config of each issue shape (these head dims, causal or not, deterministic or
     not; GQA too at the later head dims, whose default changes under it: no TMA dK/dV store)."""
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     out = []
     gqas = (False,) if pairs == SPACES[0] else (False, True)
@@ -226,7 +226,7 @@ SHIFTED = [(64, 64, True), (96, 96, False), (128, 128, True), (192, 192, True), 
 
 @pytest.mark.parametrize("hd,hdv,gqa", SHIFTED, ids=lambda x: str(x))
 def test_shifted_runs_under_a_causal_mask_compile_clean(hd, hdv, gqa):
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     heads = 2048 // hd // 4 * 4
     prob = Problem(1, 2048, 8192, heads, heads // 4 if gqa else heads, hd, hdv, causal=True, pass_="bwd")
@@ -243,7 +243,7 @@ WALKED = [(64, 64, True, True), (96, 96, False, True), (128, 128, True, True), (
 
 @pytest.mark.parametrize("hd,hdv,gqa,det", WALKED, ids=lambda x: str(x))
 def test_walking_down_compiles_clean(hd, hdv, gqa, det):
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     prob = problem(hd, True, gqa, det, hdv)
     config = dataclasses.replace(default_config(prob), walk_down=True, spt_order=not det)
@@ -262,7 +262,7 @@ def test_mainloop_descriptors_stay_uniform(hd, causal, change):
     exchange at hd256 (session 13; ncu: 51M R2UR against the reference's 0.04M). Now 1-3."""
     ensure_target()
     from fa4.common import codegen_check as cc
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     prob = Problem.standard(4096, hd, causal=causal, pass_="bwd")
     config = dataclasses.replace(default_config(prob), **change)
@@ -282,7 +282,7 @@ def test_exp_pin_keeps_the_exponentials_under_the_dp_gemm(hd, causal, tile_exps)
     under the GEMM, session 14)."""
     ensure_target()
     from fa4.common import codegen_check as cc
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     prob = Problem.standard(4096, hd, causal=causal, pass_="bwd")
     config = dataclasses.replace(default_config(prob), exp_pin=True)
@@ -538,7 +538,7 @@ def test_feature_kernel_codegen(hd, feature, causal, gqa, det):
     each beside it (t is reused for the derivative, no second tanh)."""
     ensure_target()
     from fa4.common import codegen_check as cc
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     wl, wr, sc, sink = FEATURES[feature]
     prob = feature_problem(hd, causal, gqa, det, feature)
@@ -578,7 +578,7 @@ def test_feature_violations():
     ring3 = BwdConfigSm90(tile_m=64, stages=3, ds_stages=1, ds_store="sts", dkv_store="direct", dv_operand="rmem")
     assert not violations(ring3, problem(128, False, False, False))
     assert any("sliding window" in v for v in violations(ring3, feature_problem(128, False, False, False, "wlr")))
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     for name in FEATURES:
         for hd in (64, 128):
@@ -623,7 +623,7 @@ def test_gqa_loop_kernel_codegen(hd, hdv, causal, det, feature, change):
     pattern only where deterministic (dQ's turns; dK/dV have none)."""
     ensure_target()
     from fa4.common import codegen_check as cc
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     prob = loop_problem(hd, hdv, causal, det, feature)
     # The default where 'loop' is taken (a query range a quarter of the keys', 4 x 512+ CTAs): the
@@ -668,7 +668,7 @@ def test_step_orders_with_features_codegen(hd, feature, causal, det):
     at the head-dim-split sizes: clean (no spills, no serialization), one MUFU.EX2 and one
     MUFU.TANH per element of S^T per code path, as the default orders."""
     ensure_target()
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     wl, wr, sc, sink = FEATURES[feature]
     prob = feature_problem(hd, causal, False, det, feature)
@@ -698,7 +698,7 @@ def test_qm_with_features_codegen(hd, feature, causal, gqa, det):
     MUFU.TANH) per element of S per code path: tile_m x tile_n / 256 a thread, in the masked,
     unmasked and (with a left window) left-masked loops."""
     ensure_target()
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     wl, wr, sc, sink = FEATURES[feature]
     prob = feature_problem(hd, causal, gqa, det, feature)
@@ -718,7 +718,7 @@ def test_qm_descriptors_stay_uniform():
     too (fa4.common.mma.wg_slices): its WGMMA descriptors stay in uniform registers (test above)."""
     ensure_target()
     from fa4.common import codegen_check as cc
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     prob = Problem.standard(4096, 192, causal=True, pass_="bwd")
     config = dataclasses.replace(default_config(prob), **QM_CONFIGS[192])

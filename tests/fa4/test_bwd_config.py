@@ -17,19 +17,8 @@ from fa4.arch import SM90, SM100
 from fa4.common.bwd_schedule import dq_turn, m_block_range, walk_tile
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, random_configs
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import (
-    TILE_N,
-    VARLEN_HEAD_SWIZZLE,
-    WAVE_CTAS,
-    WAVE_MAX_HEADS,
-    BwdConfigSm90,
-    consumer_registers,
-    default_config,
-    key_tiles,
-    smem_bytes,
-    violations,
-    wave_head_swizzle,
-)
+from fa4.sm90.bwd_config import TILE_N, BwdConfigSm90, consumer_registers, smem_bytes, violations
+from fa4.sm90.bwd_defaults import VARLEN_HEAD_SWIZZLE, WAVE_CTAS, WAVE_MAX_HEADS, default_config, key_tiles, wave_head_swizzle
 from fa4.sm90.fwd_config import FwdConfigSm90
 
 ISSUE_SHAPES = [(8192, hd, causal) for hd in (64, 128) for causal in (False, True)]

@@ -39,7 +39,8 @@ def _mask_bits_config(feat, shape, hd, causal, window_left=-1, window_right=-1, 
     import dataclasses
 
     from fa4.problem import Problem
-    from fa4.sm90.bwd_config import default_config, violations
+    from fa4.sm90.bwd_config import violations
+    from fa4.sm90.bwd_defaults import default_config
 
     b, sq, sk, hq, hkv = shape
     problem = Problem(b, sq, sk, hq, hkv, hd, hd, causal=causal, pass_="bwd", deterministic=deterministic,

@@ -19,16 +19,8 @@ import pytest
 
 from fa4.common.bwd_schedule import dq_turn, group_step, m_block_segments, step_index, walk_down_tile, walk_runs
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import (
-    DET_WALK_DOWN_SWIZZLE,
-    GQA_LOOP_MIN_CTAS,
-    BwdConfigSm90,
-    default_config,
-    default_gqa_reduce,
-    det_walk_down_pays,
-    loop_ctas,
-    violations,
-)
+from fa4.sm90.bwd_config import BwdConfigSm90, violations
+from fa4.sm90.bwd_defaults import DET_WALK_DOWN_SWIZZLE, GQA_LOOP_MIN_CTAS, default_config, default_gqa_reduce, det_walk_down_pays, loop_ctas
 
 
 def visible(i, j, sq, sk, causal, left=-1, right=-1):

@@ -8,7 +8,8 @@ import torch
 from fa4.arch import SM90, SM100
 from fa4.dispatch import bwd_entry
 from fa4.sm90.bwd_compile import SEQ_PAD, padded
-from fa4.sm90.bwd_config import BwdConfigSm90, default_config
+from fa4.sm90.bwd_config import BwdConfigSm90
+from fa4.sm90.bwd_defaults import default_config
 from fa4.sm90.bwd_launch import flash_attn_bwd, launch_bwd, resolve_config
 from fa4.sm90 import bwd_launch
 from fa4.tensors import problem_of
@@ -151,7 +152,7 @@ def test_profile_script_runs_the_problem_it_names(monkeypatch, window, causal):
     it was given (a bounded side only) and the default config of the windowed problem, and its
     gradients are that problem's (tests/fa4/cpu_kernels' reference math)."""
     from fa4.sm90 import bwd_launch
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
     from fa4.tensors import problem_of
     from tests.fa4 import cpu_kernels
 
@@ -297,7 +298,7 @@ def test_gqa_add_bulk_converts_fragment_ordered_sums_with_the_dq_postprocess(bwd
     q, k, v = tensors(b, sq, sk, hq, hkv, d)
     out, dout, lse = torch.randn_like(q), torch.randn_like(q), torch.randn(b, hq, sq)
     cfg = resolve_config(problem_of(q, k, v, causal=True, pass_="bwd"), None)
-    # The non-deterministic default under GQA 'atomic' (bwd_config._measured_finish).
+    # The non-deterministic default under GQA 'atomic' (bwd_defaults._measured_finish).
     assert cfg.gqa_reduce == "atomic" and cfg.gqa_finish == "postprocess" and cfg.gqa_add == "bulk"
     dq, dk, dv = launch_bwd(dout, q, k, v, out, lse, 0.125, True, False, cfg)
     calls = [(name, key) for name, key, _ in bwd_launches.calls]

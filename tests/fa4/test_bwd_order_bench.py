@@ -9,7 +9,7 @@ import sys
 import torch
 
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import default_config
+from fa4.sm90.bwd_defaults import default_config
 from tests.fa4 import cpu_kernels
 
 

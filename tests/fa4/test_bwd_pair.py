@@ -93,7 +93,7 @@ def test_cluster_exchange_is_the_default_at_hd256_only():
     windowed, softcapped and 'loop' problems fall back to the config without it."""
     import dataclasses
 
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     for hd, hdv in ((64, 64), (96, 96), (128, 128), (192, 192), (192, 128), (256, 256)):
         for causal in (False, True):
@@ -139,7 +139,7 @@ def test_cluster_exchange_feasibility():
     assert smem_bytes(pair_cfg(), p) - smem_bytes(base, p) == 64 * 128 * 2 + 2 * 64 * 64 * 2 - 64 * 128 * 4
     # hd256: the default's one-deep Q/dO ring with bulk adds and two dS buffers, exchanged, in
     # the same bytes; a two-deep ring fits neither way.
-    from fa4.sm90.bwd_config import default_config
+    from fa4.sm90.bwd_defaults import default_config
 
     d256 = default_config(p)
     assert (d256.stages, d256.ds_stages, d256.dq_accum) == (1, 2, "bulk")

@@ -118,7 +118,8 @@ def test_qm_features(feat, hd, causal, feature):
     import torch
 
     from fa4.problem import Problem
-    from fa4.sm90.bwd_config import default_config, violations
+    from fa4.sm90.bwd_config import violations
+    from fa4.sm90.bwd_defaults import default_config
 
     shape = (1, 777, 1333, 8, 2)
     b, sq, sk, hq, hkv = shape

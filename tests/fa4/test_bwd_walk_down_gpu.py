@@ -76,7 +76,7 @@ def test_walking_down_deterministic_bitwise(check_bwd, hd, change, shape):
                                       (128, (1, 2048, 8192, 64, 8)), (64, (1, 8192, 8192, 8, 2))],
                          ids=["gqa", "mha", "loop-sq2k", "hd64-gqa"])
 def test_the_deterministic_default_walks_down_bitwise(check_bwd, hd, shape):
-    """The default where it walks down (bwd_config.det_walk_down_pays: deterministic causal hd128 or hd64
+    """The default where it walks down (bwd_defaults.det_walk_down_pays: deterministic causal hd128 or hd64
     under GQA, 64 key tiles a head; GQA 'loop' at Sq < Sk), with its launch order (longest first, 16
     heads a group): ten runs bitwise equal and right."""
     import torch

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import default_config
+from fa4.sm90.bwd_defaults import default_config
 from tests.fa4 import cpu_kernels
 
 CAUSAL = Problem(2, 8192, 8192, 16, 16, 128, 128, causal=True, pass_="bwd")

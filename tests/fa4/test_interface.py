@@ -72,7 +72,7 @@ from fa4 import launch, ops  # noqa: E402
 from fa4.knobs import config_from_dict, random_configs  # noqa: E402
 from fa4.problem import Problem  # noqa: E402
 from fa4.sm90.bwd_config import BwdConfigSm90  # noqa: E402
-from fa4.sm90.bwd_config import default_config as bwd_default  # noqa: E402
+from fa4.sm90.bwd_defaults import default_config as bwd_default  # noqa: E402
 from fa4.sm90.fwd_config import FwdConfigSm90  # noqa: E402
 from tests.fa4 import cpu_kernels  # noqa: E402
 from tests.fa4.cpu_kernels import check_bwd, forward_math, inputs  # noqa: E402

@@ -8,7 +8,7 @@ import dataclasses
 import json
 
 from fa4.problem import Problem
-from fa4.sm90.bwd_config import default_config
+from fa4.sm90.bwd_defaults import default_config
 from tests.fa4 import cpu_kernels
 
 LLAMA = Problem(1, 8192, 8192, 32, 8, 128, 128, causal=True, pass_="bwd")

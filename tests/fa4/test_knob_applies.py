@@ -26,7 +26,7 @@ from fa4.knobs import (
     space_size,
 )
 from fa4.problem import Problem
-from fa4.sm90 import bwd_config, fwd_config
+from fa4.sm90 import bwd_config, bwd_defaults, fwd_config
 
 FWD_PLAIN = Problem.standard(4096, 128, causal=True)
 FWD_SOFTCAP = dataclasses.replace(FWD_PLAIN, softcap=30.0)
@@ -176,7 +176,7 @@ def test_a_knob_whose_requirements_fail_is_feasible_only_at_its_default(problem)
                 feasible_met += met and not bad
         # stat_shuffle is feasible only in the default's layout (about one random config in 2,000 meets
         # its requires and the layout): the problem's default config counts as a sample too.
-        base = bwd_config.default_config(problem)
+        base = bwd_defaults.default_config(problem)
         if spec.requires({n: getattr(base, n) for n in before}):
             feasible_met += sum(not bwd_config.violations(dataclasses.replace(base, **{spec.name: v}), problem, SM90)
                                 for v in spec.choices if v != spec.default)

@@ -136,7 +136,7 @@ def test_mask_bits_kernels_take_r2p_for_the_compares(pass_, hd, causal, window):
             build, key = compile_fwd, compile_key("bf16", hd, causal, True, config, hd, **feat)
         else:
             from fa4.sm90.bwd_compile import compile_bwd_main, compile_key
-            from fa4.sm90.bwd_config import default_config
+            from fa4.sm90.bwd_defaults import default_config
 
             # (stat_shuffle, the hd64 default, is built without mask_bits: both off and on compare one layout.)
             config = dataclasses.replace(default_config(prob), mask_bits=on, stat_shuffle=False)

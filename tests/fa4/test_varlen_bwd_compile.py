@@ -17,7 +17,8 @@ import pytest
 
 from fa4.problem import Problem
 from fa4.sm90.bwd_compile import compile_bwd_main, compile_bwd_post, compile_bwd_post_dq, compile_bwd_pre, compile_key
-from fa4.sm90.bwd_config import REG_SPLIT, VARLEN_HEAD_SWIZZLE, BwdConfigSm90, default_config, violations
+from fa4.sm90.bwd_config import REG_SPLIT, BwdConfigSm90, violations
+from fa4.sm90.bwd_defaults import VARLEN_HEAD_SWIZZLE, default_config
 from fa4.sm90.compile import ensure_target
 from tests.fa4.codegen_asserts import assert_clean, compile_and_read
 
@@ -111,7 +112,7 @@ def test_varlen_bwd_keys_and_defaults():
     plain = compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128)
     assert compile_key("bf16", 128, True, False, False, BwdConfigSm90(), 128, varlen=True) != plain
     # The varlen problem's default is the dense one's (dK/dV by TMA without GQA) but for its launch
-    # order: 8 heads a scheduling group at hd128 (bwd_config.VARLEN_HEAD_SWIZZLE, session 18).
+    # order: 8 heads a scheduling group at hd128 (bwd_defaults.VARLEN_HEAD_SWIZZLE, session 18).
     p = varlen_problem(128, True)
     dense = dataclasses.replace(p, varlen=False, varlen_mean_q=0, varlen_mean_k=0)
     assert default_config(p) == dataclasses.replace(default_config(dense), head_swizzle=VARLEN_HEAD_SWIZZLE)

@@ -32,7 +32,8 @@ if not torch.cuda.is_available():
 
 import fa4  # noqa: E402
 from fa4.features import normalize  # noqa: E402
-from fa4.sm90.bwd_config import default_config, violations  # noqa: E402
+from fa4.sm90.bwd_config import violations  # noqa: E402
+from fa4.sm90.bwd_defaults import default_config  # noqa: E402
 from fa4.sm90.bwd_launch import launch_bwd_varlen  # noqa: E402
 from fa4.varlen import bwd_problem, cu_seqlens  # noqa: E402
 

@@ -14,7 +14,7 @@ from fa4.arch import SM90
 from fa4.knobs import config_to_dict
 from fa4.problem import Problem
 from fa4.sm90.bwd_config import BwdConfigSm90
-from fa4.sm90.bwd_config import default_config as bwd_default
+from fa4.sm90.bwd_defaults import default_config as bwd_default
 from fa4.sm90.fwd_config import FwdConfigSm90
 from fa4.sm90.fwd_config import default_config as fwd_default
 from providers import get_provider

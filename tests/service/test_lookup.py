@@ -252,7 +252,8 @@ PB_DET = Problem.standard(4096, 128, pass_="bwd", deterministic=True)
 
 
 def tuned_bwd(problem: Problem, n: int = 0):
-    from fa4.sm90.bwd_config import BwdConfigSm90, default_config as bwd_default, violations as bwd_violations
+    from fa4.sm90.bwd_config import BwdConfigSm90, violations as bwd_violations
+    from fa4.sm90.bwd_defaults import default_config as bwd_default
 
     d = bwd_default(problem, SM90)
     others = (c for c in iter_configs(BwdConfigSm90, problem) if c != d and not bwd_violations(c, problem, SM90))
@@ -269,7 +270,8 @@ def add_bwd_row(store, problem, config, fp, tflops=500.0):
 
 
 def test_bwd_configs_from_the_local_db_by_pass_and_determinism(env, fp, monkeypatch):
-    from fa4.sm90.bwd_config import BwdConfigSm90, default_config as bwd_default
+    from fa4.sm90.bwd_config import BwdConfigSm90
+    from fa4.sm90.bwd_defaults import default_config as bwd_default
 
     url = f"sqlite:///{env / 'r.db'}"
     with ResultsStore.open(url) as store:

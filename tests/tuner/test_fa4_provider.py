@@ -11,7 +11,7 @@ import pytest
 from fa4.arch import SM90
 from fa4.knobs import config_from_dict, config_to_dict, iter_configs, json_schema, knob_specs, space_size
 from fa4.problem import Problem
-from fa4.sm90 import bwd_config, fwd_config
+from fa4.sm90 import bwd_config, bwd_defaults, fwd_config
 from fa4.sm90.bwd_compile import compile_key as bwd_compile_key
 from fa4.sm90.bwd_config import BwdConfigSm90
 from fa4.sm90.fwd_config import FwdConfigSm90
@@ -65,7 +65,7 @@ def test_bwd_search_space_is_the_bwd_declaration(problem):
             if not bwd_config.violations(c, problem, SM90)]
     assert feasible == want and feasible
     default = p.default_config(problem, SM90)
-    assert default == bwd_config.default_config(problem, SM90) and default in feasible
+    assert default == bwd_defaults.default_config(problem, SM90) and default in feasible
     # Runtime knobs share a compiled kernel; GQA (fp32 dK/dV accumulators) is another kernel.
     for c in feasible[:5]:
         assert p.compile_variant(problem, c) == bwd_compile_key(
@@ -101,7 +101,7 @@ def test_check_without_gpu_counts_the_bwd_space():
     assert n == space_size(BwdConfigSm90) // 4096 * 25 // 24 == rep["space"] // 4096 * 25 // 24
     n_ok = len([c for c in iter_configs(BwdConfigSm90, BWD_DET) if not bwd_config.violations(c, BWD_DET, SM90)])
     assert (rep["configs"], rep["feasible"], rep["infeasible"]) == (n, n_ok, n - n_ok)
-    assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
+    assert rep["default"]["config"] == config_to_dict(bwd_defaults.default_config(BWD_DET, SM90))
     assert rep["default"]["violations"] == [] and rep["problem"]["pass"] == "bwd"
 
 
@@ -129,7 +129,7 @@ def test_a_bwd_study_suggests_and_stores_bwd_configs(tmp_path):
         study = optuna.load_study(study_name=t.name, storage=open_storage(t.storage_spec))
         names = sorted(s.name for s in knob_specs(BwdConfigSm90))
         assert res.trials == 25 and all(sorted(tr.params) == names for tr in study.trials)
-        assert res.default["config"] == config_to_dict(bwd_config.default_config(BWD_DET, SM90))
+        assert res.default["config"] == config_to_dict(bwd_defaults.default_config(BWD_DET, SM90))
         rows = store.measurements(study_name=t.name)
         assert len(rows) == res.measured + sum(r["status"] == "infeasible" for r in rows)
         for r in rows:
@@ -188,7 +188,7 @@ def test_cli_compile_only_bwd_without_gpu(tmp_path):
     assert rep["feasible"] == len(feasible)
     assert rep["compile"]["distinct_kernels"] == len(kernels) and rep["compile"]["compiled"] == 2
     assert rep["compile"]["ok"] == 2 and rep["compile"]["errors"] == []
-    assert rep["default"]["config"] == config_to_dict(bwd_config.default_config(prob, SM90))
+    assert rep["default"]["config"] == config_to_dict(bwd_defaults.default_config(prob, SM90))
     assert "timing needs a CUDA GPU" in rep["timing"]
 
 
