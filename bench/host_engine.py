@@ -27,38 +27,24 @@ import argparse
 import torch
 from host_cost import per_call_us  # the loop of bench/host_cost.py (run from bench/)
 
-import fa4
-from fa4 import launch
 
+def engine_loops(qg, kg, vg, do, lse_shape, fwd_ours, bwd_ours, with_grad, via_api) -> dict:
+    """The loops e0-e8 (module doc) by name, each a call of torch.autograd.grad w.r.t. (qg, kg, vg).
+    ``fwd_ours(q, k, v)`` -> (O, LSE) and ``bwd_ours(dO, q, k, v, O, LSE)`` -> (dq, dk, dv) are our
+    launches; ``with_grad()`` and ``via_api()`` return O through launch._with_grad and flash_attn_func."""
+    inputs = (qg, kg, vg)
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--shape", default="1,128,4,128")
-    a = ap.parse_args()
-    b, s, h, d = (int(x) for x in a.shape.split(","))
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    scale = 1.0 / d ** 0.5
-    cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
+    def fwd_empty(q, k, v):
+        return torch.empty_like(q), torch.empty(lse_shape, device=q.device, dtype=torch.float32)
 
-    def fwd_empty(ctx, q, k, v):
-        return torch.empty_like(q), torch.empty(b, h, s, device=q.device, dtype=torch.float32)
-
-    def fwd_ours(ctx, q, k, v):
-        return launch._forward(q, k, v, scale, True, True, None, None)
-
-    def bwd_empty(ctx, dout, q, k, v, o, lse):
+    def bwd_empty(dout, q, k, v, o, lse):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-    def bwd_ours(ctx, dout, q, k, v, o, lse):
-        return launch._backward(dout, q, k, v, o, lse, scale, True, False, cfg)[:3]
 
     def saving(fwd, bwd):
         class F(torch.autograd.Function):
             @staticmethod
             def forward(ctx, q, k, v):
-                o, lse = fwd(ctx, q, k, v)
+                o, lse = fwd(q, k, v)
                 ctx.set_materialize_grads(False)
                 ctx.save_for_backward(q, k, v, o, lse, None)
                 return o, lse
@@ -66,9 +52,9 @@ def main() -> int:
             @staticmethod
             def backward(ctx, dout, dlse):
                 q, k, v, o, lse, _ = ctx.saved_tensors
-                return bwd(ctx, dout, q, k, v, o, lse)
+                return bwd(dout, q, k, v, o, lse)
 
-        return lambda: torch.autograd.grad(F.apply(qg, kg, vg)[0], (qg, kg, vg), do)
+        return lambda: torch.autograd.grad(F.apply(*inputs)[0], inputs, do)
 
     class E0(torch.autograd.Function):
         @staticmethod
@@ -88,25 +74,44 @@ def main() -> int:
         @staticmethod
         def forward(ctx, q, k, v):
             ctx.set_materialize_grads(False)
-            return fwd_empty(ctx, q, k, v)
+            return fwd_empty(q, k, v)
 
         @staticmethod
         def backward(ctx, dout, dlse):
             return torch.empty_like(dout), torch.empty_like(dout), torch.empty_like(dout)
 
-    loops = {
-        "e0 floor at our shape (view out, dO through)": lambda: torch.autograd.grad(E0.apply(qg, kg, vg), (qg, kg, vg), do),
-        "e1 + fresh grads": lambda: torch.autograd.grad(E1.apply(qg, kg, vg), (qg, kg, vg), do),
-        "e2 + two fresh outputs, no materialize": lambda: torch.autograd.grad(E2.apply(qg, kg, vg)[0], (qg, kg, vg), do),
+    return {
+        "e0 floor at our shape (view out, dO through)": lambda: torch.autograd.grad(E0.apply(*inputs), inputs, do),
+        "e1 + fresh grads": lambda: torch.autograd.grad(E1.apply(*inputs), inputs, do),
+        "e2 + two fresh outputs, no materialize": lambda: torch.autograd.grad(E2.apply(*inputs)[0], inputs, do),
         "e3 + save_for_backward (6) and unpack": saving(fwd_empty, bwd_empty),
         "e4 e3 with our forward launch": saving(fwd_ours, bwd_empty),
         "e5 e3 with our backward host path": saving(fwd_empty, bwd_ours),
         "e6 our forward and backward (no resolve)": saving(fwd_ours, bwd_ours),
-        "e7 ours through launch._with_grad": lambda: torch.autograd.grad(
-            launch._with_grad(qg, kg, vg, None, True, False, None, None, False, None), (qg, kg, vg), do),
-        "e8 ours through flash_attn_func": lambda: torch.autograd.grad(
-            fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True), (qg, kg, vg), do),
+        "e7 ours through launch._with_grad": lambda: torch.autograd.grad(with_grad(), inputs, do),
+        "e8 ours through flash_attn_func": lambda: torch.autograd.grad(via_api(), inputs, do),
     }
+
+
+def main() -> int:
+    import fa4
+    from fa4 import launch
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--shape", default="1,128,4,128")
+    a = ap.parse_args()
+    b, s, h, d = (int(x) for x in a.shape.split(","))
+    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    scale = 1.0 / d ** 0.5
+    cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
+    loops = engine_loops(
+        qg, kg, vg, do, (b, h, s),
+        fwd_ours=lambda q, k, v: launch._forward(q, k, v, scale, True, True, None, None),
+        bwd_ours=lambda dout, q, k, v, o, lse: launch._backward(dout, q, k, v, o, lse, scale, True, False, cfg)[:3],
+        with_grad=lambda: launch._with_grad(qg, kg, vg, None, True, False, None, None, False, None),
+        via_api=lambda: fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True))
     print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops)")
     prev = None
     for name, fn in loops.items():

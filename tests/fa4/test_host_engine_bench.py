@@ -1,0 +1,115 @@
+"""bench/host_engine.py on the CPU machine: each loop adds exactly one of our Function's features to
+the loop before it (the differences it prints are read as those features' costs), and our launches
+run only in the loops that name them. The launches are CPU stand-ins that record their calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from tests.fa4 import cpu_kernels
+
+B, S, H, D = 1, 16, 2, 8
+
+
+def _loops(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))  # its host_cost import
+    mod = cpu_kernels.bench_module(monkeypatch, "host_engine")
+    g = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(B, S, H, D, generator=g) for _ in range(4))
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    calls = []
+
+    def fwd_ours(q, k, v):
+        calls.append("fwd")
+        return q * 2, torch.full((B, H, S), 3.0)
+
+    def bwd_ours(dout, q, k, v, o, lse):
+        calls.append(("bwd", dout, q, k, v, o, lse))
+        return dout * 5, k * 0 + 6, v * 0 + 7
+
+    def with_grad():
+        calls.append("with_grad")
+        return qg * 1 + kg * 2 + vg * 3
+
+    def via_api():
+        calls.append("via_api")
+        return qg * 1 + kg * 2 + vg * 3
+
+    loops = mod.engine_loops(qg, kg, vg, do, (B, H, S), fwd_ours, bwd_ours, with_grad, via_api)
+    return loops, calls, (qg, kg, vg, do)
+
+
+def test_each_loop_runs_only_the_launches_it_names(monkeypatch):
+    loops, calls, _ = _loops(monkeypatch)
+    want = {"e0": [], "e1": [], "e2": [], "e3": [], "e4": ["fwd"], "e5": ["bwd"], "e6": ["fwd", "bwd"],
+            "e7": ["with_grad"], "e8": ["via_api"]}
+    assert [name[:2] for name in loops] == list(want)
+    for name, fn in loops.items():
+        calls.clear()
+        fn()
+        assert [c if isinstance(c, str) else c[0] for c in calls] == want[name[:2]], name
+
+
+def test_the_floor_passes_do_through_and_every_later_loop_returns_fresh_grads(monkeypatch):
+    loops, _, (qg, kg, vg, do) = _loops(monkeypatch)
+    names = list(loops)
+    floor = loops[names[0]]()
+    assert all(t.data_ptr() == do.data_ptr() for t in floor)  # e0: dO itself, three times
+    for name in names[1:4]:  # e1-e3: three fresh tensors of the inputs' shapes
+        grads = loops[name]()
+        assert len({t.data_ptr() for t in grads} | {do.data_ptr()}) == 4, name
+        assert [t.shape for t in grads] == [qg.shape, kg.shape, vg.shape], name
+
+
+def test_our_backward_gets_what_the_forward_saved_and_its_grads_reach_the_caller(monkeypatch):
+    loops, calls, (qg, kg, vg, do) = _loops(monkeypatch)
+    e6 = next(fn for name, fn in loops.items() if name.startswith("e6"))
+    calls.clear()
+    dq, dk, dv = e6()
+    (_, dout, q, k, v, o, lse), = [c for c in calls if not isinstance(c, str)]
+    assert torch.equal(dout, do)
+    assert torch.equal(q, qg.detach()) and torch.equal(k, kg.detach()) and torch.equal(v, vg.detach())
+    assert torch.equal(o, qg.detach() * 2)  # the forward launch's O, saved and unpacked
+    assert torch.equal(lse, torch.full((B, H, S), 3.0))
+    assert torch.equal(dq, do * 5) and torch.equal(dk, torch.full_like(dk, 6.0)) and torch.equal(dv, torch.full_like(dv, 7.0))
+    # The API loops differentiate what they return: d(q + 2k + 3v) against dO.
+    e8 = next(fn for name, fn in loops.items() if name.startswith("e8"))
+    gq, gk, gv = e8()
+    assert torch.equal(gq, do) and torch.equal(gk, 2 * do) and torch.equal(gv, 3 * do)
+
+
+def test_main_wires_our_launches_into_the_loops_and_prints_each_time(monkeypatch, capsys):
+    """main() with the GPU faked: CUDA tensors made on the CPU, our launch entry points replaced by
+    stand-ins that record their arguments, the timer returning a different figure a loop."""
+    import sys
+
+    import fa4
+    from fa4 import launch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    mod = cpu_kernels.bench_module(monkeypatch, "host_engine")
+    randn = torch.randn
+    monkeypatch.setattr(mod.torch, "randn", lambda *s, device=None, dtype=None: randn(*s).to(dtype))
+    seen = []
+    monkeypatch.setattr(launch, "bwd_config_for", lambda *a: seen.append(("cfg", a[3:])) or "CFG")
+    monkeypatch.setattr(launch, "_forward", lambda q, k, v, scale, causal, lse, *a: seen.append(
+        ("fwd", scale, causal, lse)) or (q * 1, torch.zeros(q.shape[0], q.shape[2], q.shape[1])))
+    monkeypatch.setattr(launch, "_backward", lambda dout, q, k, v, o, lse, scale, causal, det, cfg: seen.append(
+        ("bwd", scale, causal, det, cfg)) or (dout * 1, dout * 1, dout * 1))
+    monkeypatch.setattr(launch, "_with_grad", lambda q, k, v, *a: seen.append(("with_grad", a)) or q + k + v)
+    monkeypatch.setattr(fa4, "flash_attn_func", lambda q, k, v, **kw: seen.append(("api", kw)) or q + k + v)
+    ticks = iter(range(1, 100))
+    monkeypatch.setattr(mod, "per_call_us", lambda fn, calls: (fn(), 10.0 * next(ticks))[1])
+    monkeypatch.setattr(sys, "argv", ["host_engine.py", "--shape", "1,16,2,64"])
+    assert mod.main() == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.strip()[:2] in {f"e{i}" for i in range(9)}]
+    assert [r[0] for r in rows] == [f"e{i}" for i in range(9)]
+    assert [float(r[-1]) for r in rows[:1] + rows[4:]] == [10.0, 50.0, 60.0, 70.0, 80.0, 90.0]
+    assert out.count("( +10.0)") == 3  # e1-e3 print their step over the loop before
+    assert ("cfg", (True, False, None)) in seen
+    assert ("fwd", 1.0 / 8.0, True, True) in seen and ("bwd", 1.0 / 8.0, True, False, "CFG") in seen
+    assert ("with_grad", (None, True, False, None, None, False, None)) in seen
+    assert ("api", {"provider": "fa4", "causal": True}) in seen
