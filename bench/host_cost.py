@@ -29,10 +29,37 @@ def per_call_us(fn, calls: int) -> float:
     return best
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def warm_per_call_us(fn, calls: int) -> float:
+    """per_call_us after 20 warm-up calls (compiles, caches)."""
+    for _ in range(20):
+        fn()
+    return per_call_us(fn, calls)
+
+
+def failure(e: Exception, width: int = 100) -> str:
+    """What a row prints where its loop raised."""
+    return f"n/a ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:width]})"
+
+
+def tiny_parser(doc: str) -> argparse.ArgumentParser:
+    """--calls and --shape (batch,seqlen,heads,head_dim) of the tiny problem, as every host-cost script takes them."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--shape", default="1,128,4,128", help="batch,seqlen,heads,head_dim")
+    return ap
+
+
+def tiny_inputs(shape: str):
+    """((b, s, h, d), (q, k, v, dO), (q, k, v) requiring grad): bf16 CUDA tensors of the --shape."""
+    import torch
+
+    b, s, h, d = (int(x) for x in shape.split(","))
+    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    return (b, s, h, d), (q, k, v, do), tuple(t.clone().requires_grad_(True) for t in (q, k, v))
+
+
+def main() -> int:
+    ap = tiny_parser(__doc__)
     ap.add_argument("--providers", default="fa4,flash-attn-4,cudnn,fa2")
     ap.add_argument("--profile", action="store_true", help="then cProfile fa4's forward + backward loop (top 30)")
     a = ap.parse_args()
@@ -40,9 +67,7 @@ def main() -> int:
 
     import fa4
 
-    b, s, h, d = (int(x) for x in a.shape.split(","))
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    (b, s, h, d), (q, k, v, do), (qg, kg, vg) = tiny_inputs(a.shape)
     print(f"shape B{b} S{s} H{h} D{d} bf16, {a.calls} calls, one sync; us per call (lower of 2 loops)")
     for p in a.providers.split(","):
         def fwd(p=p):
@@ -56,11 +81,9 @@ def main() -> int:
         row = []
         for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
             try:
-                for _ in range(20):
-                    fn()
-                row.append(f"{name} {per_call_us(fn, a.calls):7.1f}")
+                row.append(f"{name} {warm_per_call_us(fn, a.calls):7.1f}")
             except Exception as e:
-                row.append(f"{name} n/a ({type(e).__name__}: {str(e).splitlines()[0][:80]})")
+                row.append(f"{name} {failure(e, 80)}")
         print(f"{p:13s} " + "  ".join(row), flush=True)
     if a.profile:
         import cProfile

@@ -22,10 +22,9 @@ The step from one line to the next is what that feature costs under the engine.
 
 from __future__ import annotations
 
-import argparse
 
 import torch
-from host_cost import per_call_us  # the loop of bench/host_cost.py (run from bench/)
+from host_cost import failure, tiny_inputs, tiny_parser, warm_per_call_us  # bench/host_cost.py's loop (run from bench/)
 
 
 def engine_loops(qg, kg, vg, do, lse_shape, fwd_ours, bwd_ours, with_grad, via_api) -> dict:
@@ -97,13 +96,8 @@ def main() -> int:
     import fa4
     from fa4 import launch
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--shape", default="1,128,4,128")
-    a = ap.parse_args()
-    b, s, h, d = (int(x) for x in a.shape.split(","))
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    a = tiny_parser(__doc__).parse_args()
+    (b, s, h, d), (q, k, v, do), (qg, kg, vg) = tiny_inputs(a.shape)
     scale = 1.0 / d ** 0.5
     cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
     loops = engine_loops(
@@ -116,14 +110,12 @@ def main() -> int:
     prev = None
     for name, fn in loops.items():
         try:
-            for _ in range(20):
-                fn()
-            us = per_call_us(fn, a.calls)
+            us = warm_per_call_us(fn, a.calls)
             step = f"  ({us - prev:+6.1f})" if prev is not None and name[:2] in ("e1", "e2", "e3") else ""
             print(f"  {name:46s} {us:8.1f}{step}", flush=True)
             prev = us
         except Exception as e:  # noqa: BLE001
-            print(f"  {name:46s} n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
+            print(f"  {name:46s} {failure(e)}", flush=True)
     return 0
 
 

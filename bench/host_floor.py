@@ -18,10 +18,9 @@ sync, lower of 2 loops, B1 S128 H4 D128 bf16 causal by default):
 
 from __future__ import annotations
 
-import argparse
 
 import torch
-from host_cost import per_call_us  # the same loop as bench/host_cost.py (run from bench/)
+from host_cost import failure, tiny_inputs, tiny_parser, warm_per_call_us  # bench/host_cost.py's loop (run from bench/)
 
 import fa4
 from fa4 import launch
@@ -57,9 +56,7 @@ def on_thread(fn, calls: int) -> float:
     import threading
 
     def work():
-        for _ in range(20):
-            fn()
-        box.append(per_call_us(fn, calls))
+        box.append(warm_per_call_us(fn, calls))
 
     box = []
     t = threading.Thread(target=work)
@@ -80,13 +77,8 @@ class Three(torch.autograd.Function):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", type=int, default=2000)
-    ap.add_argument("--shape", default="1,128,4,128")
-    a = ap.parse_args()
-    b, s, h, d = (int(x) for x in a.shape.split(","))
-    q, k, v, do = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    a = tiny_parser(__doc__).parse_args()
+    (b, s, h, d), (q, k, v, do), (qg, kg, vg) = tiny_inputs(a.shape)
     small = [torch.randn(1, device="cuda", requires_grad=True) for _ in range(3)]
     g1 = torch.ones(1, device="cuda")
 
@@ -130,12 +122,10 @@ def main() -> int:
             if isinstance(fn, tuple):  # ("thread", fn): warmed and timed on a new thread
                 us = on_thread(fn[1], a.calls)
             else:
-                for _ in range(20):
-                    fn()
-                us = per_call_us(fn, a.calls)
+                us = warm_per_call_us(fn, a.calls)
             print(f"  {name:42s} {us:8.1f}", flush=True)
         except Exception as e:  # noqa: BLE001
-            print(f"  {name:42s} n/a ({type(e).__name__}: {str(e).splitlines()[0][:100]})", flush=True)
+            print(f"  {name:42s} {failure(e)}", flush=True)
     return 0
 
 

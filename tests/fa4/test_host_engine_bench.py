@@ -101,7 +101,7 @@ def test_main_wires_our_launches_into_the_loops_and_prints_each_time(monkeypatch
     monkeypatch.setattr(launch, "_with_grad", lambda q, k, v, *a: seen.append(("with_grad", a)) or q + k + v)
     monkeypatch.setattr(fa4, "flash_attn_func", lambda q, k, v, **kw: seen.append(("api", kw)) or q + k + v)
     ticks = iter(range(1, 100))
-    monkeypatch.setattr(mod, "per_call_us", lambda fn, calls: (fn(), 10.0 * next(ticks))[1])
+    monkeypatch.setattr(mod, "warm_per_call_us", lambda fn, calls: (fn(), 10.0 * next(ticks))[1])
     monkeypatch.setattr(sys, "argv", ["host_engine.py", "--shape", "1,16,2,64"])
     assert mod.main() == 0
     out = capsys.readouterr().out
