@@ -56,3 +56,12 @@ bwd_variants() {  # SHAPES VARIANTS: knob overrides against the default (DET=1: 
 host_cost() {  # the tiny problem's host cost, piece by piece (bench/host_floor.py)
   (cd bench && TAILN=${TAILN:-12} step host_floor 90 python3 host_floor.py)
 }
+
+bwd_gpu_tests() {  # -k EXPR: the backward's GPU suite (tests/fa4/test_bwd_gpu.py), 12 workers
+  TAILN=14 step tests 360 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_gpu.py -k "$1"
+}
+
+feat_gpu_tests() {  # -k EXPR: the features' and the GQA 'loop' GPU suites
+  TAILN=14 step feat 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_feat_gpu.py \
+    tests/fa4/test_bwd_gqa_loop_gpu.py -k "$1"
+}

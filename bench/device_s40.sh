@@ -27,12 +27,8 @@ DV='[{"gqa_finish": "postprocess", "gqa_add": "bulk"}]'
 TK="grads_match or autograd or torch_compile or gqa_add or opcheck or explicit_bwd"
 for phase in "$@"; do
   case "$phase" in
-    t)
-      TAILN=14 step tests 360 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_gpu.py \
-        -k "${TESTS:-$TK}" ;;
-    f)
-      TAILN=14 step feat 240 python3 -m pytest -q -n 12 -p no:cacheprovider tests/fa4/test_bwd_feat_gpu.py \
-        tests/fa4/test_bwd_gqa_loop_gpu.py -k "${FTESTS:-not deterministic}" ;;
+    t) bwd_gpu_tests "${TESTS:-$TK}" ;;
+    f) feat_gpu_tests "${FTESTS:-not deterministic}" ;;
     d)
       det_vs_nondet "${SHAPES:-llama3.2-1b-8k,qwen2.5-7b-4k,llama3-8b-8k}" "${VARIANTS:-$DV}" ;;
     c)
