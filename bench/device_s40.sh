@@ -13,7 +13,8 @@
 #  l: the GQA 'loop' later-head-dim GPU tests (their hd256 config mended this session).
 #  m: issue 20's five shapes ours/ref, deterministic / non-deterministic, host cost (as device_s37.sh m).
 #  v: m's first part (ours/ref at the five shapes); e: m's second and third (det / non-det, host cost).
-#  g: what the autograd engine charges our Function, one feature at a time (bench/host_engine.py).
+#  g: what the autograd engine charges our Function, one feature at a time, with the engine's device
+#     threads on and off (bench/host_engine.py), then loops PROFILE (default e0,e1) under the profiler.
 #  r: the det-bulk-rule (deterministic GQA hd128 <= 32 key tiles: postprocess + bulk adds) against the
 #     default it replaced (gqa_finish last_cta) at Qwen2.5-7B 4k and hd128 2k GQA 4:1. Prediction (H100
 #     session 39: +1.5-3.9%): last_cta 0.96-0.99x the new default.
@@ -42,7 +43,7 @@ for phase in "$@"; do
     e) det_vs_nondet "${SHAPES:-}"; host_cost ;;
     r) STEP=rule ROUNDS=${ROUNDS:-3} det_vs_nondet "${SHAPES:-qwen2.5-7b-4k,hd128-2k-gqa}" '[{"gqa_finish": "last_cta"}]' ;;
     g)
-      (cd bench && TAILN=14 step host_engine 150 python3 host_engine.py) ;;
+      (cd bench && TAILN=${GTAIL:-64} step host_engine 240 python3 host_engine.py --profile "${PROFILE-e0,e1}") ;;
     h) TAILN=90 host_cost; (cd bench && TAILN=90 step host_profile 120 python3 host_profile.py) ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

@@ -17,7 +17,10 @@ feature of ours to the one before (us a call, 2,000 calls then one sync, lower o
 - e7: ours through launch._with_grad (the config resolved per call, as flash_attn_func's grad path);
 - e8: ours through flash_attn_func(provider="fa4").
 
-The step from one line to the next is what that feature costs under the engine.
+The step from one line to the next is what that feature costs under the engine. A second column
+times each loop again with the engine's device threads off (torch.autograd.set_multithreading_enabled
+(False): backward() runs on the calling thread), so the thread hand-off's share of each step shows.
+``--profile e0,e1`` then prints each named loop under torch.profiler (host_profile.profile).
 """
 
 from __future__ import annotations
@@ -96,7 +99,9 @@ def main() -> int:
     import fa4
     from fa4 import launch
 
-    a = tiny_parser(__doc__).parse_args()
+    ap = tiny_parser(__doc__)
+    ap.add_argument("--profile", default="", help="comma-separated loop ids (e0..e8) to run under torch.profiler")
+    a = ap.parse_args()
     (b, s, h, d), (q, k, v, do), (qg, kg, vg) = tiny_inputs(a.shape)
     scale = 1.0 / d ** 0.5
     cfg = launch.bwd_config_for(qg, kg, vg, True, False, None)
@@ -106,17 +111,39 @@ def main() -> int:
         bwd_ours=lambda dout, q, k, v, o, lse: launch._backward(dout, q, k, v, o, lse, scale, True, False, cfg)[:3],
         with_grad=lambda: launch._with_grad(qg, kg, vg, None, True, False, None, None, False, None),
         via_api=lambda: fa4.flash_attn_func(qg, kg, vg, provider="fa4", causal=True))
-    print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops)")
-    prev = None
+    print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops);"
+          " second column: the engine's device threads off")
+    for line in timed_rows(loops, a.calls):
+        print(line, flush=True)
+    wanted = [x for x in a.profile.split(",") if x]
+    if wanted:
+        from host_profile import profile  # bench/host_profile.py (run from bench/)
+
+        for name, fn in loops.items():
+            if name[:2] in wanted:
+                profile(fn, min(a.calls, 300), name, 18)
+    return 0
+
+
+def timed_rows(loops: dict, calls: int, timer=None) -> list[str]:
+    """One row a loop: us a call as it runs, then with torch.autograd.set_multithreading_enabled(False),
+    and for e1-e3 the step from the loop before (the feature's cost) in each."""
+    timer = timer or warm_per_call_us
+    rows, prev = [], None
     for name, fn in loops.items():
         try:
-            us = warm_per_call_us(fn, a.calls)
-            step = f"  ({us - prev:+6.1f})" if prev is not None and name[:2] in ("e1", "e2", "e3") else ""
-            print(f"  {name:46s} {us:8.1f}{step}", flush=True)
+            us = [timer(fn, calls)]
+            with torch.autograd.set_multithreading_enabled(False):
+                us.append(timer(fn, calls))
+            step = ""
+            if prev is not None and name[:2] in ("e1", "e2", "e3"):
+                step = "  (" + " / ".join(f"{u - p:+6.1f}" for u, p in zip(us, prev)) + ")"
+            rows.append(f"  {name:46s} {us[0]:8.1f} {us[1]:8.1f}{step}")
             prev = us
         except Exception as e:  # noqa: BLE001
-            print(f"  {name:46s} {failure(e)}", flush=True)
-    return 0
+            rows.append(f"  {name:46s} {failure(e)}")
+            prev = None
+    return rows
 
 
 if __name__ == "__main__":

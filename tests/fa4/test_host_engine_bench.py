@@ -107,9 +107,57 @@ def test_main_wires_our_launches_into_the_loops_and_prints_each_time(monkeypatch
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.strip()[:2] in {f"e{i}" for i in range(9)}]
     assert [r[0] for r in rows] == [f"e{i}" for i in range(9)]
-    assert [float(r[-1]) for r in rows[:1] + rows[4:]] == [10.0, 50.0, 60.0, 70.0, 80.0, 90.0]
-    assert out.count("( +10.0)") == 3  # e1-e3 print their step over the loop before
+    # Each loop timed twice (engine threads on, then off): e0 10 / 20, e1 30 / 40, ... e8 170 / 180.
+    assert [(float(r[-2]), float(r[-1])) for r in rows[:1] + rows[4:]] == [
+        (10.0 + 20 * i, 20.0 + 20 * i) for i in (0, 4, 5, 6, 7, 8)]
+    assert out.count("( +20.0 /  +20.0)") == 3  # e1-e3 print their step over the loop before
     assert ("cfg", (True, False, None)) in seen
     assert ("fwd", 1.0 / 8.0, True, True) in seen and ("bwd", 1.0 / 8.0, True, False, "CFG") in seen
     assert ("with_grad", (None, True, False, None, None, False, None)) in seen
     assert ("api", {"provider": "fa4", "causal": True}) in seen
+
+
+def test_rows_time_each_loop_with_the_engine_threads_on_then_off_and_step_from_the_loop_before(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    mod = cpu_kernels.bench_module(monkeypatch, "host_engine")
+    seen = []
+
+    def timer(fn, calls):
+        # What the engine's mode is while a loop is timed: the fake's "cost" depends on it.
+        threads = torch.autograd.is_multithreading_enabled()
+        seen.append((fn(), threads, calls))
+        return fn() * (2.0 if threads else 1.0)
+
+    loops = {"e0 floor": lambda: 10.0, "e1 + fresh grads": lambda: 15.0, "e4 later": lambda: 40.0,
+             "e5 fails": lambda: 1 / 0}
+    rows = mod.timed_rows(loops, 7, timer=timer)
+    assert [(v, t) for v, t, _ in seen] == [(10.0, True), (10.0, False), (15.0, True), (15.0, False),
+                                           (40.0, True), (40.0, False)]
+    assert {c for _, _, c in seen} == {7}
+    assert torch.autograd.is_multithreading_enabled()  # restored after each loop
+    assert rows[0].split()[-2:] == ["20.0", "10.0"]
+    assert rows[1].split()[-6:] == ["30.0", "15.0", "(", "+10.0", "/", "+5.0)"]  # e1's step from e0, on / off
+    assert rows[2].split()[-2:] == ["80.0", "40.0"]  # e4: no step printed
+    assert "n/a (ZeroDivisionError" in rows[3]
+
+
+def test_profile_runs_exactly_the_named_loops_under_the_profiler(monkeypatch, capsys):
+    import sys
+    import types
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    mod = cpu_kernels.bench_module(monkeypatch, "host_engine")
+    profiled = []
+    fake = types.ModuleType("host_profile")
+    fake.profile = lambda fn, calls, label, top: profiled.append((label[:2], calls, len(fn())))
+    monkeypatch.setitem(sys.modules, "host_profile", fake)
+    monkeypatch.setattr(mod, "tiny_inputs", lambda shape: ((1, 16, 2, 8), (None,) * 4, tuple(
+        torch.randn(1, 16, 2, 8).requires_grad_(True) for _ in range(3))))
+    monkeypatch.setattr(mod, "engine_loops", lambda qg, *a, **kw: {
+        f"e{i} loop": (lambda i=i: (qg,) * (i + 1)) for i in range(9)})
+    monkeypatch.setattr(mod, "timed_rows", lambda loops, calls: [])
+    from fa4 import launch
+    monkeypatch.setattr(launch, "bwd_config_for", lambda *a: "CFG")
+    monkeypatch.setattr(sys, "argv", ["host_engine.py", "--profile", "e1,e6", "--calls", "5000"])
+    assert mod.main() == 0
+    assert profiled == [("e1", 300, 2), ("e6", 300, 7)]  # each named loop once, at most 300 calls
