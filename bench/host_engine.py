@@ -17,6 +17,10 @@ feature of ours to the one before (us a call, 2,000 calls then one sync, lower o
 - e7: ours through launch._with_grad (the config resolved per call, as flash_attn_func's grad path);
 - e8: ours through flash_attn_func(provider="fa4").
 
+Two loops beside e1 ask what its fresh grads cost (session 41: +106 us with the engine's device
+threads, +14 without): d1 returns three tensors the forward allocated (on the calling thread) and
+kept in ctx, d2 three new views of dO (new tensor objects, no allocation).
+
 The step from one line to the next is what that feature costs under the engine. A second column
 times each loop again with the engine's device threads off (torch.autograd.set_multithreading_enabled
 (False): backward() runs on the calling thread), so the thread hand-off's share of each step shows.
@@ -82,6 +86,21 @@ def engine_loops(qg, kg, vg, do, lse_shape, fwd_ours, bwd_ours, with_grad, via_a
         def backward(ctx, dout, dlse):
             return torch.empty_like(dout), torch.empty_like(dout), torch.empty_like(dout)
 
+    class D1(E0):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+            return q.view_as(q)
+
+        @staticmethod
+        def backward(ctx, g):
+            return ctx.grads
+
+    class D2(E0):
+        @staticmethod
+        def backward(ctx, g):
+            return g.view_as(g), g.view_as(g), g.view_as(g)
+
     return {
         "e0 floor at our shape (view out, dO through)": lambda: torch.autograd.grad(E0.apply(*inputs), inputs, do),
         "e1 + fresh grads": lambda: torch.autograd.grad(E1.apply(*inputs), inputs, do),
@@ -92,6 +111,8 @@ def engine_loops(qg, kg, vg, do, lse_shape, fwd_ours, bwd_ours, with_grad, via_a
         "e6 our forward and backward (no resolve)": saving(fwd_ours, bwd_ours),
         "e7 ours through launch._with_grad": lambda: torch.autograd.grad(with_grad(), inputs, do),
         "e8 ours through flash_attn_func": lambda: torch.autograd.grad(via_api(), inputs, do),
+        "d1 e1's grads allocated in forward": lambda: torch.autograd.grad(D1.apply(*inputs), inputs, do),
+        "d2 e1's grads as views of dO": lambda: torch.autograd.grad(D2.apply(*inputs), inputs, do),
     }
 
 

@@ -44,7 +44,7 @@ def _loops(monkeypatch):
 def test_each_loop_runs_only_the_launches_it_names(monkeypatch):
     loops, calls, _ = _loops(monkeypatch)
     want = {"e0": [], "e1": [], "e2": [], "e3": [], "e4": ["fwd"], "e5": ["bwd"], "e6": ["fwd", "bwd"],
-            "e7": ["with_grad"], "e8": ["via_api"]}
+            "e7": ["with_grad"], "e8": ["via_api"], "d1": [], "d2": []}
     assert [name[:2] for name in loops] == list(want)
     for name, fn in loops.items():
         calls.clear()
@@ -61,6 +61,11 @@ def test_the_floor_passes_do_through_and_every_later_loop_returns_fresh_grads(mo
         grads = loops[name]()
         assert len({t.data_ptr() for t in grads} | {do.data_ptr()}) == 4, name
         assert [t.shape for t in grads] == [qg.shape, kg.shape, vg.shape], name
+    # d1: three distinct tensors made before backward ran; d2: three views of dO itself.
+    d1 = loops[next(n for n in names if n.startswith("d1"))]()
+    assert len({t.data_ptr() for t in d1} | {do.data_ptr()}) == 4
+    d2 = loops[next(n for n in names if n.startswith("d2"))]()
+    assert all(t.data_ptr() == do.data_ptr() for t in d2) and len({id(t) for t in d2} | {id(do)}) == 4
 
 
 def test_our_backward_gets_what_the_forward_saved_and_its_grads_reach_the_caller(monkeypatch):
