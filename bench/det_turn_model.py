@@ -71,6 +71,7 @@ def makespan(num_n: int, heads: int, group: int, longest_first: bool, walk_down:
     comp, sent, started = {}, {}, set()
     turn_sent: dict = {}  # (head, query tile, turn) -> when its add went out
     waiting = defaultdict(list)
+    unsent = [len(w) for w in walks]  # a CTA ends when its last add went out
 
     def push(t, kind, c, k):
         nonlocal seq
@@ -88,12 +89,16 @@ def makespan(num_n: int, heads: int, group: int, longest_first: bool, walk_down:
         started.add((c, k))
         push(max(t, comp.get((c, k - 1), t), sent.get((c, k - 2), t)) + cost(c, k), "comp", c, k)
 
+    def turn_key(c, k):
+        """(head, query tile, turn) of CTA c's add at walk position k."""
+        h, n = ctas[c]
+        i = walks[c][k]
+        return h, i, turn(i, n, order, longest_first)
+
     def try_send(c, k):
         ready = comp[(c, k)]
         if order is not None:
-            h, n = ctas[c]
-            i = walks[c][k]
-            tn = turn(i, n, order, longest_first)
+            h, i, tn = turn_key(c, k)
             if tn > 0:
                 prev = turn_sent.get((h, i, tn - 1))
                 if prev is None:
@@ -122,14 +127,13 @@ def makespan(num_n: int, heads: int, group: int, longest_first: bool, walk_down:
             continue
         sent[(c, k)] = t
         if order is not None:
-            h, n = ctas[c]
-            key = (h, walks[c][k], turn(walks[c][k], n, order, longest_first))
+            key = turn_key(c, k)
             turn_sent[key] = t
             for c2, k2 in waiting.pop(key, []):
                 try_send(c2, k2)
         try_compute(c, k + 2, t)
-        last = len(walks[c]) - 1
-        if all((c, j) in sent for j in (last, last - 1) if j >= 0) and k >= last - 1:
+        unsent[c] -= 1
+        if unsent[c] == 0:
             done += 1
             resident -= 1
             end = max(end, t + overhead / 2)

@@ -121,7 +121,7 @@ def main() -> int:
     from fa4 import launch
 
     ap = tiny_parser(__doc__)
-    ap.add_argument("--profile", default="", help="comma-separated loop ids (e0..e8) to run under torch.profiler")
+    ap.add_argument("--profile", default="", help="comma-separated loop ids (e0..e8, d1, d2) to run under torch.profiler")
     a = ap.parse_args()
     (b, s, h, d), (q, k, v, do), (qg, kg, vg) = tiny_inputs(a.shape)
     scale = 1.0 / d ** 0.5
