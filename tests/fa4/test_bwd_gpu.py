@@ -98,7 +98,9 @@ def test_deterministic_bitwise(check_bwd, hd, causal, change, shape):
 # the ones between add theirs, the last writes dK/dV. Groups of 4, 2 (a first and a last only) and 7,
 # Sq < Sk and Sq > Sk (tiles past a short side), and a single key (every CTA on one key tile).
 LAST_SHAPES = [(2, 1000, 1000, 8, 2), (1, 777, 1333, 8, 4), (1, 1333, 777, 28, 4), (3, 65, 1, 4, 1)]
-LAST = dict(gqa_reduce="atomic", gqa_finish="last_cta")
+# stat_shuffle (on by default at hd64 tile_m 128 since session 37) is built for gqa_finish 'postprocess'
+# only: off here, or 8 of these cases would be infeasible (tests/fa4/test_bwd_walk_configs.py checks).
+LAST = dict(gqa_reduce="atomic", gqa_finish="last_cta", stat_shuffle=False)
 
 
 @pytest.mark.parametrize("hd", [64, 96, 128, 256])

@@ -1,10 +1,13 @@
 """The configs the GPU tests of the walk orders run (tests/fa4/test_bwd_walk_down_gpu.py and
-test_bwd_q_starts_gpu.py), resolved on the CPU: each must be feasible and must change its knob.
+test_bwd_q_starts_gpu.py) and of the in-kernel GQA finish (test_bwd_gpu.py's LAST cases), resolved on
+the CPU: each must be feasible and must change its knob.
 
 Those tests derive their configs from the problem's default, which moves when a default does
 (session 30's q_starts 16 at hd128/256 made every walk_down case with seqlen_q < seqlen_k at those
 head dims infeasible, found only on a GPU). Here the same products of the same module constants
 resolve through the same helpers (bench/check_bwd.py: with_knob), so CI sees such a change.
+Session 37's stat_shuffle default at hd64 did the same to the 8 non-deterministic hd64 last_cta
+cases, found on a GPU in session 42.
 """
 
 import itertools
@@ -13,6 +16,7 @@ import pytest
 
 from fa4.sm90.bwd_config import violations
 from tests.fa4 import cpu_kernels
+from tests.fa4 import test_bwd_gpu as main_gpu
 from tests.fa4 import test_bwd_q_starts_gpu as qs
 from tests.fa4 import test_bwd_walk_down_gpu as wd
 
@@ -69,3 +73,18 @@ def test_with_knob_refuses_a_case_that_would_not_run_the_knob(knob, value, causa
     without a bound are infeasible: the helper says so rather than test the default."""
     with pytest.raises(ValueError, match="infeasible"):
         cpu_kernels.check_bwd().with_knob((1, 1000, 1000, 4, 4), 128, causal, False, knob, value)
+
+
+def test_every_last_cta_case_finishes_in_the_kernel_feasibly():
+    """test_bwd_gpu's gqa_finish 'last_cta' cases: non-deterministic over every shape, head dim and
+    mask, deterministic over the bitwise test's product."""
+    check_bwd = cpu_kernels.check_bwd()
+    cases = [(shape, hd, causal, False) for shape, hd, causal in
+             itertools.product(main_gpu.LAST_SHAPES, (64, 96, 128, 256), (False, True))]
+    cases += [(shape, hd, causal, True) for shape, hd, causal in
+              itertools.product(main_gpu.LAST_SHAPES[:3], (64, 128), (False, True))]
+    for shape, hd, causal, det in cases:
+        cfg = check_bwd.default_for(shape, hd, causal, det, **main_gpu.LAST)
+        assert cfg.gqa_finish == "last_cta" and cfg.gqa_reduce == "atomic"
+        assert not violations(cfg, check_bwd.problem_for(shape, hd, causal, det)), (shape, hd, causal, det)
+    assert len(cases) == 4 * 4 * 2 + 3 * 2 * 2
