@@ -1,0 +1,140 @@
+"""The backward's GPU tests run dry on the CPU: every case of the suites that go through
+bench/check_bwd.py, with its GPU run (check_case, check_deterministic) replaced by the feasibility
+check of the config it would launch.
+
+Those tests derive their configs from the problem's default, which moves when a default does: a
+case that turns one knob on can meet another knob's default that violations() refuses beside it,
+and that was seen only on a GPU, sessions later (session 37's stat_shuffle default at hd64 against
+test_bwd_gpu's 'last_cta' cases, session 30's q_starts 16 at hd256 against test_bwd_qm_gpu's 'loop'
+case; both found in session 42). Here the test functions themselves run, on every parameter of
+their pytest.mark.parametrize, so CI sees such a change the day it lands.
+
+A test of these modules that needs the GPU beyond check_bwd's two runs (autograd on CUDA tensors,
+torch.compile, the custom ops) is listed in GPU_ONLY with why; any other error fails here, so a
+new GPU test either runs dry or is listed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import itertools
+
+import pytest
+
+from fa4.sm90.bwd_config import violations
+from tests.fa4 import cpu_kernels
+
+MODULES = ("test_bwd_gpu", "test_bwd_qm_gpu", "test_bwd_cluster_gpu", "test_bwd_q_starts_gpu",
+           "test_bwd_walk_down_gpu")
+# Tests whose configs come from fa4's own resolution (the problem's default, no knob changed) and
+# whose GPU work is not check_bwd's: CUDA tensors through autograd, torch.compile or the custom ops.
+GPU_ONLY = {
+    "test_bwd_gpu": {"test_autograd_grads_match_reference", "test_autograd_deterministic_bitwise_over_10_backwards",
+                     "test_explicit_bwd_config_is_the_one_run", "test_non_contiguous_dout",
+                     "test_torch_compile_fullgraph_fwd_bwd_equals_eager", "test_custom_ops_opcheck",
+                     "test_torch_compile_fullgraph_with_features_equals_eager",
+                     "test_later_head_dims_through_flash_attn_func"},
+    # These take the feature references (bench/check_bwd_feat.py), which make CUDA tensors themselves.
+    "test_bwd_qm_gpu": {"test_qm_features"},
+    "test_bwd_cluster_gpu": {"test_exchange_with_sink_and_lse_grad"},
+    "test_bwd_walk_down_gpu": {"test_walking_down_under_a_window"},
+}
+
+
+class DryCheckBwd:
+    """bench/check_bwd.py whose two GPU runs only resolve the problem and check the config."""
+
+    def __init__(self, real):
+        self._real = real
+        self.checked: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _check(self, B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic):
+        bad = violations(config, self._real.problem_for((B, Sq, Sk, Hq, Hkv), D, causal, deterministic))
+        self.checked.append(((B, Sq, Sk, Hq, Hkv), D, causal, deterministic, config))
+        return not bad, {"infeasible": [str(b) for b in bad]}
+
+    def check_case(self, B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=False):
+        return self._check(B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic)
+
+    def check_deterministic(self, B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=True, runs=10):
+        return self._check(B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic)
+
+
+def parameter_sets(fn) -> list[dict]:
+    """Every call pytest makes of ``fn``: the product of its parametrize marks' values."""
+    axes = []
+    for mark in getattr(fn, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        # pytest.param(...) holds its values as a tuple, one name's too.
+        values = [(v.values if len(names) > 1 else v.values[0]) if type(v).__name__ == "ParameterSet" else v
+                  for v in mark.args[1]]
+        axes.append([dict(zip(names, v if len(names) > 1 else (v,))) for v in values])
+    return [{k: v for part in combo for k, v in part.items()} for combo in itertools.product(*axes)]
+
+
+def dry_tests(modname: str) -> list:
+    mod = importlib.import_module(f"tests.fa4.{modname}")
+    return [(name, fn) for name, fn in vars(mod).items()
+            if name.startswith("test_") and callable(fn) and name not in GPU_ONLY.get(modname, ())]
+
+
+@pytest.mark.parametrize("modname", MODULES)
+def test_every_case_of_the_gpu_suite_launches_a_feasible_config(modname):
+    real = cpu_kernels.check_bwd()
+    tests = dry_tests(modname)
+    assert tests
+    failures, checked = [], 0
+    for name, fn in tests:
+        params = set(inspect.signature(fn).parameters)
+        cases = parameter_sets(fn)
+        # Every argument is a parameter or the check_bwd fixture: else the test belongs in GPU_ONLY.
+        assert params - {"check_bwd"} <= set(cases[0]), (name, params)
+        for case in cases:
+            dry = DryCheckBwd(real)
+            try:
+                fn(check_bwd=dry, **case)
+            except AssertionError as e:
+                failures.append(f"{name}{case}: {(str(e).splitlines() or [''])[0][:300]}")
+                continue
+            # A case that reached no GPU run checked nothing here: it belongs in GPU_ONLY.
+            assert dry.checked, f"{name}{case} reached no check_bwd run"
+            checked += len(dry.checked)
+    assert not failures, "\n".join(failures)
+    assert checked >= len(tests)
+
+
+def test_the_dry_check_refuses_an_infeasible_config():
+    """A config violations() refuses fails the dry run as the GPU run's own check would."""
+    import dataclasses
+
+    real = cpu_kernels.check_bwd()
+    dry = DryCheckBwd(real)
+    shape = (2, 1000, 1000, 8, 2)
+    good = real.default_for(shape, 64, True, False)
+    assert good.stat_shuffle  # the hd64 default, which 'last_cta' does not take
+    ok, info = dry.check_case(*shape, 64, True, None, good)
+    assert ok and info == {"infeasible": []}
+    bad = dataclasses.replace(good, gqa_reduce="atomic", gqa_finish="last_cta")
+    ok, info = dry.check_case(*shape, 64, True, None, bad)
+    assert not ok and "stat_shuffle" in info["infeasible"][0]
+    assert [c[:4] for c in dry.checked] == [(shape, 64, True, False)] * 2
+
+
+def test_parameter_sets_expand_every_mark_and_param():
+    @pytest.mark.parametrize("a", [1, pytest.param(2, id="two")])
+    @pytest.mark.parametrize("b,c", [(3, 4), (5, 6)])
+    def fn(a, b, c):
+        pass
+
+    def key(d):
+        return sorted(d.items())
+
+    got = sorted(parameter_sets(fn), key=key)
+    assert got == sorted(({"a": a, "b": b, "c": c} for a in (1, 2) for b, c in ((3, 4), (5, 6))), key=key)
