@@ -125,9 +125,12 @@ def grads_match(grads, q, k, v, dout, dlse, sink=None, out=None, **feat):
     return ok, info
 
 
-def default_for(q, k, v, causal, deterministic=False, softcap=0.0, **change):
-    """The default backward config of the problem (softcap's constraint applied where fa4.problem
-    does not carry the field yet), with the knob ``change``."""
+def default_for(q, k, v, causal, deterministic=False, softcap=0.0, *, window_left=-1, window_right=-1, sink=False,
+                **change):
+    """The default backward config of the problem with its features (the one flash_attn_func
+    resolves for it), with the knob ``change``; asserted feasible for that problem. A test that
+    runs a window or a sink passes it here too: the default of the problem without them can be
+    infeasible with them (q_starts 16 at hd128 under a window, session 42's dry run)."""
     import dataclasses
 
     from fa4.sm90.bwd_config import violations
@@ -135,9 +138,8 @@ def default_for(q, k, v, causal, deterministic=False, softcap=0.0, **change):
     from fa4.sm90.bwd_defaults import default_config
     from fa4.tensors import problem_of
 
-    problem = problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic)
-    if softcap and hasattr(problem, "softcap"):
-        problem = dataclasses.replace(problem, softcap=softcap)
+    problem = problem_of(q, k, v, causal, pass_="bwd", deterministic=deterministic, window_left=window_left,
+                         window_right=window_right, softcap=softcap, sink=sink)
     config = dataclasses.replace(default_config(problem), **change)
     if softcap and config.tile_m == 128:  # violations(): softcap needs tile_m 64
         config = dataclasses.replace(config, tile_m=64, dq_split="head_dim")
@@ -145,11 +147,16 @@ def default_for(q, k, v, causal, deterministic=False, softcap=0.0, **change):
     return config
 
 
+def problem_features(kw: dict) -> dict:
+    """default_for's feature arguments out of a test's check_case keywords."""
+    return {n: kw[n] for n in ("softcap", "window_left", "window_right", "sink") if n in kw}
+
+
 def run_ours(q, k, v, dout, out, lse, sink, dlse, causal, deterministic=False, config=None, **feat):
     from fa4.sm90.bwd_launch import launch_bwd
 
     if config is None:
-        config = default_for(q, k, v, causal, deterministic, feat.get("softcap", 0.0))
+        config = default_for(q, k, v, causal, deterministic, **problem_features(feat), sink=sink is not None)
     return launch_bwd(dout, q, k, v, out, lse, 1 / math.sqrt(q.shape[3]), causal, deterministic, config,
                       dlse=dlse, sink=sink, **{n: feat[n] for n in ("window_left", "window_right", "softcap")
                                                if n in feat})

@@ -98,7 +98,7 @@ def test_exp_pin_with_features(feat, hd, causal):
     cases = ([dict(softcap=20.0), dict(window_left=100, window_right=20, softcap=5.0, sink=True, dlse=True)]
              if hd != 128 else [dict(window_left=100, window_right=20, sink=True, dlse=True), dict(sink=True)])
     for kw in cases:
-        cfg = feat.default_for(probe, kv, kv, causal, False, kw.get("softcap", 0.0), exp_pin=True)
+        cfg = feat.default_for(probe, kv, kv, causal, False, **feat.problem_features(kw), exp_pin=True)
         ok, info = feat.check_case(*shape, hd, causal=causal, config=cfg, **kw)
         assert ok, (kw, info)
 
@@ -155,7 +155,7 @@ def test_deterministic_bitwise(feat, hd, causal, kw, spt, shape):
     b, sq, sk, hq, hkv = shape
     probe = torch.empty(b, sq, hq, hd, device="cuda", dtype=torch.bfloat16)
     kv = torch.empty(b, sk, hkv, hd, device="cuda", dtype=torch.bfloat16)
-    cfg = feat.default_for(probe, kv, kv, causal, True, kw.get("softcap", 0.0), spt_order=spt)
+    cfg = feat.default_for(probe, kv, kv, causal, True, **feat.problem_features(kw), spt_order=spt)
     ok, info = feat.check_deterministic(*shape, hd, causal=causal, config=cfg, **kw)
     assert ok, info
 
@@ -189,7 +189,8 @@ def test_stat_shuffle_with_features(feat, causal, shape):
     probe = torch.empty(b, sq, hq, 64, device="cuda", dtype=torch.bfloat16)
     kv = torch.empty(b, sk, hkv, 64, device="cuda", dtype=torch.bfloat16)
     for kw in (dict(), dict(window_left=100, window_right=20, sink=True, dlse=True)):
-        cfg = feat.default_for(probe, kv, kv, causal, False, 0.0, tile_m=128, dq_split="rows", stat_shuffle=True)
+        cfg = feat.default_for(probe, kv, kv, causal, False, **feat.problem_features(kw), tile_m=128, dq_split="rows",
+                               stat_shuffle=True)
         ok, info = feat.check_case(*shape, 64, causal=causal, config=cfg, **kw)
         assert ok, (kw, info)
     cfg = feat.default_for(probe, kv, kv, causal, True, 0.0, tile_m=128, dq_split="rows", stat_shuffle=True)

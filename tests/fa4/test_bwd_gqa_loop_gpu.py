@@ -12,11 +12,12 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, **change):
+def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, features=None, **change):
     """The problem's default with gqa_reduce 'loop' (these small shapes default to 'atomic') and,
     unless changed, dK/dV by TMA (the 'loop' default at the sizes that take it); without the 2-CTA
     dS exchange (the hd256 default, not built with 'loop'), and at head_dim 192/256 without the
-    default's shifted query starts where they apply (q_starts with 'loop' spills there)."""
+    default's shifted query starts where they apply (q_starts with 'loop' spills there). ``features``:
+    the window and sink the case runs (check_case's keywords), which the default is resolved with."""
     import torch
 
     change.setdefault("dkv_store", "tma")
@@ -27,7 +28,8 @@ def loop_config(feat, shape, hd, causal, det=False, softcap=0.0, dtype=None, **c
     dtype = dtype or torch.bfloat16
     q = torch.empty(b, sq, hq, hd, device="cuda", dtype=dtype)
     kv = torch.empty(b, sk, hkv, hd, device="cuda", dtype=dtype)
-    cfg = feat.default_for(q, kv, kv, causal, det, softcap, gqa_reduce="loop", **change)
+    cfg = feat.default_for(q, kv, kv, causal, det, **{"softcap": softcap, **(features or {})}, gqa_reduce="loop",
+                           **change)
     assert cfg.gqa_reduce == "loop"
     return cfg
 
@@ -56,7 +58,7 @@ def test_loop_fp16(feat, hd, causal):
 def test_loop_window_softcap_sink(feat, hd, causal, shape):
     """Window, softcap, sink (dsink reduced from D) and the LSE's gradient at once."""
     kw = dict(window_left=200, window_right=30, softcap=20.0)
-    cfg = loop_config(feat, shape, hd, causal, softcap=20.0)
+    cfg = loop_config(feat, shape, hd, causal, softcap=20.0, features=dict(kw, sink=True))
     ok, info = feat.check_case(*shape, hd, causal=causal, sink=True, dlse=True, config=cfg, **kw)
     assert ok, info
 
@@ -86,7 +88,7 @@ def test_loop_later_head_dims(feat, hd):
 def test_loop_deterministic_bitwise(feat, hd, causal, spt, kw):
     """Ten backwards bitwise identical and right: dQ's turns hold while a CTA walks 4 heads."""
     shape = (1, 777, 1333, 8, 2)
-    cfg = loop_config(feat, shape, hd, causal, True, kw.get("softcap", 0.0), spt_order=spt)
+    cfg = loop_config(feat, shape, hd, causal, True, features=feat.problem_features(kw), spt_order=spt)
     ok, info = feat.check_deterministic(*shape, hd, causal=causal, config=cfg, **kw)
     assert ok, info
 

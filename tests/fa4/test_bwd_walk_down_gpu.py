@@ -137,9 +137,9 @@ def test_walking_down_under_a_window(feat, hd, left, right, det):
     feat_kw = dict(window_left=left, window_right=right)
     q, k, v = (torch.empty(shape[0], n, h, hd, device="cuda", dtype=torch.bfloat16)
                for n, h in ((shape[1], shape[3]), (shape[2], shape[4]), (shape[2], shape[4])))
-    # (q_starts 1: feat.default_for resolves the unwindowed problem, whose default shifts the walk.)
+    # (q_starts 1: walk_down walks one run; the windowed problem's default has it already.)
     change = dict(q_starts=1, spt_order=False) if det else dict(q_starts=1)
-    cfg = dataclasses.replace(feat.default_for(q, k, v, False, det, **change), walk_down=True)
+    cfg = dataclasses.replace(feat.default_for(q, k, v, False, det, **feat_kw, **change), walk_down=True)
     assert not violations(cfg, problem_of(q, k, v, False, pass_="bwd", deterministic=det, **feat_kw))
     if det:
         ok, info = feat.check_deterministic(*shape, hd, config=cfg, **feat_kw)

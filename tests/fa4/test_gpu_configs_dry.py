@@ -1,6 +1,7 @@
 """The backward's GPU tests run dry on the CPU: every case of the suites that go through
-bench/check_bwd.py, with its GPU run (check_case, check_deterministic) replaced by the feasibility
-check of the config it would launch.
+bench/check_bwd.py or bench/check_bwd_feat.py, with its GPU run (check_case, check_deterministic)
+replaced by the feasibility check of the config it would launch, and the CUDA tensors a test makes
+to resolve a default made on the meta device (shapes and dtypes only).
 
 Those tests derive their configs from the problem's default, which moves when a default does: a
 case that turns one knob on can meet another knob's default that violations() refuses beside it,
@@ -9,9 +10,9 @@ test_bwd_gpu's 'last_cta' cases, session 30's q_starts 16 at hd256 against test_
 case; both found in session 42). Here the test functions themselves run, on every parameter of
 their pytest.mark.parametrize, so CI sees such a change the day it lands.
 
-A test of these modules that needs the GPU beyond check_bwd's two runs (autograd on CUDA tensors,
-torch.compile, the custom ops) is listed in GPU_ONLY with why; any other error fails here, so a
-new GPU test either runs dry or is listed.
+A test of these modules that needs the GPU beyond those runs (autograd on CUDA tensors,
+torch.compile, the custom ops, the kernels' outputs compared directly) is listed in GPU_ONLY with
+why; any other error fails here, so a new GPU test either runs dry or is listed.
 """
 
 from __future__ import annotations
@@ -26,19 +27,19 @@ from fa4.sm90.bwd_config import violations
 from tests.fa4 import cpu_kernels
 
 MODULES = ("test_bwd_gpu", "test_bwd_qm_gpu", "test_bwd_cluster_gpu", "test_bwd_q_starts_gpu",
-           "test_bwd_walk_down_gpu")
+           "test_bwd_walk_down_gpu", "test_bwd_feat_gpu", "test_bwd_gqa_loop_gpu")
 # Tests whose configs come from fa4's own resolution (the problem's default, no knob changed) and
-# whose GPU work is not check_bwd's: CUDA tensors through autograd, torch.compile or the custom ops.
+# whose GPU work is not check_bwd's: CUDA tensors through autograd, torch.compile or the custom ops;
+# and two that compare the kernels' outputs themselves (run_ours), whose configs the other cases of
+# their module cover (loop_config; the default).
 GPU_ONLY = {
     "test_bwd_gpu": {"test_autograd_grads_match_reference", "test_autograd_deterministic_bitwise_over_10_backwards",
                      "test_explicit_bwd_config_is_the_one_run", "test_non_contiguous_dout",
                      "test_torch_compile_fullgraph_fwd_bwd_equals_eager", "test_custom_ops_opcheck",
                      "test_torch_compile_fullgraph_with_features_equals_eager",
                      "test_later_head_dims_through_flash_attn_func"},
-    # These take the feature references (bench/check_bwd_feat.py), which make CUDA tensors themselves.
-    "test_bwd_qm_gpu": {"test_qm_features"},
-    "test_bwd_cluster_gpu": {"test_exchange_with_sink_and_lse_grad"},
-    "test_bwd_walk_down_gpu": {"test_walking_down_under_a_window"},
+    "test_bwd_feat_gpu": {"test_rows_that_see_no_key"},
+    "test_bwd_gqa_loop_gpu": {"test_loop_matches_atomic"},
 }
 
 
@@ -64,6 +65,58 @@ class DryCheckBwd:
         return self._check(B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic)
 
 
+class DryFeat:
+    """bench/check_bwd_feat.py whose two GPU runs only resolve the problem, with its features, and
+    check the config (the default of that problem where the test names none, as run_ours takes)."""
+
+    def __init__(self, real):
+        self._real = real
+        self.checked: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _check(self, B, Sq, Sk, Hq, Hkv, d, dtype, causal, sink, deterministic, config, feat):
+        import torch
+
+        from fa4.sm90.bwd_defaults import default_config
+        from fa4.tensors import problem_of
+
+        q, k = (torch.empty(B, s, h, d, device="meta", dtype=dtype) for s, h in ((Sq, Hq), (Sk, Hkv)))
+        prob = problem_of(q, k, k, causal, pass_="bwd", deterministic=deterministic, sink=sink,
+                          **{n: feat[n] for n in ("window_left", "window_right", "softcap") if n in feat})
+        if config is None:
+            config = default_config(prob)
+        bad = violations(config, prob)
+        self.checked.append((prob, config))
+        return not bad, {"infeasible": [str(b) for b in bad]}
+
+    def check_case(self, B, Sq, Sk, Hq, Hkv, d, dtype=None, causal=False, sink=False, dlse=False,
+                   deterministic=False, config=None, device="cuda", seed=None, **feat):
+        import torch
+
+        return self._check(B, Sq, Sk, Hq, Hkv, d, dtype or torch.bfloat16, causal, sink, deterministic, config, feat)
+
+    def check_deterministic(self, B, Sq, Sk, Hq, Hkv, d, dtype=None, causal=False, sink=False, runs=10,
+                            config=None, dlse=True, **feat):
+        import torch
+
+        return self._check(B, Sq, Sk, Hq, Hkv, d, dtype or torch.bfloat16, causal, sink, True, config, feat)
+
+
+def on_meta(monkeypatch):
+    """torch.empty(..., device="cuda") made on the meta device: the tests make such tensors only to
+    resolve a problem's default (shapes and dtype)."""
+    import torch
+
+    real = torch.empty
+
+    def empty(*size, device=None, **kw):
+        return real(*size, device="meta" if str(device).startswith("cuda") else device, **kw)
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
 def parameter_sets(fn) -> list[dict]:
     """Every call pytest makes of ``fn``: the product of its parametrize marks' values."""
     axes = []
@@ -86,26 +139,28 @@ def dry_tests(modname: str) -> list:
 
 
 @pytest.mark.parametrize("modname", MODULES)
-def test_every_case_of_the_gpu_suite_launches_a_feasible_config(modname):
-    real = cpu_kernels.check_bwd()
+def test_every_case_of_the_gpu_suite_launches_a_feasible_config(modname, monkeypatch):
+    fixtures = {"check_bwd": (DryCheckBwd, cpu_kernels.check_bwd()), "feat": (DryFeat, cpu_kernels.check_bwd_feat())}
     tests = dry_tests(modname)
     assert tests
+    on_meta(monkeypatch)
     failures, checked = [], 0
     for name, fn in tests:
         params = set(inspect.signature(fn).parameters)
-        cases = parameter_sets(fn)
-        # Every argument is a parameter or the check_bwd fixture: else the test belongs in GPU_ONLY.
-        assert params - {"check_bwd"} <= set(cases[0]), (name, params)
+        cases = parameter_sets(fn) or [{}]
+        # Every argument is a parameter or a reference fixture: else the test belongs in GPU_ONLY.
+        assert params - set(fixtures) <= set(cases[0]), (name, params)
         for case in cases:
-            dry = DryCheckBwd(real)
+            dry = {n: cls(real) for n, (cls, real) in fixtures.items() if n in params}
             try:
-                fn(check_bwd=dry, **case)
+                fn(**dry, **case)
             except AssertionError as e:
                 failures.append(f"{name}{case}: {(str(e).splitlines() or [''])[0][:300]}")
                 continue
             # A case that reached no GPU run checked nothing here: it belongs in GPU_ONLY.
-            assert dry.checked, f"{name}{case} reached no check_bwd run"
-            checked += len(dry.checked)
+            runs = sum(len(d.checked) for d in dry.values())
+            assert runs, f"{name}{case} reached no check_case or check_deterministic run"
+            checked += runs
     assert not failures, "\n".join(failures)
     assert checked >= len(tests)
 
