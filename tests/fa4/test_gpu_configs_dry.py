@@ -1,5 +1,5 @@
 """The backward's GPU tests run dry on the CPU: every case of the suites that go through
-bench/check_bwd.py or bench/check_bwd_feat.py, with its GPU run (check_case, check_deterministic)
+bench/check_bwd.py, bench/check_bwd_feat.py or (the forward's) bench/check_fwd.py, with its GPU run (check_case, check_deterministic)
 replaced by the feasibility check of the config it would launch, and the CUDA tensors a test makes
 to resolve a default made on the meta device (shapes and dtypes only).
 
@@ -27,7 +27,7 @@ from fa4.sm90.bwd_config import violations
 from tests.fa4 import cpu_kernels
 
 MODULES = ("test_bwd_gpu", "test_bwd_qm_gpu", "test_bwd_cluster_gpu", "test_bwd_q_starts_gpu",
-           "test_bwd_walk_down_gpu", "test_bwd_feat_gpu", "test_bwd_gqa_loop_gpu")
+           "test_bwd_walk_down_gpu", "test_bwd_feat_gpu", "test_bwd_gqa_loop_gpu", "test_fwd_gpu")
 # Tests whose configs come from fa4's own resolution (the problem's default, no knob changed) and
 # whose GPU work is not check_bwd's: CUDA tensors through autograd, torch.compile or the custom ops;
 # and two that compare the kernels' outputs themselves (run_ours), whose configs the other cases of
@@ -104,6 +104,38 @@ class DryFeat:
         return self._check(B, Sq, Sk, Hq, Hkv, d, dtype or torch.bfloat16, causal, sink, True, config, feat)
 
 
+class DryCheckFwd:
+    """bench/check_fwd.py whose GPU run only checks the forward config for the problem it poses."""
+
+    def __init__(self, real):
+        self._real = real
+        self.checked: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def check_case(self, B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, scale_mult=1.0, Dv=None):
+        from fa4.problem import Problem
+        from fa4.sm90.fwd_config import violations as fwd_violations
+        from fa4.tensors import DTYPES
+
+        prob = Problem(B, Sq, Sk, Hq, Hkv, D, Dv or D, dtype=DTYPES[dtype], causal=causal)
+        bad = fwd_violations(config, prob)
+        self.checked.append((prob, config))
+        return not bad, {"infeasible": [str(b) for b in bad]}
+
+
+def check_fwd_module():
+    """bench/check_fwd.py as a module, as test_fwd_gpu's fixture loads it."""
+    import importlib.util
+
+    from tests.fa4 import test_fwd_gpu
+
+    mod = importlib.util.module_from_spec(test_fwd_gpu._spec)
+    test_fwd_gpu._spec.loader.exec_module(mod)
+    return mod
+
+
 def on_meta(monkeypatch):
     """torch.empty(..., device="cuda") made on the meta device: the tests make such tensors only to
     resolve a problem's default (shapes and dtype)."""
@@ -140,7 +172,8 @@ def dry_tests(modname: str) -> list:
 
 @pytest.mark.parametrize("modname", MODULES)
 def test_every_case_of_the_gpu_suite_launches_a_feasible_config(modname, monkeypatch):
-    fixtures = {"check_bwd": (DryCheckBwd, cpu_kernels.check_bwd()), "feat": (DryFeat, cpu_kernels.check_bwd_feat())}
+    fixtures = {"check_bwd": (DryCheckBwd, cpu_kernels.check_bwd()), "feat": (DryFeat, cpu_kernels.check_bwd_feat()),
+                "check_fwd": (DryCheckFwd, check_fwd_module())}
     tests = dry_tests(modname)
     assert tests
     on_meta(monkeypatch)
