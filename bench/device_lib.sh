@@ -53,8 +53,8 @@ bwd_variants() {  # SHAPES VARIANTS: knob overrides against the default (DET=1: 
     --variants "$2" --shapes "$1"
 }
 
-host_cost() {  # the tiny problem's host cost, piece by piece (bench/host_floor.py)
-  (cd bench && TAILN=${TAILN:-12} step host_floor 90 python3 host_floor.py)
+host_cost() {  # the tiny problem's host cost, piece by piece, then floor+3 / ours / cuDNN interleaved (bench/host_floor.py)
+  (cd bench && TAILN=${TAILN:-18} step host_floor 120 python3 host_floor.py --ab "${AB:-10}" --calls 1000)
 }
 
 bwd_gpu_tests() {  # -k EXPR: the backward's GPU suite (tests/fa4/test_bwd_gpu.py), 12 workers

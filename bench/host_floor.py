@@ -1,6 +1,6 @@
 """What a forward + backward call costs the host, piece by piece, and PyTorch's own floor for it.
 
-    python3 bench/host_floor.py [--calls 2000] [--shape 1,128,4,128]
+    python3 bench/host_floor.py [--calls 2000] [--shape 1,128,4,128] [--ab ROUNDS [--arms A,B,...]]
 
 bench/host_cost.py measures the whole call; this splits it (us per call, 2000 calls then one
 sync, lower of 2 loops, B1 S128 H4 D128 bf16 causal by default):
@@ -14,6 +14,12 @@ sync, lower of 2 loops, B1 S128 H4 D128 bf16 causal by default):
   bwd host path called directly (no engine); the bwd host path run by the engine (a Function whose
   forward does nothing and whose backward is _backward); the bwd host path alone on a second thread
   (the engine runs backward() on its device thread).
+
+--ab ROUNDS then times the rows named by --arms (prefixes of the row names; by default PyTorch's
+floor + 3 kernels, ours fwd+bwd and cuDNN's) interleaved: ROUNDS rounds of --calls calls each, the
+order rotating every round, and each later arm against the first by its per-round ratio. The host's
+speed moves by tens of percent between loops and machines (session 42: one arm 175-244 us over five
+loops), which one loop a row cannot tell from a difference between rows.
 """
 
 from __future__ import annotations
@@ -76,8 +82,51 @@ class Three(torch.autograd.Function):
         return g1.mul(2), g2.mul(2), g3.mul(2)
 
 
+def interleaved(arms: dict, rounds: int, timer) -> dict:
+    """{name: [us a call, one a round]} for warm ``arms`` {name: fn}, timed by ``timer(fn)`` in
+    rounds whose order rotates, so a drift of the host's speed falls on every arm alike."""
+    names = list(arms)
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            out[n].append(timer(arms[n]))
+    return out
+
+
+def ab_summary(times: dict) -> list[str]:
+    """Each arm's median and range, then each later arm's per-round ratio to the first (median and
+    range: a ratio whose range spans 1 is no difference)."""
+    import statistics
+
+    names = list(times)
+    rows = [f"  {n:42s} median {statistics.median(t):8.1f}  range {min(t):.1f}-{max(t):.1f}" for n, t in times.items()]
+    for n in names[1:]:
+        r = [b / a for a, b in zip(times[names[0]], times[n])]
+        rows.append(f"  {n} / {names[0]}: median {statistics.median(r):.3f}, range {min(r):.3f}-{max(r):.3f} "
+                    f"over {len(r)} rounds")
+    return rows
+
+
+def pick(loops: dict, prefixes: str) -> dict:
+    """The loops whose names start with each comma-separated prefix, in the prefixes' order; a prefix
+    that names no loop, or more than one, is an error."""
+    out = {}
+    for p in (x.strip() for x in prefixes.split(",") if x.strip()):
+        hits = [n for n in loops if n.startswith(p)]
+        if len(hits) != 1:
+            raise SystemExit(f"--arms: {p!r} names {len(hits)} rows ({', '.join(hits) or 'none'}); rows: {', '.join(loops)}")
+        if isinstance(loops[hits[0]], tuple):  # ("thread", fn): timed on a thread of its own
+            raise SystemExit(f"--arms: {hits[0]!r} runs on its own thread, not in the rounds")
+        out[hits[0]] = loops[hits[0]]
+    return out
+
+
 def main() -> int:
-    a = tiny_parser(__doc__).parse_args()
+    ap = tiny_parser(__doc__)
+    ap.add_argument("--ab", type=int, default=0, metavar="ROUNDS",
+                    help="then time the --arms rows interleaved, ROUNDS rounds of --calls calls")
+    ap.add_argument("--arms", default="floor+3,ours fwd+bwd,sdpa cudnn", help="row-name prefixes, comma-separated")
+    a = ap.parse_args()
     (b, s, h, d), (q, k, v, do), (qg, kg, vg) = tiny_inputs(a.shape)
     small = [torch.randn(1, device="cuda", requires_grad=True) for _ in range(3)]
     g1 = torch.ones(1, device="cuda")
@@ -116,6 +165,7 @@ def main() -> int:
         "sdpa cudnn fwd+bwd": lambda: torch.autograd.grad(
             fa4.flash_attn_func(qg, kg, vg, causal=True, provider="cudnn"), (qg, kg, vg), do),
     }
+    arms = pick(loops, a.arms) if a.ab else {}
     print(f"B{b} S{s} H{h} D{d} bf16 causal, {a.calls} calls, one sync; us per call (lower of 2 loops)")
     for name, fn in loops.items():
         try:
@@ -126,6 +176,12 @@ def main() -> int:
             print(f"  {name:42s} {us:8.1f}", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"  {name:42s} {failure(e)}", flush=True)
+    if arms:
+        from host_cost import per_call_us
+
+        print(f"interleaved, {a.ab} rounds of {a.calls} calls, us a call:")
+        for row in ab_summary(interleaved(arms, a.ab, lambda fn: per_call_us(fn, a.calls))):
+            print(row, flush=True)
     return 0
 
 
