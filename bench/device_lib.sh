@@ -24,10 +24,17 @@ step() {  # NAME LIMIT CMD...: TAILN lines of the log printed (KEEP: a grep -E f
     | tail -n "${TAILN:-25}"
 }
 
-device_env() {  # LOG: the GPU, torch, where fa4 and the reference FA4 load from, the last commits
+code_hash() {  # the Python of fa4/, bench/ and tests/ as it is on disk, 12 hex digits
+  find fa4 bench tests -name '*.py' -print0 | LC_ALL=C sort -z | xargs -0 cat | sha1sum | cut -c1-12
+}
+
+device_env() {  # LOG: the GPU, torch, where fa4 and the reference FA4 load from, which code ran
   python3 -c "import torch, cutlass; print('device:', torch.cuda.get_device_name(), 'torch', torch.__version__); \
 import fa4, flash_attn.cute as r; print('fa4 from', fa4.__file__, '| reference from', r.__file__)" 2>&1 | tee "$1"
-  git log --oneline -3 2>/dev/null | tee -a "$1"
+  # The device's .git need not be the checkout's (session 42: a branch's run logged main's commits),
+  # so the code is named by its content: `bash -c '. bench/device_lib.sh; code_hash'` here gives the
+  # same digits for the same files.
+  echo "code $(code_hash); the device's .git says: $(git log --oneline -1 2>/dev/null | cut -c1-60)" | tee -a "$1"
 }
 
 device_install() {  # the kit's platformdirs wheel and fa4 itself (editable: `fa4-tune` on PATH), quietly
