@@ -1,13 +1,14 @@
-"""The backward's GPU tests run dry on the CPU: every case of the suites that go through
-bench/check_bwd.py, bench/check_bwd_feat.py or (the forward's) bench/check_fwd.py, with its GPU run (check_case, check_deterministic)
-replaced by the feasibility check of the config it would launch, and the CUDA tensors a test makes
-to resolve a default made on the meta device (shapes and dtypes only).
+"""The GPU tests run dry on the CPU: every case of the suites that go through bench/check_bwd.py,
+bench/check_bwd_feat.py or (the forward's) bench/check_fwd.py, with its GPU run (check_case,
+check_deterministic) replaced by the feasibility check of the config it would launch; the CUDA
+tensors a test makes to resolve a default are made on the meta device (shapes and dtypes only).
 
 Those tests derive their configs from the problem's default, which moves when a default does: a
 case that turns one knob on can meet another knob's default that violations() refuses beside it,
 and that was seen only on a GPU, sessions later (session 37's stat_shuffle default at hd64 against
 test_bwd_gpu's 'last_cta' cases, session 30's q_starts 16 at hd256 against test_bwd_qm_gpu's 'loop'
-case; both found in session 42). Here the test functions themselves run, on every parameter of
+case; both found in session 42; and the feature suites ran the default of the problem without its
+window, which violations() refuses with it). Here the test functions themselves run, on every parameter of
 their pytest.mark.parametrize, so CI sees such a change the day it lands.
 
 A test of these modules that needs the GPU beyond those runs (autograd on CUDA tensors,
