@@ -149,12 +149,16 @@ def _backward(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, con
 
 
 class _FlashAttnFunc(torch.autograd.Function):
-    """Eager autograd: the kernels called directly (cheaper per call than the custom ops)."""
+    """Eager autograd: the kernels called directly (cheaper per call than the custom ops).
+
+    apply() takes the tensors autograd must see (q, k, v, ``out`` for mark_dirty, the learnable
+    ``sink`` for its gradient) and one tuple of the rest, and backward() returns six gradients:
+    Function.apply walks every argument on each call and the engine every gradient slot."""
 
     @staticmethod
-    def forward(ctx, q, k, v, out, softmax_scale, causal, config, deterministic, bwd_config,
-                window_left=-1, window_right=-1, softcap=0.0, sink=None):
+    def forward(ctx, q, k, v, out, sink, args):
         # The features come canonical from fa4.features.normalize: -1 for an unbounded side.
+        softmax_scale, causal, config, deterministic, bwd_config, window_left, window_right, softcap = args
         o, lse = _forward(q, k, v, softmax_scale, causal, True, config, out, window_left, window_right, softcap,
                           sink)
         if out is not None:
@@ -174,11 +178,11 @@ class _FlashAttnFunc(torch.autograd.Function):
         if ctx.bwd_config is None:
             check_bwd_head_dims(q, v)  # raises: the forward ran at a head dim the backward lacks
         if dout is None and dlse is None:
-            return (None,) * 13
+            return (None,) * 6
         grads = _backward(dout, q, k, v, o, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic,
                           ctx.bwd_config, dlse=dlse, sink=sink, **ctx.features)
         dsink = grads[3] if sink is not None else None
-        return grads[0], grads[1], grads[2], None, None, None, None, None, None, None, None, None, dsink
+        return grads[0], grads[1], grads[2], None, dsink, None
 
 
 def window_bounds(window_size) -> tuple[int, int]:
@@ -204,6 +208,6 @@ def _with_grad(q, k, v, softmax_scale, causal, return_lse, config, out, determin
         resolved = None
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[3])
-    o, lse = _FlashAttnFunc.apply(q, k, v, out, float(softmax_scale), bool(causal), config, deterministic,
-                                  resolved, left, right, softcap, learnable_sink)
+    o, lse = _FlashAttnFunc.apply(q, k, v, out, learnable_sink, (float(softmax_scale), bool(causal), config,
+                                                                 deterministic, resolved, left, right, softcap))
     return (o, lse) if return_lse else o
