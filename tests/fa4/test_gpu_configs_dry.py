@@ -44,8 +44,9 @@ GPU_ONLY = {
 }
 
 
-class DryCheckBwd:
-    """bench/check_bwd.py whose two GPU runs only resolve the problem and check the config."""
+class DryRun:
+    """A reference module (bench/check_*.py) whose GPU runs are replaced by ``check``: every other
+    attribute is the module's own; ``checked`` keeps each (problem, config) a run was asked for."""
 
     def __init__(self, real):
         self._real = real
@@ -54,76 +55,58 @@ class DryCheckBwd:
     def __getattr__(self, name):
         return getattr(self._real, name)
 
-    def _check(self, B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic):
-        bad = violations(config, self._real.problem_for((B, Sq, Sk, Hq, Hkv), D, causal, deterministic))
-        self.checked.append(((B, Sq, Sk, Hq, Hkv), D, causal, deterministic, config))
+    def check(self, prob, config, violations_of=violations):
+        """check_case's (ok, info) for ``config`` on ``prob``, decided by ``violations_of`` alone."""
+        bad = violations_of(config, prob)
+        self.checked.append((prob, config))
         return not bad, {"infeasible": [str(b) for b in bad]}
 
+
+class DryCheckBwd(DryRun):
+    """bench/check_bwd.py whose two GPU runs only resolve the problem and check the config."""
+
     def check_case(self, B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=False):
-        return self._check(B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic)
+        return self.check(self._real.problem_for((B, Sq, Sk, Hq, Hkv), D, causal, deterministic), config)
 
     def check_deterministic(self, B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, deterministic=True, runs=10):
-        return self._check(B, Sq, Sk, Hq, Hkv, D, causal, config, deterministic)
+        return self.check(self._real.problem_for((B, Sq, Sk, Hq, Hkv), D, causal, deterministic), config)
 
 
-class DryFeat:
+class DryFeat(DryRun):
     """bench/check_bwd_feat.py whose two GPU runs only resolve the problem, with its features, and
-    check the config (the default of that problem where the test names none, as run_ours takes)."""
-
-    def __init__(self, real):
-        self._real = real
-        self.checked: list[tuple] = []
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
+    check the config: where the test names none, the one run_ours takes (the module's default_for)."""
 
     def _check(self, B, Sq, Sk, Hq, Hkv, d, dtype, causal, sink, deterministic, config, feat):
         import torch
 
-        from fa4.sm90.bwd_defaults import default_config
         from fa4.tensors import problem_of
 
-        q, k = (torch.empty(B, s, h, d, device="meta", dtype=dtype) for s, h in ((Sq, Hq), (Sk, Hkv)))
-        prob = problem_of(q, k, k, causal, pass_="bwd", deterministic=deterministic, sink=sink,
-                          **{n: feat[n] for n in ("window_left", "window_right", "softcap") if n in feat})
+        q, k = (torch.empty(B, s, h, d, device="meta", dtype=dtype or torch.bfloat16) for s, h in ((Sq, Hq), (Sk, Hkv)))
+        features = self._real.problem_features(feat)
         if config is None:
-            config = default_config(prob)
-        bad = violations(config, prob)
-        self.checked.append((prob, config))
-        return not bad, {"infeasible": [str(b) for b in bad]}
+            config = self._real.default_for(q, k, k, causal, deterministic, **features, sink=sink)
+        return self.check(problem_of(q, k, k, causal, pass_="bwd", deterministic=deterministic, sink=sink, **features),
+                          config)
 
     def check_case(self, B, Sq, Sk, Hq, Hkv, d, dtype=None, causal=False, sink=False, dlse=False,
                    deterministic=False, config=None, device="cuda", seed=None, **feat):
-        import torch
-
-        return self._check(B, Sq, Sk, Hq, Hkv, d, dtype or torch.bfloat16, causal, sink, deterministic, config, feat)
+        return self._check(B, Sq, Sk, Hq, Hkv, d, dtype, causal, sink, deterministic, config, feat)
 
     def check_deterministic(self, B, Sq, Sk, Hq, Hkv, d, dtype=None, causal=False, sink=False, runs=10,
                             config=None, dlse=True, **feat):
-        import torch
-
-        return self._check(B, Sq, Sk, Hq, Hkv, d, dtype or torch.bfloat16, causal, sink, True, config, feat)
+        return self._check(B, Sq, Sk, Hq, Hkv, d, dtype, causal, sink, True, config, feat)
 
 
-class DryCheckFwd:
+class DryCheckFwd(DryRun):
     """bench/check_fwd.py whose GPU run only checks the forward config for the problem it poses."""
-
-    def __init__(self, real):
-        self._real = real
-        self.checked: list[tuple] = []
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
 
     def check_case(self, B, Sq, Sk, Hq, Hkv, D, causal, dtype, config, scale_mult=1.0, Dv=None):
         from fa4.problem import Problem
         from fa4.sm90.fwd_config import violations as fwd_violations
         from fa4.tensors import DTYPES
 
-        prob = Problem(B, Sq, Sk, Hq, Hkv, D, Dv or D, dtype=DTYPES[dtype], causal=causal)
-        bad = fwd_violations(config, prob)
-        self.checked.append((prob, config))
-        return not bad, {"infeasible": [str(b) for b in bad]}
+        return self.check(Problem(B, Sq, Sk, Hq, Hkv, D, Dv or D, dtype=DTYPES[dtype], causal=causal), config,
+                          fwd_violations)
 
 
 def check_fwd_module():
@@ -213,7 +196,7 @@ def test_the_dry_check_refuses_an_infeasible_config():
     bad = dataclasses.replace(good, gqa_reduce="atomic", gqa_finish="last_cta")
     ok, info = dry.check_case(*shape, 64, True, None, bad)
     assert not ok and "stat_shuffle" in info["infeasible"][0]
-    assert [c[:4] for c in dry.checked] == [(shape, 64, True, False)] * 2
+    assert dry.checked == [(real.problem_for(shape, 64, True, False), good), (real.problem_for(shape, 64, True, False), bad)]
 
 
 def test_parameter_sets_expand_every_mark_and_param():
