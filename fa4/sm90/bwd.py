@@ -26,7 +26,8 @@ conflict-free 16-byte stores and a tile is one linear bulk add. The preprocess (
 rowsum(dO * O), LSE * log2e, zeroed accumulator; deterministic, only the query tiles no turn
 stores: a tile's first dQ turn stores instead of adding) and the postprocess (dQ * scale -> dtype,
 read back through the MMA partition) are in fa4.sm90.bwd_prepost; which query tiles a CTA
-visits and its deterministic turn are in fa4.common.bwd_schedule (tested on the host).
+visits, in which order, and its deterministic turn are in fa4.common.bwd_schedule (tested on the
+host), traced for the kernel by fa4.sm90.bwd_walk.
 
 Registers: the consumers' peak is dK, dV, S^T and dP^T (192 fp32 registers at head_dim 128)
 during the pointwise loops. Loop-invariant per-element shared-memory addresses are recomputed
@@ -68,8 +69,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_pair, bwd_schedule, masking, mma, scheduling, softcap_bwd, varlen
-from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_producer, bwd_qm, bwd_split
+from fa4.common import bwd_pair, masking, mma, softcap_bwd, varlen
+from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_producer, bwd_qm, bwd_split, bwd_walk
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, lane_share, load_share, shared_stat, transpose_view
 from fa4.common.regs import opaque, pin_before
@@ -82,8 +83,8 @@ from fa4.sm90.bwd_prepost import dq_frag_layout, dq_frag_view, make_dq_mma
 STAT_PREFETCH = 16
 
 
-class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores, bwd_dq.DqAccumSteps,
-                   bwd_cluster.ClusterSteps, bwd_qm.QmSteps):
+class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_walk.WalkSteps, bwd_split.DkvSplitSteps, bwd_epilogue.DkvStores,
+                   bwd_dq.DqAccumSteps, bwd_cluster.ClusterSteps, bwd_qm.QmSteps):
     def __init__(self, dtype, head_dim: int, causal: bool, gqa: bool, deterministic: bool, config: BwdConfigSm90,
                  head_dim_v: int | None = None, has_window_left: bool = False, has_window_right: bool = False,
                  has_softcap: bool = False, has_sink: bool = False, varlen: bool = False):
@@ -546,88 +547,6 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_split.DkvSplitSteps, bwd_epil
                 (m_start, m_masked_end, m_unmasked_end, m_end), seq[2], seq[3], scale_log2, scale, spt,
                 (bidx, mQ, mK, head_swizzle, vl), tma_dkv, win, (softcap_inv, softcap_log2), seq, cluster_smem,
             )
-
-    @cute.jit
-    def tile_coords(self, bidx, mQ, mK, head_swizzle, spt, win, vl):
-        """The CTA's (key tile, head, sequence), its query-tile segments and ``seq`` = (offset_q,
-        offset_k, seqlen_q, seqlen_k) of its sequence (offsets 0 and the tensors' lengths dense)."""
-        seqlen_q = mQ.shape[0]
-        seqlen_k = mK.shape[0]
-        num_heads = mQ.shape[2]
-        num_bh = num_heads * mQ.shape[3]
-        n_extent = seqlen_k
-        if cutlass.const_expr(self.varlen):
-            n_extent = vl[4]
-            num_bh = num_heads * (vl[0].shape[0] - 1)
-        num_n = (n_extent + self.tile_n - 1) // self.tile_n
-        qhead_per_kvhead = num_heads // mK.shape[2]
-        if cutlass.const_expr(self.gqa_loop):
-            # head: the group's first query head; the CTA walks qhead_per_kvhead of them.
-            n_block, head_kv, batch = scheduling.decode_tile(
-                bidx, num_n, mK.shape[2], mK.shape[2] * mQ.shape[3], head_swizzle, spt
-            )
-            head = head_kv * qhead_per_kvhead
-        elif cutlass.const_expr(self.cluster):
-            n_block, head, batch = bwd_cluster.pair_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
-            head_kv = head // qhead_per_kvhead
-        elif cutlass.const_expr(self.compact):
-            # A tile t of the packed key axis (one grid row of all sequences' regions a head), then
-            # its sequence and its key tile there; a spare tile's n_block is past its keys (it exits).
-            nseq = vl[0].shape[0] - 1
-            t, head, _ = scheduling.decode_tile(
-                bidx, varlen.compact_tiles(mK.shape[0], nseq, self.tile_n), num_heads, num_heads, head_swizzle, spt
-            )
-            batch = varlen.tile_sequence(vl[1], nseq, t, self.tile_n)
-            n_block = t - varlen.tile_start(vl[1], batch, self.tile_n)
-            head_kv = head // qhead_per_kvhead
-        else:
-            n_block, head, batch = scheduling.decode_tile(bidx, num_n, num_heads, num_bh, head_swizzle, spt)
-            head_kv = head // qhead_per_kvhead
-        seq = varlen.seq_info(None if vl is None else vl[:4], batch, seqlen_q, seqlen_k)
-        seqlen_q, seqlen_k = seq[2], seq[3]
-        if cutlass.const_expr(self.cluster):
-            # Both CTAs of a pair walk its 128 keys' query tiles (the masks are per CTA).
-            m_start, m_masked_end, m_unmasked_end, m_end = bwd_pair.pair_segments(
-                n_block // bwd_pair.PAIR, self.tile_m, seqlen_q, seqlen_k, self.causal
-            )
-        else:
-            m_start, m_masked_end, m_unmasked_end, m_end = bwd_schedule.m_block_segments(
-                n_block, self.tile_m, self.tile_n, seqlen_q, seqlen_k, self.causal,
-                self.has_window_left, self.has_window_right, *win,
-            )
-        return (n_block, head, head_kv, batch, qhead_per_kvhead, num_n, m_start, m_masked_end, m_unmasked_end, m_end,
-                seq)
-
-    def walk_span(self, segments):
-        """The query tiles the walk reorders, from (m_start, m_masked_end, m_unmasked_end, m_end):
-        all of them walking down, else the unmasked run (q_starts' shifts)."""
-        m_start, m_masked_end, m_unmasked_end, m_end = segments
-        if cutlass.const_expr(self.walk_down):
-            return (m_start, m_end)
-        return (m_masked_end, m_unmasked_end)
-
-    def walk_segments(self, segments):
-        """The consumers' loops over walk positions, in walk order (bwd_schedule.walk_runs)."""
-        return bwd_schedule.walk_runs(segments, self.walk_down, self.has_window_left)
-
-    def walked(self, m, step_base, span, n_block, masked):
-        """(query tile, step base) at position m of a consumer loop: the tile of walk(), and the
-        base moved with it so that step() still counts m - base steps (its ring position).
-        Unchanged, nothing traced, walking up without q_starts and in the up walk's masked runs."""
-        if cutlass.const_expr(not self.walk_down and (self.q_starts == 1 or masked)):
-            return m, step_base
-        mq = self.walk(m, span, n_block, within=True)
-        return mq, step_base + (mq - m)
-
-    def walk(self, m, span, n_block, within=False):
-        """The query tile at walk position m, ``span`` the walk_span (bwd_schedule.walk_down_tile or
-        walk_tile; a cluster pair walks as one)."""
-        if cutlass.const_expr(self.walk_down):
-            return bwd_schedule.walk_down_tile(m, span[0], span[1])
-        if cutlass.const_expr(self.q_starts == 1):
-            return m
-        key_tile = n_block // bwd_pair.PAIR if self.cluster else n_block
-        return bwd_schedule.walk_tile(m, span[0], span[1], key_tile, self.q_starts, within)
 
     def acc_rows(self, mAcc, batch, head, offset):
         """(rows, d) of one (batch, head) of an fp32 side buffer (batch, heads, rows, d); varlen:
