@@ -293,8 +293,9 @@ class BwdConfigSm90:
         "pair) starts (n mod s) / s of the way into its run and wraps (fa4.common.bwd_schedule.walk_tile), so "
         "the adds of a step land on s tiles; masked tiles keep their places. Elsewhere a causal or window "
         "bound spreads the runs already. Deterministic dQ turns follow the launch order, which a shifted "
-        "start would serialize: not there. bwd_defaults.default_config takes 16 at head_dim 128 and 256 (H200: hd256 "
-        "non-causal +10-11%, hd128 +1.6-2.7%, Sq 2k / Sk 8k causal +0.2-1.8%; bwd_defaults.Q_STARTS_DEFAULT).",
+        "start would serialize: not there. bwd_defaults.default_config takes 16 at head_dim 128 and 256 from "
+        "2k queries (H200: hd256 non-causal +10-11%, hd128 +1.6-2.7%, Sq 2k / Sk 8k causal +0.2-1.8%; "
+        "bwd_defaults.Q_STARTS_DEFAULT, Q_STARTS_MIN_Q).",
         applies=lambda problem: q_starts_applies(problem),
     )
     walk_down: bool = knob(

@@ -66,9 +66,13 @@ VARLEN_HEAD_SWIZZLE = 8
 # hd256 non-causal 1.045 -> 1.152 / 1.147, 1.053 -> 1.157 / 1.155, 1.053 -> 1.174 (16); hd128
 # non-causal 0.930 -> 0.952 / 0.954, 0.926 -> 0.941 / 0.940, 0.926 -> 0.951; Sq 2k / Sk 8k causal (GQA
 # 'loop') 0.943 -> 0.955 / 0.961, 0.937 -> 0.954 / 0.954, 0.959 -> 0.961. hd64, 96 and 192 and varlen
-# unmeasured (varlen's GPU tests pass with it).
+# unmeasured (varlen's GPU tests pass with it). Query ranges below Q_STARTS_MIN_Q (the shortest
+# measured, Sq 2k) keep the plain walk: session 43 timed our Sq 128 / Sk 8k fwd+bwd (hd128 GQA 'loop')
+# at 2.22 ms with q_starts 16, where session 23's kernel, whose opcodes are those of today's with
+# q_starts 1, ran 0.98 (bench/RESULTS.md session 43; to be timed side by side: device_s40.sh q).
 Q_STARTS_DEFAULT = 16
 Q_STARTS_HEAD_DIMS = (128, 256)
+Q_STARTS_MIN_Q = 2048
 # walk_down with the longest key tiles first and 16 heads a group by default for the deterministic
 # causal backward where it won (det_walk_down_pays). H200, session 30, bench/det_ratio.py, our
 # deterministic / our non-deterministic, two runs, today's default (shortest first, walking up, one
@@ -123,9 +127,10 @@ def det_walk_down_pays(problem: Problem, gqa_reduce: str) -> bool:
 
 def _measured_walks(config: BwdConfigSm90, problem: Problem, arch: Arch) -> BwdConfigSm90:
     """The walk orders measured to pay, on top of a default config, where feasible: q_starts
-    (Q_STARTS_DEFAULT) and the deterministic walk down (det_walk_down_pays)."""
+    (Q_STARTS_DEFAULT, from Q_STARTS_MIN_Q queries) and the deterministic walk down
+    (det_walk_down_pays)."""
     if (q_starts_applies(problem) and problem.head_dim in Q_STARTS_HEAD_DIMS
-            and not getattr(problem, "varlen", False)):
+            and problem.seqlen_q >= Q_STARTS_MIN_Q and not getattr(problem, "varlen", False)):
         cand = dataclasses.replace(config, q_starts=Q_STARTS_DEFAULT)
         if not violations(cand, problem, arch):
             config = cand
