@@ -3,9 +3,10 @@
 must refuse a case whose config the knob does not change or that violations() refuses, rather than
 let the test run the default under the knob's name.
 
-Every case of those suites (and test_bwd_gpu's 'last_cta' cases) is run on the CPU, through this
-helper, by tests/fa4/test_gpu_configs_dry.py; this file used to re-enumerate their products and
-check them here, which drifted from the suites whenever a parametrize list changed.
+Every case of those suites is run on the CPU, through this helper, by
+tests/fa4/test_gpu_configs_dry.py (test_bwd_gpu's 'last_cta' cases too, through default_for); this
+file used to re-enumerate their products and check them here, which drifted from the suites whenever
+a parametrize list changed.
 """
 
 import pytest
