@@ -20,6 +20,8 @@
 #     session 43 took it back below 2k queries, unmeasured): q_starts 1, 4 and 16 at sq128-sk8k and
 #     sq2k-sk8k (one of them each shape's default). Prediction: if q_starts was the cause, 16 at Sq 128
 #     is <= 0.5x the default (1) and the default >= 1.8x the reference; at Sq 2k, 1 is 0.98-0.99x the default (16).
+#  a1, a2: issue 20's auto bar on issue16_table's ten rows (device_lib.sh auto_store), two calls back to
+#     back on one machine: a1 stores the peers and fa4's first 6 rows, a2 the last 4 and dispatches.
 #  r: the det-bulk-rule (deterministic GQA hd128 <= 32 key tiles: postprocess + bulk adds) against the
 #     default it replaced (gqa_finish last_cta) at Qwen2.5-7B 4k and hd128 2k GQA 4:1. Prediction (H100
 #     session 39: +1.5-3.9%): last_cta 0.96-0.99x the new default.
@@ -47,6 +49,8 @@ for phase in "$@"; do
     v) ours_vs_ref "${SHAPES:-}" ;;
     e) det_vs_nondet "${SHAPES:-}"; host_cost ;;
     q) ROUNDS=${ROUNDS:-2} bwd_variants "${SHAPES:-sq128-sk8k,sq2k-sk8k}" '[{"q_starts": 1}, {"q_starts": 4}, {"q_starts": 16}]' ;;
+    a1) auto_store 1 ;;
+    a2) auto_store 2 ;;
     r) STEP=rule ROUNDS=${ROUNDS:-3} det_vs_nondet "${SHAPES:-qwen2.5-7b-4k,hd128-2k-gqa}" '[{"gqa_finish": "last_cta"}]' ;;
     g)
       (cd bench && TAILN=${GTAIL:-64} step host_engine 240 python3 host_engine.py --profile "${PROFILE-e0,e1}") ;;

@@ -335,8 +335,9 @@ class BestConfig(BaseModel):
 
     provenance: Provenance = Field(
         description="exact: measured on this very shape with the running kernel source; nearest: the best "
-        "config of the nearest measured shape of the same family (or of this shape measured from other "
-        "kernel source, see stale); default: the provider's heuristic, nothing usable was measured"
+        "config of the nearest measured shape of the same family, with this shape's heuristic on every knob "
+        "where the two shapes' heuristics differ (notes name them), or of this shape measured from other "
+        "kernel source (see stale); default: the provider's heuristic, nothing usable was measured"
     )
     stale: bool = Field(description="The served measurement comes from different kernel source than the running one")
     timing: TimingName = Field(description="The timing mode asked for; only measurements of this mode answer it "

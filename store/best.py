@@ -9,11 +9,14 @@ Every answer is for one timing mode (fa4.timing: eager or CUDA-graph launches, c
 L2) and is built from rows of that mode only: a config picked under eager launches is never
 served to a caller under CUDA graphs. Without a row of the asked mode the answer is the heuristic
 default, and its notes say which other modes were measured; the nearest-shape rule applies
-within the mode.
+within the mode. A nearest shape's config is served with this shape's heuristic on the knobs where
+the two shapes' heuristics differ (carry_config): a tuned delta travels, a shape-dependent choice
+does not.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from fa4.arch import SM90, Arch, arch_from_capability
@@ -68,22 +71,54 @@ def arch_for(device_row: dict | None, device: str, arch: Arch | None, notes: lis
         return SM90
 
 
-def _usable_config(provider, problem: Problem, arch: Arch, row: dict) -> tuple[dict | None, str | None]:
-    """The row's config re-validated against the running knob class; (None, why) when unusable."""
+def carry_config(provider, problem: Problem, measured: Problem, arch: Arch, cfg) -> tuple[object, list[str]]:
+    """A config measured on shape ``measured`` carried to ``problem``: the knobs the tuner moved off
+    ``measured``'s heuristic default keep their tuned value, and every knob whose heuristic value
+    differs between the two shapes takes ``problem``'s own. The heuristic's shape-dependent choices
+    are measured ones (fa4.sm90.bwd_defaults: the GQA 'loop' reduce below 2k queries is 2.6x the
+    atomic one at Sq 128 / Sk 8k); a neighbour's config would undo them: session 43 served the
+    Llama-3-8B 8k/8k default to Sq 128 / Sk 8k and its backward took 2.3x as long. Returns the
+    config and the knobs kept from ``problem``'s heuristic as "name=value (measured shape: value)".
+    A provider without a default for either shape gets the measured config unchanged."""
+    if measured == problem:
+        return cfg, []
+    try:
+        mine = provider.default_config(problem, arch)
+        theirs = provider.default_config(measured, arch)
+    except Exception:  # no heuristic to compare with (e.g. no kernel for this arch): the row as measured
+        return cfg, []
+    if mine is None or theirs is None or type(mine) is not type(cfg) or type(theirs) is not type(cfg):
+        return cfg, []
+    kept, changes = [], {}
+    for f in dataclasses.fields(cfg):
+        m, t = getattr(mine, f.name), getattr(theirs, f.name)
+        if m != t:
+            changes[f.name] = m
+            kept.append(f"{f.name}={m!r} (measured shape: {t!r})")
+    return dataclasses.replace(cfg, **changes), kept
+
+
+def _usable_config(provider, problem: Problem, arch: Arch, row: dict,
+                   measured: Problem | None = None) -> tuple[dict | None, str | None, list[str]]:
+    """The row's config, measured on ``measured`` (default ``problem``), carried to ``problem``
+    (carry_config) and re-validated against the running knob class: (config, None, knobs kept from
+    the heuristic), or (None, why, []) when unusable."""
     knob_cls = provider.knob_cls_for(problem)
     if knob_cls is None:
-        return None, None
+        return None, None, []
     try:
         cfg = config_from_dict(knob_cls, row["config"] or {})
     except (ValueError, TypeError) as e:
-        return None, f"measurement {row['id']} has a config the running knob class rejects: {e}"
+        return None, f"measurement {row['id']} has a config the running knob class rejects: {e}", []
+    cfg, kept = carry_config(provider, problem, measured or problem, arch, cfg)
     try:
         bad = provider.violations(cfg, problem, arch)
     except Exception as e:  # a provider bug must not turn into a 5xx
         bad = [f"{type(e).__name__}: {e}"]
     if bad:
-        return None, f"measurement {row['id']}'s config is infeasible for this problem: {'; '.join(bad)}"
-    return config_to_dict(cfg), None
+        carried = f" (with this shape's heuristic {', '.join(kept)})" if kept else ""
+        return None, f"measurement {row['id']}'s config{carried} is infeasible for this problem: {'; '.join(bad)}", []
+    return config_to_dict(cfg), None, kept
 
 
 def _answer(provenance: str, stale: bool, notes: list[str], device: str, provider_name: str,
@@ -185,7 +220,8 @@ def neighbour_configs(store: ResultsStore, provider, device: str, problem: Probl
                       running_fp: str | None, arch: Arch | None = None, limit: int = 3,
                       timing: str = DEFAULT_TIMING) -> list[dict]:
     """The configs served for the ``limit`` nearest measured shapes of ``problem``'s family on this
-    device (not ``problem`` itself), nearest first, each re-validated for ``problem``: a new
+    device (not ``problem`` itself), nearest first, each carried to ``problem`` (carry_config) and
+    re-validated for it: a new
     study's warm start. Rows of the running source come first; stale ones only where no current
     neighbour exists; rows of the asked timing mode only. Each item: {"config": knob dict, "from":
     problem key, "distance": float}."""
@@ -203,7 +239,7 @@ def neighbour_configs(store: ResultsStore, provider, device: str, problem: Probl
             row = _fastest(by_problem[cand], fp)
             if row is None:
                 continue
-            cfg, why = _usable_config(provider, problem, arch, row)
+            cfg, _, _ = _usable_config(provider, problem, arch, row, cand)
             if cfg is None or any(o["config"] == cfg for o in out):
                 continue
             out.append({"config": cfg, "from": cand.key(),
@@ -243,10 +279,13 @@ def best_config(store: ResultsStore, provider, device: str, problem: Problem, *,
             row = _fastest(by_problem.get(cand, ()), fp)
             if row is None:
                 continue
-            cfg, why = _usable_config(provider, problem, arch, row)
+            cfg, why, kept = _usable_config(provider, problem, arch, row, cand)
             if why:
                 notes.append(why)
                 continue
+            if kept:
+                notes.append(f"shape {cand.key()}'s config carried with this shape's heuristic where the two "
+                             f"shapes' heuristics differ: {', '.join(kept)}")
             return row, cfg, cand
         return None
 

@@ -67,9 +67,10 @@ VARLEN_HEAD_SWIZZLE = 8
 # non-causal 0.930 -> 0.952 / 0.954, 0.926 -> 0.941 / 0.940, 0.926 -> 0.951; Sq 2k / Sk 8k causal (GQA
 # 'loop') 0.943 -> 0.955 / 0.961, 0.937 -> 0.954 / 0.954, 0.959 -> 0.961. hd64, 96 and 192 and varlen
 # unmeasured (varlen's GPU tests pass with it). Query ranges below Q_STARTS_MIN_Q (the shortest
-# measured, Sq 2k) keep the plain walk: session 43 timed our Sq 128 / Sk 8k fwd+bwd (hd128 GQA 'loop')
-# at 2.22 ms with q_starts 16, where session 23's kernel, whose opcodes are those of today's with
-# q_starts 1, ran 0.98 (bench/RESULTS.md session 43; to be timed side by side: device_s40.sh q).
+# measured, Sq 2k) keep the plain walk. At Sq 128 / Sk 8k (hd128 GQA 'loop') that is neutral: q_starts
+# 1 / 4 / 16 ran 2.609 / 2.598 / 2.632x the reference's backward (H100, session 44, device_s40.sh q).
+# Session 43's 2.22 ms fwd+bwd there, which this split answered, came from the nearest-shape rule
+# serving an 8k/8k config (store/best.py carry_config), not from q_starts.
 Q_STARTS_DEFAULT = 16
 Q_STARTS_HEAD_DIMS = (128, 256)
 Q_STARTS_MIN_Q = 2048
