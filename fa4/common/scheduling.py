@@ -1,4 +1,4 @@
-"""Tile scheduling shared by the forward kernels (host arithmetic and device decode).
+"""Tile scheduling shared by the kernels (host arithmetic and device decode).
 
 A forward work tile is (m_block, head, batch). The launch is 1-D; each CTA decodes
 its tile from the linear block index so that the order is a runtime knob:
@@ -17,6 +17,20 @@ from cutlass import Int32
 
 def num_m_blocks(seqlen_q: int, tile_m: int) -> int:
     return (seqlen_q + tile_m - 1) // tile_m
+
+
+def tile_grid(extent, tile: int, num_heads, batch, vl=None):
+    """(tiles along the walked axis, heads x sequences) of a launch, traced inline (plain Python,
+    no call in the kernel). Dense (``vl`` None): ``extent`` and ``batch``. Varlen: ``vl`` is the
+    kernels' varlen tuple, cu_seqlens_q first and the walked axis' longest sequence fifth; the
+    sequences are one packed batch, so the walked axis is as long as the longest sequence and a
+    tile past a shorter one's end exits in the kernel. The forward's host grid and device decode
+    and the backward's decode all count tiles here, so a grid and its decode cannot disagree."""
+    num_bh = num_heads * batch
+    if cutlass.const_expr(vl is not None):
+        extent = vl[4]
+        num_bh = num_heads * (vl[0].shape[0] - 1)
+    return (extent + tile - 1) // tile, num_bh
 
 
 @cute.jit

@@ -69,7 +69,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 
-from fa4.common import bwd_pair, masking, mma, softcap_bwd, varlen
+from fa4.common import bwd_pair, masking, mma, scheduling, softcap_bwd, varlen
 from fa4.sm90 import bwd_cluster, bwd_dq, bwd_epilogue, bwd_producer, bwd_qm, bwd_split, bwd_walk
 from fa4.common.exp2 import exp2_mufu
 from fa4.common.layout import acc_as_rows_cols, lane_share, load_share, shared_stat, transpose_view
@@ -316,16 +316,14 @@ class FlashBwdSm90(bwd_producer.ProducerSteps, bwd_walk.WalkSteps, bwd_split.Dkv
             tma_dk, mdK = cpasync.make_tiled_tma_atom(s2g, mdK, cute.slice_(sK_layout, (None, None, 0)), (self.tile_n, d))
             tma_dv, mdV = cpasync.make_tiled_tma_atom(s2g, mdV, cute.slice_(sV_layout, (None, None, 0)), (self.tile_n, dv))
 
-        seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
-        # One CTA per (key tile, head, batch): query heads, or K/V heads with gqa_reduce 'loop'.
-        num_bh = (mK.shape[2] if self.gqa_loop else num_heads) * mQ.shape[3]
+        vl = None
         if cutlass.const_expr(self.varlen):
-            # Key tiles of the longest sequence x heads x sequences (k is one packed batch; never
-            # with gqa_reduce 'loop': violations() refuses the pair).
-            seqlen_k = max_seqlen_k
-            num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
-        num_n = (seqlen_k + self.tile_n - 1) // self.tile_n
+            vl = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_k)
+        # One CTA per (key tile, head, batch): query heads, or K/V heads with gqa_reduce 'loop' (never
+        # with varlen: violations() refuses the pair).
+        num_n, num_bh = scheduling.tile_grid(mK.shape[0], self.tile_n, mK.shape[2] if self.gqa_loop else num_heads,
+                                             mQ.shape[3], vl)
         num_ctas = num_n * num_bh
         if cutlass.const_expr(self.compact):
             # (total_k // tile_n + sequences) tiles a head cover every sequence's region

@@ -30,12 +30,7 @@ class WalkSteps:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
-        num_bh = num_heads * mQ.shape[3]
-        n_extent = seqlen_k
-        if cutlass.const_expr(self.varlen):
-            n_extent = vl[4]
-            num_bh = num_heads * (vl[0].shape[0] - 1)
-        num_n = (n_extent + self.tile_n - 1) // self.tile_n
+        num_n, num_bh = scheduling.tile_grid(seqlen_k, self.tile_n, num_heads, mQ.shape[3], vl)
         qhead_per_kvhead = num_heads // mK.shape[2]
         if cutlass.const_expr(self.gqa_loop):
             # head: the group's first query head; the CTA walks qhead_per_kvhead of them.

@@ -216,16 +216,10 @@ class FlashFwdSm90:
 
         self.shared_storage = SharedStorage
 
-        seqlen_q = mQ.shape[0]
-        num_heads = mQ.shape[2]
-        num_bh = num_heads * mQ.shape[3]
         vl = None
         if cutlass.const_expr(self.varlen):
-            # Tiles: the longest sequence's m extent x heads x sequences (q is one packed batch).
-            seqlen_q = max_seqlen_q
-            num_bh = num_heads * (mCuSeqlensQ.shape[0] - 1)
             vl = (mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, max_seqlen_q, mO)
-        num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
+        num_m, num_bh = scheduling.tile_grid(mQ.shape[0], self.tile_m, mQ.shape[2], mQ.shape[3], vl)
         num_tiles = num_m * num_bh
         grid = (num_tiles, 1, 1)
         if cutlass.const_expr(self.persistent):
@@ -310,12 +304,7 @@ class FlashFwdSm90:
         seqlen_q = mQ.shape[0]
         seqlen_k = mK.shape[0]
         num_heads = mQ.shape[2]
-        num_bh = num_heads * mQ.shape[3]
-        m_extent = seqlen_q
-        if cutlass.const_expr(self.varlen):
-            m_extent = vl[4]
-            num_bh = num_heads * (vl[0].shape[0] - 1)
-        num_m = (m_extent + self.tile_m - 1) // self.tile_m
+        num_m, num_bh = scheduling.tile_grid(seqlen_q, self.tile_m, num_heads, mQ.shape[3], vl)
         num_tiles = num_m * num_bh
         # (num_m, heads_q, heads_q * batch, heads_q / heads_kv, head swizzle, lpt): the tile decode.
         sched = (num_m, num_heads, num_bh, num_heads // mK.shape[2], head_swizzle, lpt)
