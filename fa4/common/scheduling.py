@@ -30,7 +30,7 @@ def tile_grid(extent, tile: int, num_heads, batch, vl=None):
     if cutlass.const_expr(vl is not None):
         extent = vl[4]
         num_bh = num_heads * (vl[0].shape[0] - 1)
-    return (extent + tile - 1) // tile, num_bh
+    return num_m_blocks(extent, tile), num_bh
 
 
 @cute.jit
