@@ -24,8 +24,8 @@ def tile_grid(extent, tile: int, num_heads, batch, vl=None):
     no call in the kernel). Dense (``vl`` None): ``extent`` and ``batch``. Varlen: ``vl`` is the
     kernels' varlen tuple, cu_seqlens_q first and the walked axis' longest sequence fifth; the
     sequences are one packed batch, so the walked axis is as long as the longest sequence and a
-    tile past a shorter one's end exits in the kernel. The forward's host grid and device decode
-    and the backward's decode all count tiles here, so a grid and its decode cannot disagree."""
+    tile past a shorter one's end exits in the kernel. The forward's and the backward's host grids
+    and device decodes all count tiles here, so a grid and its decode cannot disagree."""
     num_bh = num_heads * batch
     if cutlass.const_expr(vl is not None):
         extent = vl[4]
